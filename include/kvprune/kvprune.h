@@ -1,0 +1,279 @@
+/*
+ * kvprune.h - the one stable C ABI of kvprune.
+ *
+ * kvprune owns a transformer's KV cache during decoding: it stores K and V in one
+ * arena sized at init, computes attention itself, and prunes what it keeps
+ * according to a policy, so that decoding runs in bounded, known memory.
+ *
+ * This header is C99 and C++ clean. No function allocates after kvp_create() and no
+ * C++ exception crosses it. Every function that can fail returns a kvp_status; a
+ * failed call leaves the cache exactly as it was (nothing lost, nothing
+ * half-applied) and records a message for kvp_last_error().
+ *
+ * Life cycle (like zstd's static contexts):
+ *     kvp_config cfg;
+ *     kvp_config_default(&cfg, &model);
+ *     kvp_config_apply(&cfg, "policy=streaming sinks=4 window=1020", err, sizeof err);
+ *     size_t n = kvp_arena_size(&cfg);            // exact bytes, 0 if cfg is invalid
+ *     void *arena = aligned_alloc(64, n);         // or any caller memory
+ *     kvp_cache *c; kvp_create(&cfg, arena, n, &c);
+ *     for each token: for layer 0..L-1: kvp_decode(c, layer, q, k, v, out);
+ *     kvp_destroy(c); free(arena);
+ *
+ * Tensors are row-major float32 and pre-RoPE: q is [n_tokens][n_q_heads][head_dim],
+ * k and v are [n_tokens][n_kv_heads][head_dim], out is [n_tokens][n_q_heads][head_dim].
+ * Query head h attends with KV head h / (n_q_heads / n_kv_heads).
+ */
+#ifndef KVPRUNE_H
+#define KVPRUNE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVP_VERSION_MAJOR 0
+#define KVP_VERSION_MINOR 1
+#define KVP_VERSION_PATCH 0
+/** Compile-time version, same encoding as kvp_version(). */
+#define KVP_VERSION ((KVP_VERSION_MAJOR << 16) | (KVP_VERSION_MINOR << 8) | KVP_VERSION_PATCH)
+
+/** Status codes. The numbers are pinned: they never change meaning. */
+typedef enum {
+    KVP_OK = 0,              /**< success */
+    KVP_ERR_ARG = 1,         /**< NULL pointer, bad size or malformed argument */
+    KVP_ERR_CONFIG = 2,      /**< invalid or contradictory configuration / spec */
+    KVP_ERR_ARENA = 3,       /**< arena NULL-less but too small or misaligned */
+    KVP_ERR_LAYER = 4,       /**< layer (or KV head) index out of range */
+    KVP_ERR_FULL = 5,        /**< the layer has no room for the tokens and the policy may not evict */
+    KVP_ERR_NONFINITE = 6,   /**< NaN or Inf in q, k or v */
+    KVP_ERR_STATE = 7,       /**< call not valid in the cache's current state */
+    KVP_ERR_UNSUPPORTED = 8  /**< feature recognised but not available in this build/version */
+} kvp_status;
+
+/** RoPE style. NEOX rotates pairs (i, i + rope_dim/2); GPTJ rotates (2i, 2i+1) (llama2.c). */
+typedef enum { KVP_ROPE_NONE = 0, KVP_ROPE_NEOX = 1, KVP_ROPE_GPTJ = 2 } kvp_rope_style;
+
+/** Model geometry. */
+typedef struct kvp_model {
+    uint32_t n_layers, n_q_heads, n_kv_heads, head_dim;
+    kvp_rope_style rope;  /* NEOX rotates (i, i+rope_dim/2); GPTJ rotates (2i, 2i+1) */
+    uint32_t rope_dim;    /* 0 means head_dim; must be even and <= head_dim */
+    float    rope_theta;  /* frequency of pair i: theta^(-2i/rope_dim) */
+} kvp_model;
+
+/** Pruning policy (spec key `policy`). The numbers are pinned. */
+typedef enum {
+    KVP_POLICY_FULL = 0,       /**< keep everything up to capacity, then KVP_ERR_FULL */
+    KVP_POLICY_WINDOW = 1,     /**< keep the most recent `window` tokens */
+    KVP_POLICY_STREAMING = 2,  /**< StreamingLLM sinks + window with Lazy Pruning / Slack / Max_Drop */
+    KVP_POLICY_H2O = 3,
+    KVP_POLICY_SNAPKV = 4,
+    KVP_POLICY_PYRAMIDKV = 5,
+    KVP_POLICY_LETHE = 6,
+    KVP_POLICY_SIMLAYERKV = 7,
+    KVP_POLICY_ASL = 8,
+    KVP_POLICY_THINK = 9
+} kvp_policy;
+
+/** RoPE position mode (spec key `positions`). */
+typedef enum {
+    KVP_POS_DEFAULT = 0,   /**< the policy's default: realign for streaming/window, original otherwise */
+    KVP_POS_ORIGINAL = 1,  /**< a token keeps its absolute position */
+    KVP_POS_REALIGN = 2    /**< kept tokens sit at 0..L-1; a new token is at L (StreamingLLM) */
+} kvp_positions;
+
+/** Storage precision of K/V rows (spec key `kv_dtype`). */
+typedef enum { KVP_DTYPE_F32 = 0, KVP_DTYPE_F16 = 1, KVP_DTYPE_Q8 = 2, KVP_DTYPE_Q4 = 3 } kvp_dtype;
+
+/** Scoring arithmetic (spec key `score`). */
+typedef enum { KVP_SCORE_FLOAT = 0, KVP_SCORE_FIXED = 1 } kvp_score_mode;
+
+/** Pooling of SnapKV votes (spec key `pool`). */
+typedef enum { KVP_POOL_AVG = 0, KVP_POOL_MAX = 1 } kvp_pool;
+
+/**
+ * Cache configuration. A plain struct: fill it with kvp_config_default(), change
+ * fields directly or through kvp_config_apply(). `struct_size` is first so fields can
+ * be appended in later versions without breaking old callers. Each field's spec key
+ * is its name. Fields of policies other than the selected one are kept but unused.
+ */
+typedef struct kvp_config {
+    uint32_t struct_size;        /* sizeof(kvp_config), set by kvp_config_default */
+    kvp_model model;
+    kvp_policy policy;           /* policy=full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl|think */
+    uint32_t capacity;           /* token slots per layer incl. slack; 0 = the policy's minimum (full: 2048) */
+    kvp_positions positions;     /* positions=original|realign */
+    uint32_t threads;            /* threads=N (>=1); results are bit-identical for every N */
+    kvp_dtype kv_dtype;          /* kv_dtype=f32|f16|q8|q4 */
+    kvp_score_mode score;        /* score=float|fixed */
+    /* streaming (StreamingLLM + Lazy Pruning / Slack / Max_Drop) and window */
+    uint32_t sinks;              /* S: first tokens always kept */
+    uint32_t window;             /* W: recent tokens kept */
+    uint32_t extra;              /* B: extra budget, C = S + W + B */
+    uint32_t compress_every;     /* R: prune when L - C >= R; 0 = never prune */
+    uint32_t slack;              /* sigma: H = C + sigma */
+    uint32_t max_drop;           /* delta: target min(max(L - delta, C), H); 0 = prune to C */
+    /* h2o / snapkv / pyramidkv / asl */
+    uint32_t budget;             /* tokens kept per layer/head */
+    uint32_t recent;             /* most recent tokens always kept (h2o, lethe) */
+    uint32_t obs_window;         /* observation window of queries */
+    uint32_t pool_kernel;        /* pooling kernel width (odd) */
+    kvp_pool pool;               /* pool=avg|max */
+    float    beta;               /* pyramidkv steepness */
+    /* lethe */
+    float    sparse_ratio;       /* tau */
+    float    recent_ratio;
+    uint32_t segments;           /* D */
+    float    decay;
+    /* simlayerkv */
+    float    lazy_threshold;
+    uint32_t lazy_last;
+    uint32_t lazy_mode;          /* lazy_mode=prefill (0) | decode (1) */
+    kvp_policy nonlazy;          /* nonlazy=full|snapkv|h2o */
+    /* asl */
+    uint32_t asl_min_layer;      /* UINT32_MAX = floor(L/3) */
+    uint32_t asl_obs_layers;
+    float    asl_tau;
+    /* think */
+    float    key_channel_ratio;
+    float    value_channel_ratio;
+    uint32_t channel_score;      /* channel_score=qk (0) | l1 (1) | l2 (2) */
+} kvp_config;
+
+/** Counters of a cache (kvp_get_stats). Set struct_size = sizeof(kvp_stats) before the call. */
+typedef struct kvp_stats {   /* first member struct_size, like kvp_config; more fields may follow */
+    uint32_t struct_size;
+    uint64_t arena_bytes;      /* bytes of the arena in use */
+    uint64_t live_bytes;       /* K and V rows of the kept tokens, in their storage format */
+    uint64_t peak_live_bytes;  /* maximum live_bytes since create/reset (after appends, before prunes) */
+    uint64_t tokens_seen;      /* tokens appended to layer 0 */
+    uint64_t prune_events;     /* prunes, summed over layers and KV heads */
+    uint64_t tokens_evicted;   /* evicted tokens, summed over layers and KV heads */
+} kvp_stats;
+
+/**
+ * Selection returned by kvp_prefill() for the ASL policy: when a prefill determines the
+ * selection layer, it writes the indices (into that call's tokens) of the prompt tokens to
+ * propagate; later layers receive only those tokens with their positions.
+ */
+typedef struct kvp_selection {
+    uint32_t struct_size;  /* sizeof(kvp_selection) */
+    uint32_t capacity;     /* in: entries `indices` can hold */
+    int32_t *indices;      /* in: caller buffer; out: ascending token indices */
+    uint32_t n;            /* out: entries written (0 when nothing was selected) */
+    int32_t  selected;     /* out: 1 when this call determined the selection layer */
+} kvp_selection;
+
+/** Opaque cache handle; lives at the start of its arena. */
+typedef struct kvp_cache kvp_cache;
+
+/** Library version: (major<<16)|(minor<<8)|patch. Never fails. */
+uint32_t kvp_version(void);
+
+/** Name and meaning of a status, e.g. "KVP_ERR_FULL: layer full". Never NULL, also for unknown values. */
+const char *kvp_status_str(kvp_status s);
+
+/**
+ * Fills *cfg with defaults for `model`: policy full, capacity 0 (the policy's minimum),
+ * positions default, threads 1, f32 storage, float scoring, and each policy's documented
+ * defaults (sinks 4, window 1020, compress_every 1, sparse_ratio 400, ...).
+ * Returns KVP_ERR_ARG if cfg or model is NULL, KVP_ERR_CONFIG if the geometry is invalid
+ * (zero sizes, n_q_heads not a multiple of n_kv_heads, odd or too large rope_dim,
+ * non-positive theta with RoPE on). On failure *cfg is unchanged.
+ */
+kvp_status kvp_config_default(kvp_config *cfg, const kvp_model *model);
+
+/**
+ * Applies a spec: space-separated key=value pairs, e.g. "policy=streaming sinks=4 window=1020".
+ * Keys are the kvp_config field names. Returns KVP_ERR_ARG for NULL cfg/spec,
+ * KVP_ERR_CONFIG for an unknown key, a malformed or out-of-range value (the message names
+ * the key), KVP_ERR_UNSUPPORTED for a recognised value this version does not implement yet.
+ * The spec is applied all-or-nothing: on failure *cfg is unchanged. A message is written
+ * to err (NUL-terminated, truncated to err_len) when err is not NULL; "" on success.
+ */
+kvp_status kvp_config_apply(kvp_config *cfg, const char *spec, char *err, size_t err_len);
+
+/**
+ * Checks a whole configuration for consistency (geometry, ranges, capacity >= what the
+ * policy needs, e.g. capacity >= max(C+R, H) for streaming). Returns KVP_OK, KVP_ERR_ARG
+ * (NULL cfg or wrong struct_size), KVP_ERR_CONFIG or KVP_ERR_UNSUPPORTED, with a message
+ * in err as for kvp_config_apply. Never modifies cfg.
+ */
+kvp_status kvp_config_check(const kvp_config *cfg, char *err, size_t err_len);
+
+/** Exact arena bytes kvp_create() needs for cfg (cache object, slots, scratch). 0 if cfg is invalid. */
+size_t kvp_arena_size(const kvp_config *cfg);
+
+/**
+ * Creates a cache in caller memory. arena must be 64-byte aligned and arena_len >=
+ * kvp_arena_size(cfg); with arena == NULL the library allocates exactly that once (and
+ * frees it in kvp_destroy); builds without heap (KVP_NO_HEAP) return KVP_ERR_UNSUPPORTED
+ * for that. Worker threads are started here, so no later call allocates.
+ * Returns KVP_ERR_ARG (NULL cfg/out), KVP_ERR_CONFIG/UNSUPPORTED (see kvp_config_check,
+ * whose message explains it), KVP_ERR_ARENA (too small or misaligned). *out is set only on success.
+ */
+kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out);
+
+/** Destroys a cache (NULL is a no-op). Caller memory is not freed; the arena may be reused. */
+void kvp_destroy(kvp_cache *c);
+
+/** Starts a new sequence in the same arena: every layer empty, counters zero. KVP_ERR_ARG for NULL. */
+kvp_status kvp_reset(kvp_cache *c);
+
+/**
+ * Appends n_tokens tokens to `layer` and computes exact causal attention of their
+ * queries over what the layer holds plus the new tokens (before pruning), then applies
+ * the policy's prefill compression once. positions: NULL = next positions, else strictly
+ * increasing and after the layer's last position. out may be NULL (attention skipped).
+ * sel may be NULL; it is written only by the ASL policy (n = 0 otherwise).
+ * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions), KVP_ERR_LAYER,
+ * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity: callers chunk long prompts).
+ */
+kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+                       const float *q, const float *k, const float *v, float *out, kvp_selection *sel);
+
+/**
+ * Decodes one token at the next position: appends k/v, computes attention of q over the
+ * layer (including the new token) into out, then prunes if the policy's trigger fires.
+ * Errors: KVP_ERR_ARG (NULL pointers), KVP_ERR_LAYER, KVP_ERR_NONFINITE, KVP_ERR_FULL.
+ */
+kvp_status kvp_decode(kvp_cache *c, uint32_t layer, const float *q, const float *k, const float *v,
+                      float *out);
+
+/**
+ * Stores tokens without attention (restoring a cache, hosts with their own kernels,
+ * benchmarks). Position-based triggers (streaming, window) still apply; positions as in
+ * kvp_prefill. Errors as kvp_prefill.
+ */
+kvp_status kvp_append(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+                      const float *k, const float *v);
+
+/** Tokens kept by `layer` (max over its KV heads); 0 for NULL c or a bad layer. */
+uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer);
+
+/**
+ * Writes the original positions kept by (layer, kv_head), ascending, into out[0..cap).
+ * *n receives the number kept. KVP_ERR_ARG for NULL c/n (or NULL out with cap > 0),
+ * KVP_ERR_LAYER for a bad layer or head, KVP_ERR_FULL if cap is too small (*n is still set,
+ * out is untouched).
+ */
+kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_head,
+                               int32_t *out, uint32_t cap, uint32_t *n);
+
+/**
+ * Fills *s (up to s->struct_size bytes). KVP_ERR_ARG for NULL or a struct_size smaller
+ * than the first version of kvp_stats.
+ */
+kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s);
+
+/** Message of the last failed call on c ("" if none); a static message when c is NULL. Never NULL. */
+const char *kvp_last_error(const kvp_cache *c);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPRUNE_H */

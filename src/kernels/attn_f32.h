@@ -1,0 +1,50 @@
+// Attention kernel family, fp32 (XNNPACK-style: one folder per family, names say dtype/op/isa).
+//
+// Every op has one scalar reference (attn_f32_scalar.cpp) and SIMD variants built from one
+// SIMDe source (attn_f32_simd.inc) compiled per ISA:
+//   simde  - portable 256-bit SIMDe code at the baseline ISA (SSE2 on x86-64, NEON on aarch64,
+//            plain C with SIMDE_NO_NATIVE)
+//   avx2   - the same source compiled with -mavx2 -mfma (x86-64 only), chosen at run time
+// Tests compare every variant with the scalar reference (tests/test_kernels.cpp).
+//
+// All kernels are pure functions of their inputs: no allocation, no globals, fixed
+// summation order for a given variant (so results do not depend on thread count).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+namespace kvp {
+namespace kern {
+
+// logits[r*ldl + t] = scale * dot(q[r*ldq + 0..d), k[t*ldk + 0..d))   for r < rows, t < n
+typedef void (*f32_qk_fn)(const float *q, size_t ldq, uint32_t rows, const float *k, size_t ldk,
+                          uint32_t n, uint32_t d, float scale, float *logits, size_t ldl);
+// o[r*ldo + j] += sum_t p[r*ldp + t] * v[t*ldv + j]                     for r < rows, j < d
+typedef void (*f32_pv_fn)(const float *p, size_t ldp, uint32_t rows, const float *v, size_t ldv,
+                          uint32_t n, uint32_t d, float *o, size_t ldo);
+// max of x[0..n); -INFINITY for n == 0
+typedef float (*f32_max_fn)(const float *x, uint32_t n);
+// x[i] = exp(x[i] - m) in place (exp(-inf) = 0), returns the sum of the new x[0..n)
+typedef float (*f32_expsum_fn)(float *x, uint32_t n, float m);
+
+struct AttnF32 {
+    const char *name;  // "scalar", "simde", "avx2"
+    f32_qk_fn qk;
+    f32_pv_fn pv;
+    f32_max_fn max;
+    f32_expsum_fn expsum;
+};
+
+// Variants. attn_f32_avx2() is nullptr where not compiled in or not supported by the CPU.
+const AttnF32 *attn_f32_scalar();
+const AttnF32 *attn_f32_simde();
+const AttnF32 *attn_f32_avx2();
+// Best variant for this CPU (avx2 if available, else simde). Pure; call once at create.
+const AttnF32 *attn_f32_best();
+
+// Scalar exp used by the scalar reference (the same polynomial as the SIMD variants so that
+// they agree to a few ulp). exp_approx(-inf) == 0.
+float exp_approx(float x);
+
+}  // namespace kern
+}  // namespace kvp
