@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Builds and installs libkvprune.a (host, x86-64 or whatever this is), then runs the test
+# suites of the three ports against it: Rust (cargo test --offline), Go (go test, cgo +
+# pkg-config), Python (python3 -m unittest, ctypes over a shared object linked from the
+# static library). Standard libraries only; nothing is fetched but Debian packages.
+#
+#   bash .ci/ports.sh            # all three
+#   bash .ci/ports.sh rust go    # a subset
+#
+# Env: BUILD_DIR (default build-ports), PREFIX (default _install), JOBS (default 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+BUILD_DIR=${BUILD_DIR:-$ROOT/build-ports}
+PREFIX=${PREFIX:-$ROOT/_install}
+JOBS=${JOBS:-2}
+PORTS=("$@")
+[ ${#PORTS[@]} -eq 0 ] && PORTS=(rust go python)
+want() { local p; for p in "${PORTS[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
+t0=$(date +%s)
+log() { echo "== ports: $* (+$(( $(date +%s) - t0 ))s)"; }
+
+# ---- tools (fresh Debian 12) ----
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v g++ >/dev/null || need+=(g++)
+[ -f /usr/include/simde/x86/avx2.h ] || need+=(libsimde-dev)
+want go && ! command -v go >/dev/null && need+=(golang-go)
+want rust && ! command -v cargo >/dev/null && need+=(cargo)
+want python && ! command -v python3 >/dev/null && need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+  log "apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+
+# ---- library: build + install (static, PIC, OpenMP) ----
+log "build libkvprune.a -> $PREFIX"
+cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PREFIX" \
+  -DKVP_BUILD_TESTS=OFF -DKVP_BUILD_BENCH=OFF >"$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
+cmake --build "$BUILD_DIR" -j"$JOBS" --target kvprune
+cmake --install "$BUILD_DIR" >/dev/null
+LIBDIR=$(ls -d "$PREFIX"/lib*/pkgconfig | head -1)
+export PKG_CONFIG_PATH="$LIBDIR${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+log "pkg-config --static --libs kvprune: $(pkg-config --static --libs kvprune)"
+
+status=0
+summary=()
+
+# ---- Rust ----
+if want rust; then
+  log "rust: cargo test --offline"
+  if (cd ports/rust && CARGO_TARGET_DIR="$BUILD_DIR/cargo" CARGO_NET_OFFLINE=true \
+        cargo test --offline 2>&1 | tee "$BUILD_DIR/rust.log"; exit "${PIPESTATUS[0]}"); then
+    summary+=("rust: $(grep -E '^test result:' "$BUILD_DIR/rust.log" | awk '{p+=$4; f+=$6} END {print p" passed, "f" failed"}')")
+  else
+    status=1; summary+=("rust: FAILED")
+  fi
+fi
+
+# ---- Go ----
+if want go; then
+  log "go: go test"
+  export GOPATH="$BUILD_DIR/gopath" GOCACHE="$BUILD_DIR/gocache" GOPROXY=off GOFLAGS=-mod=mod GO111MODULE=on
+  export CGO_ENABLED=1
+  if (cd ports/go && go vet ./... && go test -count=1 -v ./... 2>&1 | tee "$BUILD_DIR/go.log"; exit "${PIPESTATUS[0]}"); then
+    gp=$(grep -c -- '^--- PASS' "$BUILD_DIR/go.log" || true)
+    gf=$(grep -c -- '^--- FAIL' "$BUILD_DIR/go.log" || true)
+    summary+=("go: $gp passed, $gf failed")
+  else
+    status=1; summary+=("go: FAILED")
+  fi
+fi
+
+# ---- Python ----
+if want python; then
+  log "python: shared object from libkvprune.a + python3 -m unittest"
+  export KVPRUNE_LIB="$BUILD_DIR/libkvprune.so"
+  python3 -c "import sys; sys.path.insert(0, 'ports/python'); import kvprune; kvprune.build_shared_library('$KVPRUNE_LIB')"
+  if (cd ports/python && python3 -m unittest discover -s tests -v 2>&1 | tee "$BUILD_DIR/python.log"; exit "${PIPESTATUS[0]}"); then
+    :
+  else
+    status=1
+  fi
+  ran=$(sed -n 's/^Ran \([0-9]*\) tests\{0,1\} in.*/\1/p' "$BUILD_DIR/python.log" | tail -1)
+  bad=$(grep -cE '^(FAIL|ERROR):' "$BUILD_DIR/python.log" || true)
+  skip=$(grep -cE ' \.\.\. skipped' "$BUILD_DIR/python.log" || true)
+  summary+=("python: $(( ${ran:-0} - bad - skip )) passed, $bad failed, $skip skipped")
+fi
+
+log "done"
+for s in "${summary[@]}"; do echo "$s"; done
+exit $status

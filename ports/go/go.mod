@@ -1,0 +1,3 @@
+module kvprune
+
+go 1.19

@@ -1,0 +1,488 @@
+// Package kvprune binds the kvprune C ABI (include/kvprune/kvprune.h): an arena-backed KV
+// cache that computes attention itself and prunes what it keeps according to a policy.
+//
+//	c, err := kvprune.NewCache(kvprune.Model{Layers: 2, QHeads: 4, KVHeads: 2, HeadDim: 64,
+//		Rope: kvprune.RopeNeox, RopeTheta: 10000}, "policy=streaming sinks=4 window=252")
+//	if err != nil { ... }
+//	defer c.Close()
+//	err = c.Decode(layer, q, k, v, out) // q, out: QHeads*HeadDim floats; k, v: KVHeads*HeadDim
+//
+// The library is found with pkg-config (PKG_CONFIG_PATH=<prefix>/lib/pkgconfig after
+// `cmake --install`). The arena is C memory (aligned_alloc, 64 bytes) because the cache keeps
+// pointers into it across calls, which cgo forbids for Go memory; Close (or the finalizer)
+// destroys the cache and frees it. A Cache serialises its calls with a mutex.
+package kvprune
+
+/*
+#cgo pkg-config: kvprune
+#include <stdlib.h>
+#include <kvprune/kvprune.h>
+
+static void *kvp_go_arena(size_t n) {
+	size_t r = (n + 63) & ~(size_t)63;
+	return aligned_alloc(64, r ? r : 64);
+}
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"unsafe"
+)
+
+// Status is a kvp_status value; the numbers are pinned by the C ABI.
+type Status int
+
+const (
+	OK             Status = C.KVP_OK
+	ErrArg         Status = C.KVP_ERR_ARG
+	ErrConfig      Status = C.KVP_ERR_CONFIG
+	ErrArena       Status = C.KVP_ERR_ARENA
+	ErrLayer       Status = C.KVP_ERR_LAYER
+	ErrFull        Status = C.KVP_ERR_FULL
+	ErrNonFinite   Status = C.KVP_ERR_NONFINITE
+	ErrState       Status = C.KVP_ERR_STATE
+	ErrUnsupported Status = C.KVP_ERR_UNSUPPORTED
+)
+
+// String is the library's name and meaning of the status (kvp_status_str).
+func (s Status) String() string { return C.GoString(C.kvp_status_str(C.kvp_status(s))) }
+
+// Error is a failed call: the status and the library's (or the binding's) message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string {
+	if e.Message == "" {
+		return e.Status.String()
+	}
+	return e.Message + " (" + e.Status.String() + ")"
+}
+
+// Is lets errors.Is(err, kvprune.ErrFull) etc. match on the status.
+func (e *Error) Is(target error) bool {
+	if t, ok := target.(*Error); ok {
+		return t.Message == "" && t.Status == e.Status
+	}
+	if s, ok := target.(Status); ok {
+		return s == e.Status
+	}
+	return false
+}
+
+// Error makes a Status usable as a sentinel: errors.Is(err, kvprune.ErrFull).
+func (s Status) Error() string { return s.String() }
+
+// StatusOf returns the status of an error from this package (OK for nil, -1 for others).
+func StatusOf(err error) Status {
+	if err == nil {
+		return OK
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status
+	}
+	return -1
+}
+
+// Rope is the RoPE style.
+type Rope int
+
+const (
+	RopeNone Rope = C.KVP_ROPE_NONE
+	RopeNeox Rope = C.KVP_ROPE_NEOX // rotates (i, i+rope_dim/2)
+	RopeGptj Rope = C.KVP_ROPE_GPTJ // rotates (2i, 2i+1), as llama2.c
+)
+
+// Model is the geometry (kvp_model). RopeDim 0 means HeadDim.
+type Model struct {
+	Layers, QHeads, KVHeads, HeadDim uint32
+	Rope                             Rope
+	RopeDim                          uint32
+	RopeTheta                        float32
+}
+
+func (m Model) raw() C.kvp_model {
+	return C.kvp_model{
+		n_layers: C.uint32_t(m.Layers), n_q_heads: C.uint32_t(m.QHeads),
+		n_kv_heads: C.uint32_t(m.KVHeads), head_dim: C.uint32_t(m.HeadDim),
+		rope: C.kvp_rope_style(m.Rope), rope_dim: C.uint32_t(m.RopeDim), rope_theta: C.float(m.RopeTheta),
+	}
+}
+
+// Version returns the linked library's (major, minor, patch).
+func Version() (int, int, int) {
+	v := uint32(C.kvp_version())
+	return int(v >> 16), int(v >> 8 & 0xff), int(v & 0xff)
+}
+
+const errLen = 512
+
+func errFromBuf(s C.kvp_status, buf []byte) error {
+	if s == C.KVP_OK {
+		return nil
+	}
+	msg := string(buf)
+	if i := strings.IndexByte(msg, 0); i >= 0 {
+		msg = msg[:i]
+	}
+	return &Error{Status: Status(s), Message: msg}
+}
+
+// Config is a kvp_config value: defaults for a model, changed by spec strings.
+type Config struct {
+	raw C.kvp_config
+}
+
+// NewConfig returns the defaults for m (kvp_config_default) with spec applied ("" for none).
+func NewConfig(m Model, spec string) (*Config, error) {
+	cfg := &Config{}
+	mr := m.raw()
+	if s := C.kvp_config_default(&cfg.raw, &mr); s != C.KVP_OK {
+		return nil, &Error{Status: Status(s), Message: fmt.Sprintf("invalid model geometry %+v", m)}
+	}
+	if spec != "" {
+		if err := cfg.Apply(spec); err != nil {
+			return nil, err
+		}
+	}
+	return cfg, nil
+}
+
+// Apply applies a spec ("policy=streaming sinks=4 window=1020"), all-or-nothing.
+func (cfg *Config) Apply(spec string) error {
+	if strings.IndexByte(spec, 0) >= 0 {
+		return &Error{Status: ErrArg, Message: "spec contains a NUL byte"}
+	}
+	cs := C.CString(spec)
+	defer C.free(unsafe.Pointer(cs))
+	buf := make([]byte, errLen)
+	s := C.kvp_config_apply(&cfg.raw, cs, (*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	return errFromBuf(s, buf)
+}
+
+// Check validates the whole configuration (kvp_config_check).
+func (cfg *Config) Check() error {
+	buf := make([]byte, errLen)
+	s := C.kvp_config_check(&cfg.raw, (*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	return errFromBuf(s, buf)
+}
+
+// ArenaSize is the exact arena size in bytes; 0 when the configuration is invalid.
+func (cfg *Config) ArenaSize() int { return int(C.kvp_arena_size(&cfg.raw)) }
+
+// StructSize is kvp_config.struct_size as the C library wrote it.
+func (cfg *Config) StructSize() uint32 { return uint32(cfg.raw.struct_size) }
+
+// Capacity, Policy, Threads, Sinks, Window: a few fields, read back.
+func (cfg *Config) Capacity() uint32 { return uint32(cfg.raw.capacity) }
+func (cfg *Config) Policy() int      { return int(cfg.raw.policy) }
+func (cfg *Config) Threads() uint32  { return uint32(cfg.raw.threads) }
+func (cfg *Config) Sinks() uint32    { return uint32(cfg.raw.sinks) }
+func (cfg *Config) Window() uint32   { return uint32(cfg.raw.window) }
+
+// Model returns the geometry.
+func (cfg *Config) Model() Model {
+	m := cfg.raw.model
+	return Model{Layers: uint32(m.n_layers), QHeads: uint32(m.n_q_heads), KVHeads: uint32(m.n_kv_heads),
+		HeadDim: uint32(m.head_dim), Rope: Rope(m.rope), RopeDim: uint32(m.rope_dim), RopeTheta: float32(m.rope_theta)}
+}
+
+// Stats are a cache's counters (kvp_stats).
+type Stats struct {
+	ArenaBytes, LiveBytes, PeakLiveBytes, TokensSeen, PruneEvents, TokensEvicted uint64
+}
+
+// Cache is a KV cache in its own C-allocated arena.
+type Cache struct {
+	mu       sync.Mutex
+	c        *C.kvp_cache
+	arena    unsafe.Pointer
+	arenaLen int
+	model    Model
+}
+
+// NewCache creates a cache for model m configured by spec.
+func NewCache(m Model, spec string) (*Cache, error) {
+	cfg, err := NewConfig(m, spec)
+	if err != nil {
+		return nil, err
+	}
+	return NewCacheFromConfig(cfg)
+}
+
+// NewCacheFromConfig allocates the exact arena and creates the cache in it.
+func NewCacheFromConfig(cfg *Config) (*Cache, error) {
+	n := cfg.ArenaSize()
+	if n == 0 {
+		if err := cfg.Check(); err != nil {
+			return nil, err
+		}
+		return nil, &Error{Status: ErrConfig, Message: "invalid configuration"}
+	}
+	arena := C.kvp_go_arena(C.size_t(n))
+	if arena == nil {
+		return nil, &Error{Status: ErrArena, Message: fmt.Sprintf("cannot allocate %d bytes", n)}
+	}
+	var h *C.kvp_cache
+	if s := C.kvp_create(&cfg.raw, arena, C.size_t(n), &h); s != C.KVP_OK {
+		msg := C.GoString(C.kvp_last_error(nil))
+		if Status(s) == ErrConfig || Status(s) == ErrUnsupported {
+			if err := cfg.Check(); err != nil {
+				msg = err.(*Error).Message
+			}
+		}
+		C.free(arena)
+		return nil, &Error{Status: Status(s), Message: msg}
+	}
+	c := &Cache{c: h, arena: arena, arenaLen: n, model: cfg.Model()}
+	runtime.SetFinalizer(c, (*Cache).Close)
+	return c, nil
+}
+
+// Close destroys the cache and frees its arena. Safe to call more than once.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.c != nil {
+		C.kvp_destroy(c.c)
+		C.free(c.arena)
+		c.c, c.arena = nil, nil
+		runtime.SetFinalizer(c, nil)
+	}
+	return nil
+}
+
+// Model returns the geometry. ArenaLen the arena bytes.
+func (c *Cache) Model() Model  { return c.model }
+func (c *Cache) ArenaLen() int { return c.arenaLen }
+
+var errClosed = &Error{Status: ErrState, Message: "cache is closed"}
+
+func (c *Cache) lock() error {
+	c.mu.Lock()
+	if c.c == nil {
+		c.mu.Unlock()
+		return errClosed
+	}
+	return nil
+}
+
+// status turns a kvp_status into an error with the cache's message. Holds c.mu.
+func (c *Cache) status(s C.kvp_status) error {
+	if s == C.KVP_OK {
+		return nil
+	}
+	return &Error{Status: Status(s), Message: C.GoString(C.kvp_last_error(c.c))}
+}
+
+func argErr(format string, a ...interface{}) error {
+	return &Error{Status: ErrArg, Message: fmt.Sprintf(format, a...)}
+}
+
+// tokens checks slice sizes and returns the token count (from k).
+func (c *Cache) tokens(q []float32, checkQ bool, k, v, out []float32, positions []int32) (int, error) {
+	kw := int(c.model.KVHeads * c.model.HeadDim)
+	qw := int(c.model.QHeads * c.model.HeadDim)
+	if len(k) == 0 || len(k)%kw != 0 {
+		return 0, argErr("k has %d floats: expected a positive multiple of n_kv_heads*head_dim = %d", len(k), kw)
+	}
+	n := len(k) / kw
+	if len(v) != len(k) {
+		return 0, argErr("v has %d floats, k has %d", len(v), len(k))
+	}
+	if checkQ && len(q) != n*qw {
+		return 0, argErr("q has %d floats, expected %d (%d tokens)", len(q), n*qw, n)
+	}
+	if out != nil && len(out) != n*qw {
+		return 0, argErr("out has %d floats, expected %d (%d tokens)", len(out), n*qw, n)
+	}
+	if positions != nil && len(positions) != n {
+		return 0, argErr("positions has %d entries, expected %d", len(positions), n)
+	}
+	if uint64(n) > 0xffffffff {
+		return 0, argErr("%d tokens in one call", n)
+	}
+	return n, nil
+}
+
+func fptr(x []float32) *C.float {
+	if len(x) == 0 {
+		return nil
+	}
+	return (*C.float)(unsafe.Pointer(&x[0]))
+}
+
+func iptr(x []int32) *C.int32_t {
+	if len(x) == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&x[0]))
+}
+
+// Decode decodes one token of layer: q and out hold QHeads*HeadDim floats, k and v KVHeads*HeadDim.
+func (c *Cache) Decode(layer int, q, k, v, out []float32) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if out == nil {
+		return argErr("out is nil")
+	}
+	n, err := c.tokens(q, true, k, v, out, nil)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return argErr("decode takes one token, k holds %d", n)
+	}
+	s := C.kvp_decode(c.c, C.uint32_t(layer), fptr(q), fptr(k), fptr(v), fptr(out))
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
+// Prefill appends a chunk of tokens (count from k) to layer with exact causal attention into
+// out (nil: skipped), then applies the policy's prefill compression. positions nil = next ones.
+func (c *Cache) Prefill(layer int, q, k, v []float32, positions []int32, out []float32) error {
+	_, _, err := c.prefill(layer, q, k, v, positions, out, nil)
+	return err
+}
+
+// PrefillSelect is Prefill that also receives the ASL selection into indices; it returns the
+// number of indices written and whether this call determined the selection layer.
+func (c *Cache) PrefillSelect(layer int, q, k, v []float32, positions []int32, out []float32, indices []int32) (int, bool, error) {
+	if len(indices) == 0 {
+		return 0, false, argErr("indices is empty")
+	}
+	return c.prefill(layer, q, k, v, positions, out, indices)
+}
+
+func (c *Cache) prefill(layer int, q, k, v []float32, positions []int32, out []float32, indices []int32) (int, bool, error) {
+	if err := c.lock(); err != nil {
+		return 0, false, err
+	}
+	defer c.mu.Unlock()
+	n, err := c.tokens(q, true, k, v, out, positions)
+	if err != nil {
+		return 0, false, err
+	}
+	var selp *C.kvp_selection
+	if indices != nil {
+		// C memory: the struct holds a pointer into Go memory (indices), which cgo forbids
+		// inside Go-allocated memory passed to C.
+		selp = (*C.kvp_selection)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvp_selection{}))))
+		defer C.free(unsafe.Pointer(selp))
+		selp.struct_size = C.uint32_t(unsafe.Sizeof(C.kvp_selection{}))
+		selp.capacity = C.uint32_t(len(indices))
+		selp.indices = iptr(indices)
+	}
+	s := C.kvp_prefill(c.c, C.uint32_t(layer), C.uint32_t(n), iptr(positions), fptr(q), fptr(k), fptr(v), fptr(out), selp)
+	runtime.KeepAlive(c)
+	runtime.KeepAlive(indices)
+	if err := c.status(s); err != nil {
+		return 0, false, err
+	}
+	if selp == nil {
+		return 0, false, nil
+	}
+	got := int(selp.n)
+	if got > len(indices) {
+		got = len(indices)
+	}
+	return got, selp.selected != 0, nil
+}
+
+// Append stores tokens without attention (position-based pruning still applies).
+func (c *Cache) Append(layer int, k, v []float32, positions []int32) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	n, err := c.tokens(nil, false, k, v, nil, positions)
+	if err != nil {
+		return err
+	}
+	s := C.kvp_append(c.c, C.uint32_t(layer), C.uint32_t(n), iptr(positions), fptr(k), fptr(v))
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
+// LayerLen is the number of tokens layer keeps (max over KV heads); 0 for a bad layer or a closed cache.
+func (c *Cache) LayerLen(layer int) int {
+	if c.lock() != nil {
+		return 0
+	}
+	defer c.mu.Unlock()
+	n := int(C.kvp_layer_len(c.c, C.uint32_t(layer)))
+	runtime.KeepAlive(c)
+	return n
+}
+
+// LayerPositions returns the original positions kept by (layer, kvHead), ascending.
+func (c *Cache) LayerPositions(layer, kvHead int) ([]int32, error) {
+	if err := c.lock(); err != nil {
+		return nil, err
+	}
+	defer c.mu.Unlock()
+	var n C.uint32_t
+	s := C.kvp_layer_positions(c.c, C.uint32_t(layer), C.uint32_t(kvHead), nil, 0, &n)
+	if s != C.KVP_OK && s != C.KVP_ERR_FULL {
+		return nil, c.status(s)
+	}
+	out := make([]int32, int(n))
+	if n == 0 {
+		return out, nil
+	}
+	s = C.kvp_layer_positions(c.c, C.uint32_t(layer), C.uint32_t(kvHead), iptr(out), n, &n)
+	runtime.KeepAlive(c)
+	if err := c.status(s); err != nil {
+		return nil, err
+	}
+	return out[:int(n)], nil
+}
+
+// Stats returns the cache's counters.
+func (c *Cache) Stats() (Stats, error) {
+	if err := c.lock(); err != nil {
+		return Stats{}, err
+	}
+	defer c.mu.Unlock()
+	var s C.kvp_stats
+	s.struct_size = C.uint32_t(unsafe.Sizeof(s))
+	st := C.kvp_get_stats(c.c, &s)
+	runtime.KeepAlive(c)
+	if err := c.status(st); err != nil {
+		return Stats{}, err
+	}
+	return Stats{ArenaBytes: uint64(s.arena_bytes), LiveBytes: uint64(s.live_bytes),
+		PeakLiveBytes: uint64(s.peak_live_bytes), TokensSeen: uint64(s.tokens_seen),
+		PruneEvents: uint64(s.prune_events), TokensEvicted: uint64(s.tokens_evicted)}, nil
+}
+
+// Reset starts a new sequence in the same arena.
+func (c *Cache) Reset() error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	s := C.kvp_reset(c.c)
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
+// LastError is the message of the last failed library call on this cache.
+func (c *Cache) LastError() string {
+	if c.lock() != nil {
+		return ""
+	}
+	defer c.mu.Unlock()
+	m := C.GoString(C.kvp_last_error(c.c))
+	runtime.KeepAlive(c)
+	return m
+}

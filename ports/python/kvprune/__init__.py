@@ -1,0 +1,507 @@
+"""ctypes bindings to kvprune, an arena-backed, pruning KV cache behind a C ABI.
+
+Standard library only. Tensors may be ``array.array('f')``, any buffer of float32
+(``memoryview``, ``bytearray``), numpy float32 arrays (other numpy dtypes are converted when
+numpy is installed) or plain sequences of floats::
+
+    import kvprune
+    m = kvprune.Model(n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=64, rope=kvprune.ROPE_NEOX)
+    with kvprune.Cache(m, "policy=streaming sinks=4 window=252") as c:
+        out = c.decode(0, q, k, v)          # q: 4*64 floats, k and v: 2*64 floats
+        print(c.stats())
+
+The library is static (libkvprune.a); Python loads a shared object made from it. Where it is
+looked for, first match wins:
+  1. ``KVPRUNE_LIB``: path of a shared library with the kvp_* symbols;
+  2. ``libkvprune.so`` beside this package or in ``KVPRUNE_LIB_DIR``;
+  3. ``ctypes.util.find_library("kvprune")``.
+``build_shared_library(dest)`` makes that shared object from the installed static library
+(``pkg-config --static --libs kvprune`` and the C++ compiler ``$CXX`` or ``c++``).
+"""
+from __future__ import annotations
+
+import array
+import ctypes
+import ctypes.util
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from collections import namedtuple
+
+__all__ = [
+    "KvpError", "Model", "Config", "Cache", "Stats", "Selection", "version", "status_str",
+    "build_shared_library", "load_library",
+]
+
+# ---- pinned C enums -------------------------------------------------------------------
+OK, ERR_ARG, ERR_CONFIG, ERR_ARENA, ERR_LAYER, ERR_FULL, ERR_NONFINITE, ERR_STATE, ERR_UNSUPPORTED = range(9)
+STATUS_NAMES = {0: "OK", 1: "ERR_ARG", 2: "ERR_CONFIG", 3: "ERR_ARENA", 4: "ERR_LAYER", 5: "ERR_FULL",
+                6: "ERR_NONFINITE", 7: "ERR_STATE", 8: "ERR_UNSUPPORTED"}
+ROPE_NONE, ROPE_NEOX, ROPE_GPTJ = 0, 1, 2
+(POLICY_FULL, POLICY_WINDOW, POLICY_STREAMING, POLICY_H2O, POLICY_SNAPKV, POLICY_PYRAMIDKV,
+ POLICY_LETHE, POLICY_SIMLAYERKV, POLICY_ASL, POLICY_THINK) = range(10)
+POS_DEFAULT, POS_ORIGINAL, POS_REALIGN = 0, 1, 2
+DTYPE_F32, DTYPE_F16, DTYPE_Q8, DTYPE_Q4 = 0, 1, 2, 3
+SCORE_FLOAT, SCORE_FIXED = 0, 1
+POOL_AVG, POOL_MAX = 0, 1
+
+_u32, _f32, _enum = ctypes.c_uint32, ctypes.c_float, ctypes.c_uint32  # C enums are int-sized
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("n_layers", _u32), ("n_q_heads", _u32), ("n_kv_heads", _u32), ("head_dim", _u32),
+                ("rope", _enum), ("rope_dim", _u32), ("rope_theta", _f32)]
+
+
+class _Config(ctypes.Structure):
+    # Field order of kvp_config in include/kvprune/kvprune.h, exactly.
+    _fields_ = [
+        ("struct_size", _u32), ("model", _Model), ("policy", _enum), ("capacity", _u32),
+        ("positions", _enum), ("threads", _u32), ("kv_dtype", _enum), ("score", _enum),
+        ("sinks", _u32), ("window", _u32), ("extra", _u32), ("compress_every", _u32),
+        ("slack", _u32), ("max_drop", _u32),
+        ("budget", _u32), ("recent", _u32), ("obs_window", _u32), ("pool_kernel", _u32),
+        ("pool", _enum), ("beta", _f32),
+        ("sparse_ratio", _f32), ("recent_ratio", _f32), ("segments", _u32), ("decay", _f32),
+        ("lazy_threshold", _f32), ("lazy_last", _u32), ("lazy_mode", _u32), ("nonlazy", _enum),
+        ("asl_min_layer", _u32), ("asl_obs_layers", _u32), ("asl_tau", _f32),
+        ("key_channel_ratio", _f32), ("value_channel_ratio", _f32), ("channel_score", _u32),
+    ]
+
+
+class _Stats(ctypes.Structure):
+    _fields_ = [("struct_size", _u32), ("arena_bytes", ctypes.c_uint64), ("live_bytes", ctypes.c_uint64),
+                ("peak_live_bytes", ctypes.c_uint64), ("tokens_seen", ctypes.c_uint64),
+                ("prune_events", ctypes.c_uint64), ("tokens_evicted", ctypes.c_uint64)]
+
+
+class _Selection(ctypes.Structure):
+    _fields_ = [("struct_size", _u32), ("capacity", _u32), ("indices", ctypes.POINTER(ctypes.c_int32)),
+                ("n", _u32), ("selected", ctypes.c_int32)]
+
+
+_FP = ctypes.POINTER(ctypes.c_float)
+_IP = ctypes.POINTER(ctypes.c_int32)
+_CP = ctypes.c_void_p  # kvp_cache *
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def _declare(lib):
+    sigs = {
+        "kvp_version": (_u32, []),
+        "kvp_status_str": (ctypes.c_char_p, [_u32]),
+        "kvp_config_default": (_u32, [ctypes.POINTER(_Config), ctypes.POINTER(_Model)]),
+        "kvp_config_apply": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
+        "kvp_config_check": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_size_t]),
+        "kvp_arena_size": (ctypes.c_size_t, [ctypes.POINTER(_Config)]),
+        "kvp_create": (_u32, [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_CP)]),
+        "kvp_destroy": (None, [_CP]),
+        "kvp_reset": (_u32, [_CP]),
+        "kvp_prefill": (_u32, [_CP, _u32, _u32, _IP, _FP, _FP, _FP, _FP, ctypes.POINTER(_Selection)]),
+        "kvp_decode": (_u32, [_CP, _u32, _FP, _FP, _FP, _FP]),
+        "kvp_append": (_u32, [_CP, _u32, _u32, _IP, _FP, _FP]),
+        "kvp_layer_len": (_u32, [_CP, _u32]),
+        "kvp_layer_positions": (_u32, [_CP, _u32, _u32, _IP, _u32, ctypes.POINTER(_u32)]),
+        "kvp_get_stats": (_u32, [_CP, ctypes.POINTER(_Stats)]),
+        "kvp_last_error": (ctypes.c_char_p, [_CP]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = res
+        fn.argtypes = args
+    return lib
+
+
+def _candidates():
+    env = os.environ.get("KVPRUNE_LIB")
+    if env:
+        yield env
+        return
+    names = ["libkvprune.so", "libkvprune.dylib", "kvprune.dll"]
+    for d in (os.environ.get("KVPRUNE_LIB_DIR"), os.path.dirname(os.path.abspath(__file__))):
+        if d:
+            for n in names:
+                p = os.path.join(d, n)
+                if os.path.exists(p):
+                    yield p
+    found = ctypes.util.find_library("kvprune")
+    if found:
+        yield found
+
+
+def load_library(path=None):
+    """Loads (once) and returns the ctypes library; ``path`` overrides the search."""
+    global _lib
+    with _lib_lock:
+        if _lib is not None and path is None:
+            return _lib
+        tried = []
+        for p in ([path] if path else _candidates()):
+            try:
+                lib = _declare(ctypes.CDLL(p))
+            except OSError as e:
+                tried.append("%s: %s" % (p, e))
+                continue
+            _lib = lib
+            return lib
+        raise OSError("kvprune shared library not found (set KVPRUNE_LIB, or make one with "
+                      "kvprune.build_shared_library()); tried: %s" % ("; ".join(tried) or "nothing"))
+
+
+def build_shared_library(dest, static_lib=None, libs=None, cxx=None):
+    """Links the static libkvprune.a into the shared object ``dest`` and returns its path.
+
+    ``static_lib`` defaults to the one pkg-config names (``--static --libs kvprune``: its -L
+    folder); ``libs`` to the other flags pkg-config gives (C++ runtime, libm, OpenMP). The
+    archive must be position-independent (the CMake build is: CMAKE_POSITION_INDEPENDENT_CODE).
+    """
+    cxx = cxx or os.environ.get("CXX") or "c++"
+    if static_lib is None or libs is None:
+        pc = os.environ.get("PKG_CONFIG", "pkg-config")
+        flags = shlex.split(subprocess.check_output([pc, "--static", "--libs", "kvprune"], text=True))
+        dirs = [f[2:] for f in flags if f.startswith("-L")]
+        if static_lib is None:
+            for d in dirs:
+                if os.path.exists(os.path.join(d, "libkvprune.a")):
+                    static_lib = os.path.join(d, "libkvprune.a")
+                    break
+            else:
+                raise OSError("libkvprune.a not found in %s" % dirs)
+        if libs is None:
+            libs = [f for f in flags if f != "-lkvprune" and not f.startswith("-L")]
+    cmd = [cxx, "-shared", "-o", dest, "-Wl,--whole-archive", static_lib, "-Wl,--no-whole-archive"] + list(libs)
+    subprocess.check_call(cmd)
+    return dest
+
+
+def version():
+    """(major, minor, patch) of the loaded library."""
+    v = load_library().kvp_version()
+    return (v >> 16, (v >> 8) & 0xFF, v & 0xFF)
+
+
+def status_str(status):
+    return load_library().kvp_status_str(status).decode("utf-8", "replace")
+
+
+class KvpError(Exception):
+    """A failed call: ``status`` (int, the pinned kvp_status) and ``message``."""
+
+    def __init__(self, status, message=""):
+        self.status = status
+        self.message = message
+        text = status_str(status)
+        super().__init__("%s (%s)" % (message, text) if message else text)
+
+    @property
+    def name(self):
+        return STATUS_NAMES.get(self.status, "UNKNOWN")
+
+
+def _arg_error(msg):
+    return KvpError(ERR_ARG, msg)
+
+
+_ERR_LEN = 512
+
+
+def _check_buf(status, buf):
+    if status != OK:
+        raise KvpError(status, buf.value.decode("utf-8", "replace"))
+
+
+class Model:
+    """Model geometry (kvp_model). rope_dim 0 means head_dim."""
+
+    def __init__(self, n_layers, n_q_heads, n_kv_heads, head_dim, rope=ROPE_NONE, rope_dim=0, rope_theta=10000.0):
+        self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim = n_layers, n_q_heads, n_kv_heads, head_dim
+        self.rope, self.rope_dim, self.rope_theta = rope, rope_dim, rope_theta
+
+    def _raw(self):
+        return _Model(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, self.rope, self.rope_dim,
+                      self.rope_theta)
+
+    def __repr__(self):
+        return "Model(%d, %d, %d, %d, rope=%d, rope_dim=%d, rope_theta=%g)" % (
+            self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, self.rope, self.rope_dim, self.rope_theta)
+
+
+class Config:
+    """kvp_config: defaults for a model plus spec strings. Fields read as attributes (cfg.window)."""
+
+    def __init__(self, model, spec=""):
+        lib = load_library()
+        self._raw = _Config()
+        m = model._raw()
+        st = lib.kvp_config_default(ctypes.byref(self._raw), ctypes.byref(m))
+        if st != OK:
+            raise KvpError(st, "invalid model geometry %r" % (model,))
+        self.model = model
+        if spec:
+            self.apply(spec)
+
+    def apply(self, spec):
+        """Applies a spec ("policy=streaming sinks=4 window=1020"), all-or-nothing."""
+        if "\0" in spec:
+            raise _arg_error("spec contains a NUL character")
+        buf = ctypes.create_string_buffer(_ERR_LEN)
+        st = load_library().kvp_config_apply(ctypes.byref(self._raw), spec.encode(), buf, _ERR_LEN)
+        _check_buf(st, buf)
+        return self
+
+    def check(self):
+        buf = ctypes.create_string_buffer(_ERR_LEN)
+        _check_buf(load_library().kvp_config_check(ctypes.byref(self._raw), buf, _ERR_LEN), buf)
+
+    @property
+    def arena_size(self):
+        return load_library().kvp_arena_size(ctypes.byref(self._raw))
+
+    def __getattr__(self, name):
+        raw = self.__dict__.get("_raw")
+        if raw is not None and name in dict(_Config._fields_):
+            return getattr(raw, name)
+        raise AttributeError(name)
+
+    def set(self, name, value):
+        """Sets a raw field directly (validated when a Cache is created)."""
+        if name not in dict(_Config._fields_) or name == "model":
+            raise AttributeError(name)
+        setattr(self._raw, name, value)
+
+
+Stats = namedtuple("Stats", "arena_bytes live_bytes peak_live_bytes tokens_seen prune_events tokens_evicted")
+Selection = namedtuple("Selection", "selected indices")
+
+try:  # optional
+    import numpy as _np  # type: ignore
+except Exception:  # pragma: no cover - numpy is optional
+    _np = None
+
+
+def _is_numpy(x):
+    return _np is not None and isinstance(x, _np.ndarray)
+
+
+def _as_floats(x, name, writable=False):
+    """Returns (ctypes float array sharing or copying x's data, keepalive, n_floats)."""
+    if x is None:
+        return None, None, 0
+    if _is_numpy(x):
+        if x.dtype != _np.float32 or not x.flags.c_contiguous:
+            if writable:
+                raise _arg_error("%s must be a C-contiguous float32 numpy array" % name)
+            x = _np.ascontiguousarray(x, dtype=_np.float32)
+    elif isinstance(x, (list, tuple)):
+        if writable:
+            raise _arg_error("%s must be a writable float32 buffer" % name)
+        x = array.array("f", x)
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise _arg_error("%s: expected a float32 buffer, array('f'), numpy array or sequence, got %s"
+                         % (name, type(x).__name__))
+    if mv.format not in ("f", "<f", "=f", "@f", "B", "b", "c") or not mv.c_contiguous:
+        if _np is not None and not writable:
+            return _as_floats(_np.asarray(mv).astype(_np.float32), name)
+        raise _arg_error("%s: buffer of format %r (need contiguous float32)" % (name, mv.format))
+    mv = mv.cast("B")
+    if mv.nbytes % 4:
+        raise _arg_error("%s: %d bytes is not a whole number of float32" % (name, mv.nbytes))
+    n = mv.nbytes // 4
+    if mv.readonly:
+        if writable:
+            raise _arg_error("%s is read-only" % name)
+        arr = (ctypes.c_float * n).from_buffer_copy(mv)
+        return arr, arr, n
+    arr = (ctypes.c_float * n).from_buffer(mv)
+    return arr, (arr, mv, x), n
+
+
+def _fp(arr):
+    return ctypes.cast(arr, _FP) if arr is not None else None
+
+
+def _positions(p, n):
+    if p is None:
+        return None
+    arr = (ctypes.c_int32 * len(p))(*[int(i) for i in p])
+    if len(p) != n:
+        raise _arg_error("positions has %d entries, expected %d" % (len(p), n))
+    return arr
+
+
+class Cache:
+    """A KV cache in its own 64-byte aligned arena. Calls on one Cache are serialised by a lock."""
+
+    def __init__(self, model, spec="", config=None):
+        lib = load_library()
+        cfg = config if config is not None else Config(model, spec)
+        self.model = cfg.model
+        self._handle = None
+        self._lock = threading.Lock()
+        n = cfg.arena_size
+        if n == 0:
+            cfg.check()
+            raise KvpError(ERR_CONFIG, "invalid configuration")
+        # Arena from Python memory, 64-byte aligned inside an over-sized buffer; this object keeps it alive.
+        self._buf = ctypes.create_string_buffer(n + 64)
+        addr = ctypes.addressof(self._buf)
+        self._arena = addr + (-addr % 64)
+        self.arena_len = n
+        h = _CP()
+        st = lib.kvp_create(ctypes.byref(cfg._raw), ctypes.c_void_p(self._arena), n, ctypes.byref(h))
+        if st != OK:
+            msg = lib.kvp_last_error(None).decode("utf-8", "replace")
+            if st in (ERR_CONFIG, ERR_UNSUPPORTED):
+                try:
+                    cfg.check()
+                except KvpError as e:
+                    msg = e.message
+            raise KvpError(st, msg)
+        self._lib = lib
+        self._handle = h
+        self._qw = self.model.n_q_heads * self.model.head_dim
+        self._kw = self.model.n_kv_heads * self.model.head_dim
+
+    # -- life cycle --
+    def close(self):
+        """Destroys the cache (idempotent); the arena is released with this object."""
+        h = getattr(self, "_handle", None)
+        if h is not None:
+            with self._lock:
+                if self._handle is not None:
+                    self._lib.kvp_destroy(self._handle)
+                    self._handle = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _h(self):
+        if self._handle is None:
+            raise KvpError(ERR_STATE, "cache is closed")
+        return self._handle
+
+    def _check(self, st):
+        if st != OK:
+            raise KvpError(st, self._lib.kvp_last_error(self._handle).decode("utf-8", "replace"))
+
+    def _new_out(self, n, like):
+        if _is_numpy(like):
+            return _np.zeros(n, dtype=_np.float32)
+        return array.array("f", bytes(4 * n))
+
+    def _tokens(self, kn, vn, qn=None):
+        if kn == 0 or kn % self._kw:
+            raise _arg_error("k has %d floats: expected a positive multiple of n_kv_heads*head_dim = %d"
+                             % (kn, self._kw))
+        n = kn // self._kw
+        if vn != kn:
+            raise _arg_error("v has %d floats, k has %d" % (vn, kn))
+        if qn is not None and qn != n * self._qw:
+            raise _arg_error("q has %d floats, expected %d (%d tokens)" % (qn, n * self._qw, n))
+        return n
+
+    # -- calls --
+    def decode(self, layer, q, k, v, out=None):
+        """Decodes one token of ``layer``; returns ``out`` (new array('f'), or numpy for numpy q)."""
+        qa, qk, qn = _as_floats(q, "q")
+        ka, kk, kn = _as_floats(k, "k")
+        va, vk, vn = _as_floats(v, "v")
+        n = self._tokens(kn, vn, qn)
+        if n != 1:
+            raise _arg_error("decode takes one token, k holds %d" % n)
+        if out is None:
+            out = self._new_out(self._qw, q)
+        oa, ok_, on = _as_floats(out, "out", writable=True)
+        if on != self._qw:
+            raise _arg_error("out has %d floats, expected %d" % (on, self._qw))
+        with self._lock:
+            self._check(self._lib.kvp_decode(self._h(), layer, _fp(qa), _fp(ka), _fp(va), _fp(oa)))
+        return out
+
+    def prefill(self, layer, q, k, v, positions=None, out=True, selection=0):
+        """Prefills a chunk (token count from k). ``out``: True (default) returns a new output
+        array, None/False skips attention output, or a writable float32 buffer to fill.
+        ``selection`` > 0 asks for the ASL selection (up to that many indices): then returns
+        (out, Selection(selected, indices))."""
+        qa, qk, qn = _as_floats(q, "q")
+        ka, kk, kn = _as_floats(k, "k")
+        va, vk, vn = _as_floats(v, "v")
+        n = self._tokens(kn, vn, qn)
+        pa = _positions(positions, n)
+        if out is True:
+            out = self._new_out(n * self._qw, q)
+        elif out is False:
+            out = None
+        oa, ok_, on = _as_floats(out, "out", writable=True)
+        if out is not None and on != n * self._qw:
+            raise _arg_error("out has %d floats, expected %d (%d tokens)" % (on, n * self._qw, n))
+        sel = None
+        if selection:
+            idx = (ctypes.c_int32 * selection)()
+            sel = _Selection(ctypes.sizeof(_Selection), selection, ctypes.cast(idx, _IP), 0, 0)
+        with self._lock:
+            self._check(self._lib.kvp_prefill(self._h(), layer, n, ctypes.cast(pa, _IP) if pa is not None else None,
+                                              _fp(qa), _fp(ka), _fp(va), _fp(oa),
+                                              ctypes.byref(sel) if sel is not None else None))
+        if selection:
+            return out, Selection(bool(sel.selected), list(idx[:min(sel.n, selection)]))
+        return out
+
+    def append(self, layer, k, v, positions=None):
+        """Stores tokens without attention (position-based pruning still applies)."""
+        ka, kk, kn = _as_floats(k, "k")
+        va, vk, vn = _as_floats(v, "v")
+        n = self._tokens(kn, vn)
+        pa = _positions(positions, n)
+        with self._lock:
+            self._check(self._lib.kvp_append(self._h(), layer, n, ctypes.cast(pa, _IP) if pa is not None else None,
+                                             _fp(ka), _fp(va)))
+
+    def layer_len(self, layer):
+        with self._lock:
+            return self._lib.kvp_layer_len(self._h(), layer)
+
+    def layer_positions(self, layer, kv_head):
+        """Original positions kept by (layer, kv_head), ascending, as a list."""
+        with self._lock:
+            h = self._h()
+            n = _u32(0)
+            st = self._lib.kvp_layer_positions(h, layer, kv_head, None, 0, ctypes.byref(n))
+            if st not in (OK, ERR_FULL):
+                self._check(st)
+            buf = (ctypes.c_int32 * max(n.value, 1))()
+            self._check(self._lib.kvp_layer_positions(h, layer, kv_head, ctypes.cast(buf, _IP), n.value,
+                                                      ctypes.byref(n)))
+            return list(buf[:n.value])
+
+    def stats(self):
+        s = _Stats()
+        s.struct_size = ctypes.sizeof(_Stats)
+        with self._lock:
+            self._check(self._lib.kvp_get_stats(self._h(), ctypes.byref(s)))
+        return Stats(s.arena_bytes, s.live_bytes, s.peak_live_bytes, s.tokens_seen, s.prune_events,
+                     s.tokens_evicted)
+
+    def reset(self):
+        with self._lock:
+            self._check(self._lib.kvp_reset(self._h()))
+
+    @property
+    def last_error(self):
+        with self._lock:
+            return self._lib.kvp_last_error(self._h()).decode("utf-8", "replace")

@@ -1,0 +1,178 @@
+//! Raw declarations of include/kvprune/kvprune.h (version 0.1). Field order, types and enum
+//! values match the header exactly; C enums are `int`-sized on every supported ABI and are
+//! declared here as `u32` type aliases with their pinned values as constants.
+#![allow(non_camel_case_types)]
+
+use std::os::raw::c_char;
+
+pub type kvp_status = u32;
+pub const KVP_OK: kvp_status = 0;
+pub const KVP_ERR_ARG: kvp_status = 1;
+pub const KVP_ERR_CONFIG: kvp_status = 2;
+pub const KVP_ERR_ARENA: kvp_status = 3;
+pub const KVP_ERR_LAYER: kvp_status = 4;
+pub const KVP_ERR_FULL: kvp_status = 5;
+pub const KVP_ERR_NONFINITE: kvp_status = 6;
+pub const KVP_ERR_STATE: kvp_status = 7;
+pub const KVP_ERR_UNSUPPORTED: kvp_status = 8;
+
+pub type kvp_rope_style = u32;
+pub const KVP_ROPE_NONE: kvp_rope_style = 0;
+pub const KVP_ROPE_NEOX: kvp_rope_style = 1;
+pub const KVP_ROPE_GPTJ: kvp_rope_style = 2;
+
+pub type kvp_policy = u32;
+pub const KVP_POLICY_FULL: kvp_policy = 0;
+pub const KVP_POLICY_WINDOW: kvp_policy = 1;
+pub const KVP_POLICY_STREAMING: kvp_policy = 2;
+pub const KVP_POLICY_H2O: kvp_policy = 3;
+pub const KVP_POLICY_SNAPKV: kvp_policy = 4;
+pub const KVP_POLICY_PYRAMIDKV: kvp_policy = 5;
+pub const KVP_POLICY_LETHE: kvp_policy = 6;
+pub const KVP_POLICY_SIMLAYERKV: kvp_policy = 7;
+pub const KVP_POLICY_ASL: kvp_policy = 8;
+pub const KVP_POLICY_THINK: kvp_policy = 9;
+
+pub type kvp_positions = u32;
+pub const KVP_POS_DEFAULT: kvp_positions = 0;
+pub const KVP_POS_ORIGINAL: kvp_positions = 1;
+pub const KVP_POS_REALIGN: kvp_positions = 2;
+
+pub type kvp_dtype = u32;
+pub const KVP_DTYPE_F32: kvp_dtype = 0;
+pub const KVP_DTYPE_F16: kvp_dtype = 1;
+pub const KVP_DTYPE_Q8: kvp_dtype = 2;
+pub const KVP_DTYPE_Q4: kvp_dtype = 3;
+
+pub type kvp_score_mode = u32;
+pub const KVP_SCORE_FLOAT: kvp_score_mode = 0;
+pub const KVP_SCORE_FIXED: kvp_score_mode = 1;
+
+pub type kvp_pool = u32;
+pub const KVP_POOL_AVG: kvp_pool = 0;
+pub const KVP_POOL_MAX: kvp_pool = 1;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct kvp_model {
+    pub n_layers: u32,
+    pub n_q_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub rope: kvp_rope_style,
+    pub rope_dim: u32,
+    pub rope_theta: f32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct kvp_config {
+    pub struct_size: u32,
+    pub model: kvp_model,
+    pub policy: kvp_policy,
+    pub capacity: u32,
+    pub positions: kvp_positions,
+    pub threads: u32,
+    pub kv_dtype: kvp_dtype,
+    pub score: kvp_score_mode,
+    // streaming and window
+    pub sinks: u32,
+    pub window: u32,
+    pub extra: u32,
+    pub compress_every: u32,
+    pub slack: u32,
+    pub max_drop: u32,
+    // h2o / snapkv / pyramidkv / asl
+    pub budget: u32,
+    pub recent: u32,
+    pub obs_window: u32,
+    pub pool_kernel: u32,
+    pub pool: kvp_pool,
+    pub beta: f32,
+    // lethe
+    pub sparse_ratio: f32,
+    pub recent_ratio: f32,
+    pub segments: u32,
+    pub decay: f32,
+    // simlayerkv
+    pub lazy_threshold: f32,
+    pub lazy_last: u32,
+    pub lazy_mode: u32,
+    pub nonlazy: kvp_policy,
+    // asl
+    pub asl_min_layer: u32,
+    pub asl_obs_layers: u32,
+    pub asl_tau: f32,
+    // think
+    pub key_channel_ratio: f32,
+    pub value_channel_ratio: f32,
+    pub channel_score: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct kvp_stats {
+    pub struct_size: u32,
+    pub arena_bytes: u64,
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub tokens_seen: u64,
+    pub prune_events: u64,
+    pub tokens_evicted: u64,
+}
+
+#[repr(C)]
+#[derive(Debug)]
+pub struct kvp_selection {
+    pub struct_size: u32,
+    pub capacity: u32,
+    pub indices: *mut i32,
+    pub n: u32,
+    pub selected: i32,
+}
+
+/// Opaque cache handle; lives at the start of its arena.
+#[repr(C)]
+pub struct kvp_cache {
+    _private: [u8; 0],
+}
+
+extern "C" {
+    pub fn kvp_version() -> u32;
+    pub fn kvp_status_str(s: kvp_status) -> *const c_char;
+    pub fn kvp_config_default(cfg: *mut kvp_config, model: *const kvp_model) -> kvp_status;
+    pub fn kvp_config_apply(cfg: *mut kvp_config, spec: *const c_char, err: *mut c_char, err_len: usize)
+        -> kvp_status;
+    pub fn kvp_config_check(cfg: *const kvp_config, err: *mut c_char, err_len: usize) -> kvp_status;
+    pub fn kvp_arena_size(cfg: *const kvp_config) -> usize;
+    pub fn kvp_create(cfg: *const kvp_config, arena: *mut u8, arena_len: usize, out: *mut *mut kvp_cache)
+        -> kvp_status;
+    pub fn kvp_destroy(c: *mut kvp_cache);
+    pub fn kvp_reset(c: *mut kvp_cache) -> kvp_status;
+    pub fn kvp_prefill(
+        c: *mut kvp_cache,
+        layer: u32,
+        n_tokens: u32,
+        positions: *const i32,
+        q: *const f32,
+        k: *const f32,
+        v: *const f32,
+        out: *mut f32,
+        sel: *mut kvp_selection,
+    ) -> kvp_status;
+    pub fn kvp_decode(c: *mut kvp_cache, layer: u32, q: *const f32, k: *const f32, v: *const f32, out: *mut f32)
+        -> kvp_status;
+    pub fn kvp_append(
+        c: *mut kvp_cache,
+        layer: u32,
+        n_tokens: u32,
+        positions: *const i32,
+        k: *const f32,
+        v: *const f32,
+    ) -> kvp_status;
+    pub fn kvp_layer_len(c: *const kvp_cache, layer: u32) -> u32;
+    pub fn kvp_layer_positions(c: *const kvp_cache, layer: u32, kv_head: u32, out: *mut i32, cap: u32, n: *mut u32)
+        -> kvp_status;
+    pub fn kvp_get_stats(c: *const kvp_cache, s: *mut kvp_stats) -> kvp_status;
+    pub fn kvp_last_error(c: *const kvp_cache) -> *const c_char;
+}

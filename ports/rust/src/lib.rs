@@ -1,0 +1,544 @@
+//! Safe Rust bindings to kvprune, an arena-backed, pruning KV cache behind a C ABI.
+//!
+//! ```no_run
+//! use kvprune::{Cache, Model, Rope};
+//! let model = Model::new(2, 4, 2, 64).rope(Rope::Neox, 0, 10000.0);
+//! let mut cache = Cache::from_spec(&model, "policy=streaming sinks=4 window=252").unwrap();
+//! let (q, k, v) = (vec![0.1f32; 4 * 64], vec![0.2f32; 2 * 64], vec![0.3f32; 2 * 64]);
+//! let mut out = vec![0f32; 4 * 64];
+//! for layer in 0..2 {
+//!     cache.decode(layer, &q, &k, &v, &mut out).unwrap();
+//! }
+//! println!("{:?}", cache.stats().unwrap());
+//! ```
+//!
+//! Everything here is safe to call: slice lengths are checked against the model geometry
+//! before the C library sees them, and every failure is an [`Error`] carrying the library's
+//! [`Status`] and message. A [`Cache`] owns its 64-byte aligned arena (allocated once, in
+//! [`Cache::new`]); no later call allocates on the library side.
+//!
+//! Linking: see `build.rs` (`pkg-config kvprune`, or `KVPRUNE_LIB_DIR`).
+
+pub mod ffi;
+
+use std::alloc::{self, Layout};
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::os::raw::c_char;
+use std::ptr::{self, NonNull};
+
+/// Library version `(major, minor, patch)` of the linked libkvprune.a.
+pub fn version() -> (u32, u32, u32) {
+    let v = unsafe { ffi::kvp_version() };
+    (v >> 16, (v >> 8) & 0xff, v & 0xff)
+}
+
+/// Failure kinds: the library's `kvp_status` values other than `KVP_OK`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    Arg,
+    Config,
+    Arena,
+    Layer,
+    Full,
+    NonFinite,
+    State,
+    Unsupported,
+    /// A status this binding does not know (a newer library).
+    Unknown(u32),
+}
+
+impl Status {
+    fn from_raw(s: ffi::kvp_status) -> Option<Status> {
+        Some(match s {
+            ffi::KVP_OK => return None,
+            ffi::KVP_ERR_ARG => Status::Arg,
+            ffi::KVP_ERR_CONFIG => Status::Config,
+            ffi::KVP_ERR_ARENA => Status::Arena,
+            ffi::KVP_ERR_LAYER => Status::Layer,
+            ffi::KVP_ERR_FULL => Status::Full,
+            ffi::KVP_ERR_NONFINITE => Status::NonFinite,
+            ffi::KVP_ERR_STATE => Status::State,
+            ffi::KVP_ERR_UNSUPPORTED => Status::Unsupported,
+            other => Status::Unknown(other),
+        })
+    }
+
+    /// The pinned C value.
+    pub fn raw(self) -> u32 {
+        match self {
+            Status::Arg => ffi::KVP_ERR_ARG,
+            Status::Config => ffi::KVP_ERR_CONFIG,
+            Status::Arena => ffi::KVP_ERR_ARENA,
+            Status::Layer => ffi::KVP_ERR_LAYER,
+            Status::Full => ffi::KVP_ERR_FULL,
+            Status::NonFinite => ffi::KVP_ERR_NONFINITE,
+            Status::State => ffi::KVP_ERR_STATE,
+            Status::Unsupported => ffi::KVP_ERR_UNSUPPORTED,
+            Status::Unknown(v) => v,
+        }
+    }
+
+    /// The library's name and meaning of the status (`kvp_status_str`).
+    pub fn describe(self) -> String {
+        unsafe { cstr(ffi::kvp_status_str(self.raw())) }
+    }
+}
+
+/// Error of a failed call: the status and the library's message (`kvp_last_error` or the
+/// `err` buffer of the config functions), or the binding's own message for bad slice sizes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub status: Status,
+    pub message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.message.is_empty() {
+            write!(f, "{}", self.status.describe())
+        } else {
+            write!(f, "{} ({})", self.message, self.status.describe())
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+unsafe fn cstr(p: *const c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        CStr::from_ptr(p).to_string_lossy().into_owned()
+    }
+}
+
+fn arg_error(message: String) -> Error {
+    Error { status: Status::Arg, message }
+}
+
+const ERR_LEN: usize = 512;
+
+fn check_with_buf(status: ffi::kvp_status, buf: &[u8]) -> Result<()> {
+    match Status::from_raw(status) {
+        None => Ok(()),
+        Some(status) => {
+            let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+            Err(Error { status, message: String::from_utf8_lossy(&buf[..end]).into_owned() })
+        }
+    }
+}
+
+/// RoPE style.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rope {
+    None,
+    /// Rotates pairs (i, i + rope_dim/2).
+    Neox,
+    /// Rotates pairs (2i, 2i+1), as llama2.c.
+    Gptj,
+}
+
+/// Model geometry (`kvp_model`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Model {
+    pub n_layers: u32,
+    pub n_q_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub rope: Rope,
+    /// 0 means head_dim.
+    pub rope_dim: u32,
+    pub rope_theta: f32,
+}
+
+impl Model {
+    /// Geometry without RoPE; add it with [`Model::rope`].
+    pub fn new(n_layers: u32, n_q_heads: u32, n_kv_heads: u32, head_dim: u32) -> Model {
+        Model { n_layers, n_q_heads, n_kv_heads, head_dim, rope: Rope::None, rope_dim: 0, rope_theta: 10000.0 }
+    }
+
+    pub fn rope(mut self, rope: Rope, rope_dim: u32, rope_theta: f32) -> Model {
+        self.rope = rope;
+        self.rope_dim = rope_dim;
+        self.rope_theta = rope_theta;
+        self
+    }
+
+    fn to_raw(self) -> ffi::kvp_model {
+        ffi::kvp_model {
+            n_layers: self.n_layers,
+            n_q_heads: self.n_q_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            rope: match self.rope {
+                Rope::None => ffi::KVP_ROPE_NONE,
+                Rope::Neox => ffi::KVP_ROPE_NEOX,
+                Rope::Gptj => ffi::KVP_ROPE_GPTJ,
+            },
+            rope_dim: self.rope_dim,
+            rope_theta: self.rope_theta,
+        }
+    }
+
+    fn from_raw(m: &ffi::kvp_model) -> Model {
+        Model {
+            n_layers: m.n_layers,
+            n_q_heads: m.n_q_heads,
+            n_kv_heads: m.n_kv_heads,
+            head_dim: m.head_dim,
+            rope: match m.rope {
+                ffi::KVP_ROPE_NEOX => Rope::Neox,
+                ffi::KVP_ROPE_GPTJ => Rope::Gptj,
+                _ => Rope::None,
+            },
+            rope_dim: m.rope_dim,
+            rope_theta: m.rope_theta,
+        }
+    }
+}
+
+/// A cache configuration (`kvp_config`): defaults for a model, changed by spec strings
+/// ("policy=streaming sinks=4 window=1020"; keys are the C field names).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Config {
+    raw: ffi::kvp_config,
+}
+
+impl Config {
+    /// `kvp_config_default`: the defaults for `model` (policy full).
+    pub fn new(model: &Model) -> Result<Config> {
+        let m = model.to_raw();
+        let mut raw = ffi::kvp_config::default();
+        let s = unsafe { ffi::kvp_config_default(&mut raw, &m) };
+        match Status::from_raw(s) {
+            None => Ok(Config { raw }),
+            Some(status) => Err(Error { status, message: format!("invalid model geometry {:?}", model) }),
+        }
+    }
+
+    /// Defaults for `model`, then `spec` applied.
+    pub fn from_spec(model: &Model, spec: &str) -> Result<Config> {
+        let mut c = Config::new(model)?;
+        c.apply(spec)?;
+        Ok(c)
+    }
+
+    /// `kvp_config_apply`: all-or-nothing; on error `self` is unchanged.
+    pub fn apply(&mut self, spec: &str) -> Result<()> {
+        let spec = CString::new(spec).map_err(|_| arg_error("spec contains a NUL byte".to_string()))?;
+        let mut buf = [0u8; ERR_LEN];
+        let s = unsafe { ffi::kvp_config_apply(&mut self.raw, spec.as_ptr(), buf.as_mut_ptr() as *mut c_char, ERR_LEN) };
+        check_with_buf(s, &buf)
+    }
+
+    /// `kvp_config_check`: the whole configuration is consistent.
+    pub fn check(&self) -> Result<()> {
+        let mut buf = [0u8; ERR_LEN];
+        let s = unsafe { ffi::kvp_config_check(&self.raw, buf.as_mut_ptr() as *mut c_char, ERR_LEN) };
+        check_with_buf(s, &buf)
+    }
+
+    /// Exact arena bytes a cache of this configuration needs; 0 when it is invalid.
+    pub fn arena_size(&self) -> usize {
+        unsafe { ffi::kvp_arena_size(&self.raw) }
+    }
+
+    pub fn model(&self) -> Model {
+        Model::from_raw(&self.raw.model)
+    }
+
+    /// The plain C struct (read its fields directly).
+    pub fn raw(&self) -> &ffi::kvp_config {
+        &self.raw
+    }
+
+    /// The plain C struct for direct edits; the library validates it at [`Cache::new`].
+    pub fn raw_mut(&mut self) -> &mut ffi::kvp_config {
+        &mut self.raw
+    }
+}
+
+/// Counters of a cache (`kvp_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub arena_bytes: u64,
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub tokens_seen: u64,
+    pub prune_events: u64,
+    pub tokens_evicted: u64,
+}
+
+/// Result of [`Cache::prefill_select`] (ASL selection).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Selection {
+    /// This call determined the selection layer.
+    pub selected: bool,
+    /// Entries written to the caller's index slice.
+    pub n: usize,
+}
+
+/// Arena memory owned by a [`Cache`]: 64-byte aligned, freed after `kvp_destroy`.
+struct Arena {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+impl Arena {
+    fn new(len: usize) -> Result<Arena> {
+        let layout = Layout::from_size_align(len.max(64), 64)
+            .map_err(|_| Error { status: Status::Arena, message: format!("arena of {} bytes", len) })?;
+        let p = unsafe { alloc::alloc_zeroed(layout) };
+        match NonNull::new(p) {
+            Some(ptr) => Ok(Arena { ptr, layout }),
+            None => alloc::handle_alloc_error(layout),
+        }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// A KV cache in its own arena. Not `Sync` (calls mutate it); may move between threads.
+pub struct Cache {
+    handle: NonNull<ffi::kvp_cache>,
+    // Declared after `handle`, dropped after Drop::drop destroyed the handle.
+    #[allow(dead_code)]
+    arena: Arena,
+    arena_len: usize,
+    model: Model,
+}
+
+// The cache is plain memory plus worker threads the library manages; one caller at a time.
+unsafe impl Send for Cache {}
+
+impl Cache {
+    /// Allocates the exact arena (`kvp_arena_size`) and creates the cache in it.
+    pub fn new(cfg: &Config) -> Result<Cache> {
+        let n = cfg.arena_size();
+        if n == 0 {
+            cfg.check()?;
+            return Err(Error { status: Status::Config, message: "invalid configuration".to_string() });
+        }
+        let arena = Arena::new(n)?;
+        let mut h: *mut ffi::kvp_cache = ptr::null_mut();
+        let s = unsafe { ffi::kvp_create(&cfg.raw, arena.ptr.as_ptr(), n, &mut h) };
+        if let Some(status) = Status::from_raw(s) {
+            let mut message = unsafe { cstr(ffi::kvp_last_error(ptr::null())) };
+            if status == Status::Config || status == Status::Unsupported {
+                if let Err(e) = cfg.check() {
+                    message = e.message;
+                }
+            }
+            return Err(Error { status, message });
+        }
+        let handle = NonNull::new(h).ok_or_else(|| Error { status: Status::State, message: "kvp_create returned NULL".into() })?;
+        Ok(Cache { handle, arena, arena_len: n, model: cfg.model() })
+    }
+
+    /// `Config::from_spec` then `Cache::new`.
+    pub fn from_spec(model: &Model, spec: &str) -> Result<Cache> {
+        Cache::new(&Config::from_spec(model, spec)?)
+    }
+
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Bytes of the arena this cache owns.
+    pub fn arena_len(&self) -> usize {
+        self.arena_len
+    }
+
+    /// Message of the last failed call ("" if none).
+    pub fn last_error(&self) -> String {
+        unsafe { cstr(ffi::kvp_last_error(self.handle.as_ptr())) }
+    }
+
+    fn check(&self, s: ffi::kvp_status) -> Result<()> {
+        match Status::from_raw(s) {
+            None => Ok(()),
+            Some(status) => Err(Error { status, message: self.last_error() }),
+        }
+    }
+
+    fn q_width(&self) -> usize {
+        self.model.n_q_heads as usize * self.model.head_dim as usize
+    }
+
+    fn kv_width(&self) -> usize {
+        self.model.n_kv_heads as usize * self.model.head_dim as usize
+    }
+
+    /// Number of tokens in k/v slices (multiple of n_kv_heads*head_dim) and checks of the others.
+    fn tokens(&self, q: Option<usize>, k: usize, v: usize, out: Option<usize>, positions: Option<usize>) -> Result<u32> {
+        let kw = self.kv_width();
+        if k == 0 || k % kw != 0 {
+            return Err(arg_error(format!("k has {} floats: expected a positive multiple of n_kv_heads*head_dim = {}", k, kw)));
+        }
+        let n = k / kw;
+        if v != k {
+            return Err(arg_error(format!("v has {} floats, k has {}", v, k)));
+        }
+        let qn = n * self.q_width();
+        if let Some(q) = q {
+            if q != qn {
+                return Err(arg_error(format!("q has {} floats, expected {} ({} tokens)", q, qn, n)));
+            }
+        }
+        if let Some(o) = out {
+            if o != qn {
+                return Err(arg_error(format!("out has {} floats, expected {} ({} tokens)", o, qn, n)));
+            }
+        }
+        if let Some(p) = positions {
+            if p != n {
+                return Err(arg_error(format!("positions has {} entries, expected {}", p, n)));
+            }
+        }
+        u32::try_from(n).map_err(|_| arg_error(format!("{} tokens in one call", n)))
+    }
+
+    /// Decodes one token of `layer`: q is `[n_q_heads*head_dim]`, k and v `[n_kv_heads*head_dim]`,
+    /// out receives `[n_q_heads*head_dim]`.
+    pub fn decode(&mut self, layer: u32, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) -> Result<()> {
+        let n = self.tokens(Some(q.len()), k.len(), v.len(), Some(out.len()), None)?;
+        if n != 1 {
+            return Err(arg_error(format!("decode takes one token, k holds {}", n)));
+        }
+        let s = unsafe {
+            ffi::kvp_decode(self.handle.as_ptr(), layer, q.as_ptr(), k.as_ptr(), v.as_ptr(), out.as_mut_ptr())
+        };
+        self.check(s)
+    }
+
+    fn prefill_raw(
+        &mut self,
+        layer: u32,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        positions: Option<&[i32]>,
+        out: Option<&mut [f32]>,
+        sel: *mut ffi::kvp_selection,
+    ) -> Result<()> {
+        let n = self.tokens(Some(q.len()), k.len(), v.len(), out.as_ref().map(|o| o.len()), positions.map(|p| p.len()))?;
+        let pos = positions.map_or(ptr::null(), |p| p.as_ptr());
+        let outp = out.map_or(ptr::null_mut(), |o| o.as_mut_ptr());
+        let s = unsafe {
+            ffi::kvp_prefill(self.handle.as_ptr(), layer, n, pos, q.as_ptr(), k.as_ptr(), v.as_ptr(), outp, sel)
+        };
+        self.check(s)
+    }
+
+    /// Prefills `layer` with a chunk of tokens (count taken from k): exact causal attention into
+    /// `out` (None skips it), then the policy's prefill compression. `positions` None = next ones.
+    pub fn prefill(
+        &mut self,
+        layer: u32,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        positions: Option<&[i32]>,
+        out: Option<&mut [f32]>,
+    ) -> Result<()> {
+        self.prefill_raw(layer, q, k, v, positions, out, ptr::null_mut())
+    }
+
+    /// [`Cache::prefill`] that also receives the ASL selection into `indices`.
+    pub fn prefill_select(
+        &mut self,
+        layer: u32,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        positions: Option<&[i32]>,
+        out: Option<&mut [f32]>,
+        indices: &mut [i32],
+    ) -> Result<Selection> {
+        let mut sel = ffi::kvp_selection {
+            struct_size: std::mem::size_of::<ffi::kvp_selection>() as u32,
+            capacity: u32::try_from(indices.len()).unwrap_or(u32::MAX),
+            indices: indices.as_mut_ptr(),
+            n: 0,
+            selected: 0,
+        };
+        self.prefill_raw(layer, q, k, v, positions, out, &mut sel)?;
+        Ok(Selection { selected: sel.selected != 0, n: (sel.n as usize).min(indices.len()) })
+    }
+
+    /// Stores tokens without attention (position-based pruning still applies).
+    pub fn append(&mut self, layer: u32, k: &[f32], v: &[f32], positions: Option<&[i32]>) -> Result<()> {
+        let n = self.tokens(None, k.len(), v.len(), None, positions.map(|p| p.len()))?;
+        let pos = positions.map_or(ptr::null(), |p| p.as_ptr());
+        let s = unsafe { ffi::kvp_append(self.handle.as_ptr(), layer, n, pos, k.as_ptr(), v.as_ptr()) };
+        self.check(s)
+    }
+
+    /// Tokens kept by `layer` (max over its KV heads); 0 for a bad layer.
+    pub fn layer_len(&self, layer: u32) -> u32 {
+        unsafe { ffi::kvp_layer_len(self.handle.as_ptr(), layer) }
+    }
+
+    /// Original positions kept by (layer, kv_head) into `out`; returns how many. A too small
+    /// `out` is a [`Status::Full`] error.
+    pub fn layer_positions_into(&self, layer: u32, kv_head: u32, out: &mut [i32]) -> Result<usize> {
+        let mut n = 0u32;
+        let cap = u32::try_from(out.len()).unwrap_or(u32::MAX);
+        let s = unsafe { ffi::kvp_layer_positions(self.handle.as_ptr(), layer, kv_head, out.as_mut_ptr(), cap, &mut n) };
+        self.check(s)?;
+        Ok(n as usize)
+    }
+
+    /// Original positions kept by (layer, kv_head), ascending.
+    pub fn layer_positions(&self, layer: u32, kv_head: u32) -> Result<Vec<i32>> {
+        let mut n = 0u32;
+        let s = unsafe { ffi::kvp_layer_positions(self.handle.as_ptr(), layer, kv_head, ptr::null_mut(), 0, &mut n) };
+        if s != ffi::KVP_OK && s != ffi::KVP_ERR_FULL {
+            self.check(s)?;
+        }
+        let mut v = vec![0i32; n as usize];
+        let got = self.layer_positions_into(layer, kv_head, &mut v)?;
+        v.truncate(got);
+        Ok(v)
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        let mut s = ffi::kvp_stats { struct_size: std::mem::size_of::<ffi::kvp_stats>() as u32, ..Default::default() };
+        let st = unsafe { ffi::kvp_get_stats(self.handle.as_ptr(), &mut s) };
+        self.check(st)?;
+        Ok(Stats {
+            arena_bytes: s.arena_bytes,
+            live_bytes: s.live_bytes,
+            peak_live_bytes: s.peak_live_bytes,
+            tokens_seen: s.tokens_seen,
+            prune_events: s.prune_events,
+            tokens_evicted: s.tokens_evicted,
+        })
+    }
+
+    /// New sequence in the same arena.
+    pub fn reset(&mut self) -> Result<()> {
+        let s = unsafe { ffi::kvp_reset(self.handle.as_ptr()) };
+        self.check(s)
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        unsafe { ffi::kvp_destroy(self.handle.as_ptr()) };
+        // `arena` is freed after this, by its own Drop.
+    }
+}
+
+impl fmt::Debug for Cache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cache").field("model", &self.model).field("arena_len", &self.arena_len).finish()
+    }
+}
