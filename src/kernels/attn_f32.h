@@ -42,6 +42,12 @@ const AttnF32 *attn_f32_avx2();
 // Best variant for this CPU (avx2 if available, else simde). Pure; call once at create.
 const AttnF32 *attn_f32_best();
 
+// Internal: the tables defined by attn_f32_simd.inc, one per ISA it is compiled for. They do
+// no CPU check; use attn_f32_simde()/attn_f32_avx2() instead. The avx2 one exists only when
+// the library is built with KVP_HAVE_AVX2.
+const AttnF32 *attn_f32_simde_table();
+const AttnF32 *attn_f32_avx2_table();
+
 // Scalar exp used by the scalar reference (the same polynomial as the SIMD variants so that
 // they agree to a few ulp). exp_approx(-inf) == 0.
 float exp_approx(float x);
