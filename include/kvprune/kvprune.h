@@ -49,7 +49,7 @@ typedef enum {
     KVP_ERR_LAYER = 4,       /**< layer (or KV head) index out of range */
     KVP_ERR_FULL = 5,        /**< the layer has no room for the tokens and the policy may not evict */
     KVP_ERR_NONFINITE = 6,   /**< NaN or Inf in q, k or v */
-    KVP_ERR_STATE = 7,       /**< call not valid in the cache's current state */
+    KVP_ERR_STATE = 7,       /**< call not valid in the cache's current state (e.g. destroyed) */
     KVP_ERR_UNSUPPORTED = 8  /**< feature recognised but not available in this build/version */
 } kvp_status;
 
@@ -217,7 +217,10 @@ size_t kvp_arena_size(const kvp_config *cfg);
  */
 kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out);
 
-/** Destroys a cache (NULL is a no-op). Caller memory is not freed; the arena may be reused. */
+/**
+ * Destroys a cache (NULL is a no-op). Caller memory is not freed; the arena may be reused.
+ * Calls on a destroyed handle whose caller memory is still readable return KVP_ERR_STATE.
+ */
 void kvp_destroy(kvp_cache *c);
 
 /** Starts a new sequence in the same arena: every layer empty, counters zero. KVP_ERR_ARG for NULL. */

@@ -1,0 +1,28 @@
+// Configuration: defaults, the key=value spec parser, consistency checks and the values
+// derived from a valid config (effective capacity and position mode).
+#pragma once
+#include <stdint.h>
+
+#include "kvprune/kvprune.h"
+#include "msg.h"
+
+namespace kvp {
+
+kvp_status config_default(kvp_config *cfg, const kvp_model *model, Msg &m);
+kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m);
+kvp_status config_check(const kvp_config &cfg, Msg &m);
+
+// Derived values of a config that passed config_check.
+uint32_t config_capacity(const kvp_config &cfg);       // capacity, or the policy's minimum when 0
+kvp_positions config_positions(const kvp_config &cfg);  // ORIGINAL or REALIGN (never DEFAULT)
+bool config_is_streaming(const kvp_config &cfg);        // streaming or window rule applies
+
+// Limits (documented in the header and docs/DECISIONS.md).
+constexpr uint32_t kMaxHeadDim = 1024;
+constexpr uint32_t kMaxHeads = 1024;
+constexpr uint32_t kMaxLayers = 4096;
+constexpr uint32_t kMaxThreads = 256;
+constexpr uint32_t kMaxCapacity = 1u << 28;
+constexpr uint32_t kFullDefaultCapacity = 2048;
+
+}  // namespace kvp

@@ -1,0 +1,36 @@
+#include "rope.h"
+
+#include <math.h>
+
+namespace kvp {
+
+void rope_init_freqs(const kvp_model &m, double *inv_freq, uint32_t pairs) {
+    const double rd = double(pairs) * 2.0;
+    for (uint32_t i = 0; i < pairs; ++i) inv_freq[i] = pow(double(m.rope_theta), -2.0 * double(i) / rd);
+}
+
+void rope_table(const Rope &r, int64_t pos, float *cs) {
+    for (uint32_t i = 0; i < r.pairs; ++i) {
+        const double a = double(pos) * r.inv_freq[i];
+        cs[2 * i] = float(cos(a));
+        cs[2 * i + 1] = float(sin(a));
+    }
+}
+
+void rope_apply(const Rope &r, const float *cs, float *x, uint32_t n, uint32_t ld) {
+    if (r.style == KVP_ROPE_NONE) return;
+    const uint32_t half = r.pairs;
+    for (uint32_t j = 0; j < n; ++j) {
+        float *row = x + size_t(j) * ld;
+        for (uint32_t i = 0; i < half; ++i) {
+            const uint32_t a = r.style == KVP_ROPE_GPTJ ? 2 * i : i;
+            const uint32_t b = r.style == KVP_ROPE_GPTJ ? 2 * i + 1 : i + half;
+            const float c = cs[2 * i], s = cs[2 * i + 1];
+            const float x0 = row[a], x1 = row[b];
+            row[a] = x0 * c - x1 * s;
+            row[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+}  // namespace kvp

@@ -1,0 +1,28 @@
+// Rotary position embedding (RoPE): Su et al., "RoFormer" (2021), Sec. 3.4.
+// Pair i (i < rope_dim/2) rotates by angle pos * theta^(-2i/rope_dim):
+//   NEOX rotates (x[i], x[i + rope_dim/2]); GPTJ rotates (x[2i], x[2i+1]) as llama2.c does.
+// Dimensions past rope_dim are not rotated (partial rotary).
+// Angles are formed in double (pos * inv_freq) so large positions lose no precision.
+#pragma once
+#include <stdint.h>
+
+#include "kvprune/kvprune.h"
+
+namespace kvp {
+
+struct Rope {
+    kvp_rope_style style;
+    uint32_t pairs;          // rope_dim / 2 (0 when style is NONE)
+    const double *inv_freq;  // [pairs], lives in the arena
+};
+
+// Fills inv_freq[pairs] for model m.
+void rope_init_freqs(const kvp_model &m, double *inv_freq, uint32_t pairs);
+
+// cs[2*i] = cos(pos*f_i), cs[2*i+1] = sin(pos*f_i) for i < pairs.
+void rope_table(const Rope &r, int64_t pos, float *cs);
+
+// Rotates `n` vectors x[j*ld + 0..head_dim) in place with the table cs.
+void rope_apply(const Rope &r, const float *cs, float *x, uint32_t n, uint32_t ld);
+
+}  // namespace kvp

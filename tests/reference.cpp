@@ -1,0 +1,83 @@
+#include "reference.h"
+
+#include <gtest/gtest.h>
+#include <math.h>
+
+namespace ref {
+namespace {
+
+void rotate(const kvp_model &m, std::vector<double> &x, int64_t pos) {
+    if (m.rope == KVP_ROPE_NONE) return;
+    const uint32_t rd = m.rope_dim ? m.rope_dim : m.head_dim;
+    for (uint32_t i = 0; i < rd / 2; ++i) {
+        const double f = pow(double(m.rope_theta), -2.0 * i / double(rd));
+        const double a = double(pos) * f, c = cos(a), s = sin(a);
+        const uint32_t i0 = m.rope == KVP_ROPE_GPTJ ? 2 * i : i;
+        const uint32_t i1 = m.rope == KVP_ROPE_GPTJ ? 2 * i + 1 : i + rd / 2;
+        const double x0 = x[i0], x1 = x[i1];
+        x[i0] = x0 * c - x1 * s;
+        x[i1] = x0 * s + x1 * c;
+    }
+}
+
+}  // namespace
+
+void attend(const kvp_model &m, const float *q, int64_t qpos, const float *k_all, const float *v_all,
+            const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos, std::vector<double> &out) {
+    const uint32_t hd = m.head_dim, G = m.n_q_heads / m.n_kv_heads;
+    out.assign(size_t(m.n_q_heads) * hd, 0.0);
+    for (uint32_t h = 0; h < m.n_q_heads; ++h) {
+        const uint32_t kvh = h / G;
+        std::vector<double> qr(q + h * hd, q + (h + 1) * hd);
+        rotate(m, qr, qpos);
+        std::vector<double> logit(idx.size());
+        double mx = -INFINITY;
+        for (size_t j = 0; j < idx.size(); ++j) {
+            const float *kr = k_all + (size_t(idx[j]) * m.n_kv_heads + kvh) * hd;
+            std::vector<double> kk(kr, kr + hd);
+            rotate(m, kk, kpos[j]);
+            double d = 0;
+            for (uint32_t i = 0; i < hd; ++i) d += qr[i] * kk[i];
+            logit[j] = d / sqrt(double(hd));
+            mx = std::max(mx, logit[j]);
+        }
+        double sum = 0;
+        for (double &l : logit) sum += (l = exp(l - mx));
+        for (size_t j = 0; j < idx.size(); ++j) {
+            const float *vr = v_all + (size_t(idx[j]) * m.n_kv_heads + kvh) * hd;
+            for (uint32_t i = 0; i < hd; ++i) out[size_t(h) * hd + i] += logit[j] / sum * vr[i];
+        }
+    }
+}
+
+Cache::Cache(const kvp_model &m, const std::string &spec) {
+    kvp_config cfg;
+    EXPECT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    char err[256] = "";
+    EXPECT_EQ(kvp_config_apply(&cfg, spec.c_str(), err, sizeof err), KVP_OK) << err;
+    bytes = kvp_arena_size(&cfg);
+    EXPECT_GT(bytes, 0u) << spec;
+    arena = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    EXPECT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
+}
+
+Cache::~Cache() {
+    kvp_destroy(c);
+    free(arena);
+}
+
+std::vector<int32_t> Cache::positions(uint32_t layer, uint32_t head) const {
+    std::vector<int32_t> p(kvp_layer_len(c, layer) + 1);
+    uint32_t n = 0;
+    EXPECT_EQ(kvp_layer_positions(c, layer, head, p.data(), uint32_t(p.size()), &n), KVP_OK);
+    p.resize(n);
+    return p;
+}
+
+kvp_model model(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t hd, kvp_rope_style rope, uint32_t rope_dim,
+                float theta) {
+    kvp_model m = {layers, nq, nkv, hd, rope, rope_dim, theta};
+    return m;
+}
+
+}  // namespace ref

@@ -1,0 +1,49 @@
+// Test support: a double-precision naive attention reference (independent of src/), a
+// deterministic PRNG and a cache wrapper owning an aligned arena.
+#pragma once
+#include <kvprune/kvprune.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+namespace ref {
+
+// splitmix64-based generator: same numbers on every platform.
+struct Rng {
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) / float(1ull << 24); }
+    void fill(std::vector<float> &x, float lo = -1.0f, float hi = 1.0f) {
+        for (float &f : x) f = uniform(lo, hi);
+    }
+};
+
+// Attention of one token's query heads q[nq][hd] (pre-RoPE, rotated at qpos) over the keys
+// k_all[idx[j]] rotated at kpos[j] (k_all/v_all are [T][nkv][hd], pre-RoPE), in double.
+void attend(const kvp_model &m, const float *q, int64_t qpos, const float *k_all, const float *v_all,
+            const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos, std::vector<double> &out);
+
+// A cache in its own 64-byte-aligned arena.
+struct Cache {
+    kvp_cache *c = nullptr;
+    void *arena = nullptr;
+    size_t bytes = 0;
+    Cache(const kvp_model &m, const std::string &spec);
+    ~Cache();
+    Cache(const Cache &) = delete;
+    Cache &operator=(const Cache &) = delete;
+    std::vector<int32_t> positions(uint32_t layer, uint32_t head) const;
+};
+
+kvp_model model(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t hd, kvp_rope_style rope = KVP_ROPE_GPTJ,
+                uint32_t rope_dim = 0, float theta = 10000.0f);
+
+}  // namespace ref

@@ -1,0 +1,131 @@
+// No allocation after kvp_create: malloc and friends are replaced process-wide (glibc's
+// documented replacement set, forwarding to __libc_*), so allocations by the OpenMP runtime,
+// libstdc++ or libc count too. Runs in the non-sanitizer build only (ASan owns malloc there).
+#include <gtest/gtest.h>
+#include <malloc.h>
+#include <math.h>
+#include <string.h>
+
+#include <atomic>
+
+#include "reference.h"
+
+extern "C" {
+void *__libc_malloc(size_t);
+void *__libc_calloc(size_t, size_t);
+void *__libc_realloc(void *, size_t);
+void *__libc_memalign(size_t, size_t);
+void __libc_free(void *);
+}
+
+static std::atomic<long> g_allocs{0};
+
+extern "C" {
+void *malloc(size_t n) {
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+    return __libc_malloc(n);
+}
+void *calloc(size_t a, size_t b) {
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+    return __libc_calloc(a, b);
+}
+void *realloc(void *p, size_t n) {
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+    return __libc_realloc(p, n);
+}
+void *memalign(size_t a, size_t n) {
+    g_allocs.fetch_add(1, std::memory_order_relaxed);
+    return __libc_memalign(a, n);
+}
+void *aligned_alloc(size_t a, size_t n) { return memalign(a, n); }
+int posix_memalign(void **out, size_t a, size_t n) {
+    void *p = memalign(a, n);
+    if (!p) return 12;  // ENOMEM
+    *out = p;
+    return 0;
+}
+void *valloc(size_t n) { return memalign(4096, n); }
+void *pvalloc(size_t n) { return memalign(4096, (n + 4095) / 4096 * 4096); }
+void free(void *p) { __libc_free(p); }
+}
+
+namespace {
+
+// Exercises every entry point after create: prefill (tiles, several key blocks), decode with
+// prunes (ring wrap), append, positions, stats, failed calls, reset, on two threads.
+long allocations_during_workload(kvp_cache *c, uint32_t layers) {
+    const uint32_t nq = 8, nkv = 4, hd = 64;
+    static float q[300 * nq * hd], k[300 * nkv * hd], v[300 * nkv * hd], o[300 * nq * hd];
+    ref::Rng rng(3);
+    for (float &x : q) x = rng.uniform(-1, 1);
+    for (float &x : k) x = rng.uniform(-1, 1);
+    for (float &x : v) x = rng.uniform(-1, 1);
+    int32_t pos[512];
+    uint32_t n;
+    kvp_stats st;
+    st.struct_size = sizeof st;
+    float nanq[nq * hd];
+    memcpy(nanq, q, sizeof nanq);
+    nanq[5] = NAN;
+
+    const long before = g_allocs.load();
+    for (int round = 0; round < 2; ++round) {
+        for (uint32_t l = 0; l < layers; ++l)
+            if (kvp_prefill(c, l, 200, nullptr, q, k, v, o, nullptr) != KVP_OK) return -1;
+        for (int t = 0; t < 150; ++t)
+            for (uint32_t l = 0; l < layers; ++l)
+                if (kvp_decode(c, l, q + t * nq * hd, k + t * nkv * hd, v + t * nkv * hd, o) != KVP_OK) return -1;
+        if (kvp_append(c, 0, 1, nullptr, k, v) != KVP_OK) return -1;
+        if (kvp_layer_positions(c, 0, 1, pos, 512, &n) != KVP_OK) return -1;
+        if (kvp_get_stats(c, &st) != KVP_OK) return -1;
+        if (kvp_decode(c, 0, nanq, k, v, o) != KVP_ERR_NONFINITE) return -1;
+        if (kvp_decode(c, 99, q, k, v, o) != KVP_ERR_LAYER) return -1;
+        (void)kvp_last_error(c);
+        if (kvp_reset(c) != KVP_OK) return -1;
+    }
+    return g_allocs.load() - before;
+}
+
+kvp_config config(const char *spec) {
+    const kvp_model m = ref::model(2, 8, 4, 64);
+    kvp_config cfg;
+    kvp_config_default(&cfg, &m);
+    char err[128];
+    kvp_config_apply(&cfg, spec, err, sizeof err);
+    return cfg;
+}
+
+TEST(NoAllocation, AfterCreateInCallerMemory) {
+    kvp_config cfg = config("policy=streaming sinks=4 window=120 compress_every=16 slack=8 max_drop=8 capacity=260 threads=2");
+    const size_t bytes = kvp_arena_size(&cfg);
+    ASSERT_GT(bytes, 0u);
+    void *arena = __libc_memalign(64, bytes);
+    kvp_cache *c = nullptr;
+    const long before_create = g_allocs.load();
+    ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK);
+    const long in_create = g_allocs.load() - before_create;  // the OpenMP pool may allocate here
+    EXPECT_EQ(allocations_during_workload(c, 2), 0) << "(create itself made " << in_create << ")";
+    kvp_destroy(c);
+    __libc_free(arena);
+}
+
+TEST(NoAllocation, NullArenaAllocatesExactlyOnceInCreate) {
+    kvp_config cfg = config("policy=window window=250 threads=1");
+    kvp_cache *c = nullptr;
+    const long before = g_allocs.load();
+    ASSERT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_OK);
+    EXPECT_EQ(g_allocs.load() - before, 1);
+    EXPECT_EQ(allocations_during_workload(c, 2), 0);
+    kvp_destroy(c);
+}
+
+TEST(NoAllocation, CounterSeesAllocations) {  // the counting itself works
+    const long before = g_allocs.load();
+    void *volatile p = malloc(16);
+    free(p);
+    std::string *s = new std::string(100, 'x');
+    delete s;
+    EXPECT_GE(g_allocs.load() - before, 2);
+}
+
+}  // namespace

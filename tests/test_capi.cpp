@@ -1,0 +1,314 @@
+// C API contract: status codes and strings, config defaults/apply/check, arena sizing and
+// creation, and bad input: every failed call returns its status, names the problem, and
+// leaves the cache exactly as it was (length, positions, and the next valid call's output).
+#include <gtest/gtest.h>
+#include <math.h>
+#include <string.h>
+
+#include <functional>
+
+#include "reference.h"
+
+namespace {
+
+kvp_config base_config(const char *spec = "") {
+    const kvp_model m = ref::model(2, 4, 2, 32);
+    kvp_config cfg;
+    EXPECT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    char err[256];
+    EXPECT_EQ(kvp_config_apply(&cfg, spec, err, sizeof err), KVP_OK) << err;
+    return cfg;
+}
+
+TEST(Capi, VersionAndStatusStrings) {
+    EXPECT_EQ(kvp_version(), uint32_t(KVP_VERSION));
+    EXPECT_EQ(kvp_version() >> 16, uint32_t(KVP_VERSION_MAJOR));
+    for (int s = 0; s <= 8; ++s) {
+        const char *str = kvp_status_str(kvp_status(s));
+        ASSERT_NE(str, nullptr);
+        EXPECT_EQ(strncmp(str, "KVP_", 4), 0) << s;
+    }
+    EXPECT_NE(strstr(kvp_status_str(KVP_ERR_FULL), "FULL"), nullptr);
+    EXPECT_NE(kvp_status_str(kvp_status(99)), nullptr);
+}
+
+TEST(Config, DefaultsAndGeometryErrors) {
+    kvp_config cfg;
+    kvp_model m = ref::model(2, 4, 2, 32);
+    EXPECT_EQ(kvp_config_default(nullptr, &m), KVP_ERR_ARG);
+    EXPECT_EQ(kvp_config_default(&cfg, nullptr), KVP_ERR_ARG);
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    EXPECT_EQ(cfg.struct_size, sizeof(kvp_config));
+    EXPECT_EQ(cfg.policy, KVP_POLICY_FULL);
+    EXPECT_EQ(cfg.threads, 1u);
+    EXPECT_EQ(cfg.sinks, 4u);
+    EXPECT_FLOAT_EQ(cfg.sparse_ratio, 400.0f);
+    const kvp_config before = cfg;
+    kvp_model bad[] = {ref::model(0, 4, 2, 32), ref::model(2, 4, 3, 32), ref::model(2, 4, 2, 0),
+                       ref::model(2, 4, 2, 32, KVP_ROPE_NEOX, 33), ref::model(2, 4, 2, 32, KVP_ROPE_GPTJ, 64),
+                       ref::model(2, 4, 2, 32, KVP_ROPE_GPTJ, 0, 0.5f), ref::model(2, 4, 2, 32, kvp_rope_style(7))};
+    for (const kvp_model &b : bad) EXPECT_EQ(kvp_config_default(&cfg, &b), KVP_ERR_CONFIG);
+    EXPECT_EQ(memcmp(&cfg, &before, sizeof cfg), 0);
+}
+
+TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
+    kvp_config cfg = base_config();
+    char err[256];
+    ASSERT_EQ(kvp_config_apply(&cfg, "  policy=streaming\tsinks=2 window=100 compress_every=16 decay=0.75 pool=avg ", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(cfg.policy, KVP_POLICY_STREAMING);
+    EXPECT_EQ(cfg.sinks, 2u);
+    EXPECT_EQ(cfg.window, 100u);
+    EXPECT_EQ(cfg.compress_every, 16u);
+    EXPECT_FLOAT_EQ(cfg.decay, 0.75f);
+    EXPECT_EQ(cfg.pool, KVP_POOL_AVG);
+    EXPECT_STREQ(err, "");
+    ASSERT_EQ(kvp_config_apply(&cfg, "recent_ratio=3e-1 beta=+2.5E1", err, sizeof err), KVP_OK) << err;
+    EXPECT_FLOAT_EQ(cfg.recent_ratio, 0.3f);
+    EXPECT_FLOAT_EQ(cfg.beta, 25.0f);
+
+    const kvp_config before = cfg;
+    struct Bad {
+        const char *spec;
+        kvp_status st;
+        const char *needle;
+    } bad[] = {
+        {"bogus=1", KVP_ERR_CONFIG, "bogus"},
+        {"sinks=8 window=", KVP_ERR_CONFIG, "window"},
+        {"window=-3", KVP_ERR_CONFIG, "window"},
+        {"threads=0", KVP_ERR_CONFIG, "threads"},
+        {"threads=99999999999", KVP_ERR_CONFIG, "threads"},
+        {"decay=1.5", KVP_ERR_CONFIG, "decay"},
+        {"decay=nan", KVP_ERR_CONFIG, "decay"},
+        {"positions=sideways", KVP_ERR_CONFIG, "positions"},
+        {"sinks", KVP_ERR_CONFIG, "sinks"},
+        {"=4", KVP_ERR_CONFIG, "=4"},
+        {"nonlazy=window", KVP_ERR_CONFIG, "nonlazy"},
+        {"sinks=1 policy=h2o", KVP_ERR_UNSUPPORTED, "h2o"},
+        {"policy=snapkv", KVP_ERR_UNSUPPORTED, "snapkv"},
+        {"policy=think", KVP_ERR_UNSUPPORTED, "think"},
+        {"kv_dtype=q8", KVP_ERR_UNSUPPORTED, "q8"},
+        {"score=fixed", KVP_ERR_UNSUPPORTED, "fixed"},
+    };
+    for (const Bad &b : bad) {
+        err[0] = 'x';
+        EXPECT_EQ(kvp_config_apply(&cfg, b.spec, err, sizeof err), b.st) << b.spec;
+        EXPECT_NE(strstr(err, b.needle), nullptr) << b.spec << " -> " << err;
+        EXPECT_EQ(memcmp(&cfg, &before, sizeof cfg), 0) << b.spec;  // unchanged
+    }
+    EXPECT_EQ(kvp_config_apply(nullptr, "sinks=1", err, sizeof err), KVP_ERR_ARG);
+    EXPECT_EQ(kvp_config_apply(&cfg, nullptr, err, sizeof err), KVP_ERR_ARG);
+    // err may be NULL or tiny: still NUL-terminated, never overrun
+    EXPECT_EQ(kvp_config_apply(&cfg, "bogus=1", nullptr, 0), KVP_ERR_CONFIG);
+    char tiny[4] = {'a', 'b', 'c', 'd'};
+    EXPECT_EQ(kvp_config_apply(&cfg, "bogus=1", tiny, 3), KVP_ERR_CONFIG);
+    EXPECT_EQ(tiny[2], '\0');
+    EXPECT_EQ(tiny[3], 'd');
+}
+
+TEST(Config, CheckCatchesContradictions) {
+    char err[256];
+    kvp_config cfg = base_config("policy=window window=64 capacity=64");  // needs window+1
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(err, "window"), nullptr) << err;
+    EXPECT_EQ(kvp_arena_size(&cfg), 0u);
+    kvp_cache *c = nullptr;
+    EXPECT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_ERR_CONFIG);
+    EXPECT_EQ(c, nullptr);
+
+    cfg = base_config("policy=window window=100 capacity=50");  // window > capacity
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+
+    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 capacity=70");  // < C+R = 72
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(err, "72"), nullptr) << err;
+    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 slack=20 capacity=80");  // < H = 84
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    cfg = base_config("policy=streaming sinks=0 window=0 extra=0");
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+
+    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8");  // auto capacity = 72
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
+    cfg.struct_size = 12;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_ARG);
+    EXPECT_EQ(kvp_config_check(nullptr, err, sizeof err), KVP_ERR_ARG);
+    EXPECT_EQ(kvp_arena_size(nullptr), 0u);
+    cfg = base_config();
+    cfg.policy = kvp_policy(42);
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    cfg = base_config();
+    cfg.kv_dtype = KVP_DTYPE_Q4;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
+}
+
+// tflite-micro style: the arena's size is pinned, so a layout change is a visible decision.
+// 2 layers x 2 KV heads x 100 slots x (K+V: 2 x 32 floats + pos + score, each array 64-aligned)
+// = 105984 B, plus the cache object, layer/head tables and one thread's scratch (at this
+// capacity the prefill tile scratch, 8 rows, outweighs the decode logits).
+TEST(Arena, SizeIsExactAndPinned) {
+    kvp_config cfg = base_config("capacity=100");
+    const size_t n = kvp_arena_size(&cfg);
+    EXPECT_EQ(n, 114816u);
+    kvp_config cfg2 = base_config("capacity=164");
+    // 64 more slots per (layer, head): 4 x 64 x (256 B of K+V + 4 B pos + 4 B score); the scratch
+    // is unchanged (decode logits, 2 x 176 floats, still below the prefill tile).
+    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 8));
+    kvp_config cfg3 = base_config("capacity=100 threads=3");
+    EXPECT_GT(kvp_arena_size(&cfg3), n);
+
+    std::vector<char> mem(n + 128);
+    char *aligned = mem.data() + (64 - reinterpret_cast<uintptr_t>(mem.data()) % 64) % 64;
+    kvp_cache *c = nullptr;
+    EXPECT_EQ(kvp_create(&cfg, aligned, n - 1, &c), KVP_ERR_ARENA);
+    EXPECT_EQ(kvp_create(&cfg, aligned + 8, n, &c), KVP_ERR_ARENA);  // misaligned
+    EXPECT_EQ(c, nullptr);
+    EXPECT_EQ(kvp_create(nullptr, aligned, n, &c), KVP_ERR_ARG);
+    EXPECT_EQ(kvp_create(&cfg, aligned, n, nullptr), KVP_ERR_ARG);
+    ASSERT_EQ(kvp_create(&cfg, aligned, n, &c), KVP_OK);
+    kvp_stats s;
+    s.struct_size = sizeof s;
+    ASSERT_EQ(kvp_get_stats(c, &s), KVP_OK);
+    EXPECT_EQ(s.arena_bytes, n);
+    EXPECT_EQ(s.live_bytes, 0u);
+    kvp_destroy(c);
+    // destroyed handle in still-readable caller memory
+    EXPECT_EQ(kvp_reset(c), KVP_ERR_STATE);
+    EXPECT_NE(strstr(kvp_last_error(c), "destroyed"), nullptr);
+    kvp_destroy(nullptr);
+}
+
+TEST(Arena, NullArenaAllocatesOnce) {
+    kvp_config cfg = base_config("policy=streaming sinks=4 window=28");
+    kvp_cache *c = nullptr;
+#if KVP_NO_HEAP
+    EXPECT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_ERR_UNSUPPORTED);
+#else
+    ASSERT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_OK);
+    std::vector<float> q(4 * 32, 0.5f), kv(2 * 32, 0.25f), o(q.size());
+    for (int t = 0; t < 40; ++t) ASSERT_EQ(kvp_decode(c, 1, q.data(), kv.data(), kv.data(), o.data()), KVP_OK);
+    EXPECT_EQ(kvp_layer_len(c, 1), 32u);
+    kvp_destroy(c);
+#endif
+}
+
+// Bad input on a live cache: each failing call gets its status and message, and afterwards the
+// cache behaves bit for bit like a twin that never saw the failed calls.
+TEST(BadInput, FailedCallsLeaveTheCacheUnchanged) {
+    const kvp_model m = ref::model(2, 4, 2, 32);
+    const std::string spec = "policy=streaming sinks=2 window=10 compress_every=3 capacity=16";
+    ref::Cache a(m, spec), twin(m, spec);
+    std::vector<float> q(4 * 32), k(2 * 32), v(2 * 32), o(4 * 32), o2(4 * 32);
+    ref::Rng rng(5);
+    auto step_both = [&]() {
+        rng.fill(q);
+        rng.fill(k);
+        rng.fill(v);
+        for (uint32_t l = 0; l < 2; ++l) {
+            ASSERT_EQ(kvp_decode(a.c, l, q.data(), k.data(), v.data(), o.data()), KVP_OK);
+            ASSERT_EQ(kvp_decode(twin.c, l, q.data(), k.data(), v.data(), o2.data()), KVP_OK);
+            ASSERT_EQ(memcmp(o.data(), o2.data(), o.size() * sizeof(float)), 0);
+        }
+    };
+    for (int t = 0; t < 16; ++t) step_both();  // C = 12, R = 3: pruned at 15 tokens, now 13 kept
+
+    std::vector<float> bad = q;
+    bad[17] = NAN;
+    std::vector<float> inf = k;
+    inf[3] = -INFINITY;
+    const int32_t back[2] = {5, 6}, dup[2] = {20, 20}, neg[1] = {-1};
+    int32_t pos_buf[64];
+    uint32_t n = 0;
+    kvp_stats st;
+    st.struct_size = 4;
+    struct Case {
+        const char *what;
+        std::function<kvp_status()> call;
+        kvp_status want;
+        const char *needle;
+    } cases[] = {
+        {"decode NULL cache", [&] { return kvp_decode(nullptr, 0, q.data(), k.data(), v.data(), o.data()); }, KVP_ERR_ARG, nullptr},
+        {"decode NULL q", [&] { return kvp_decode(a.c, 0, nullptr, k.data(), v.data(), o.data()); }, KVP_ERR_ARG, "NULL"},
+        {"decode NULL out", [&] { return kvp_decode(a.c, 0, q.data(), k.data(), v.data(), nullptr); }, KVP_ERR_ARG, "NULL"},
+        {"decode NULL v", [&] { return kvp_decode(a.c, 0, q.data(), k.data(), nullptr, o.data()); }, KVP_ERR_ARG, "NULL"},
+        {"decode bad layer", [&] { return kvp_decode(a.c, 2, q.data(), k.data(), v.data(), o.data()); }, KVP_ERR_LAYER, "layer 2"},
+        {"decode NaN q", [&] { return kvp_decode(a.c, 0, bad.data(), k.data(), v.data(), o.data()); }, KVP_ERR_NONFINITE, "q[17]"},
+        {"decode Inf k", [&] { return kvp_decode(a.c, 1, q.data(), inf.data(), v.data(), o.data()); }, KVP_ERR_NONFINITE, "k[3]"},
+        {"decode Inf v", [&] { return kvp_decode(a.c, 1, q.data(), k.data(), inf.data(), o.data()); }, KVP_ERR_NONFINITE, "v[3]"},
+        {"prefill zero tokens", [&] { return kvp_prefill(a.c, 0, 0, nullptr, q.data(), k.data(), v.data(), o.data(), nullptr); }, KVP_ERR_ARG, "n_tokens"},
+        {"prefill out without q", [&] { return kvp_prefill(a.c, 0, 1, nullptr, nullptr, k.data(), v.data(), o.data(), nullptr); }, KVP_ERR_ARG, "q"},
+        {"prefill positions backwards", [&] { return kvp_prefill(a.c, 0, 2, back, nullptr, k.data(), k.data(), nullptr, nullptr); }, KVP_ERR_ARG, "positions"},
+        {"append duplicate positions", [&] { return kvp_append(a.c, 0, 2, dup, k.data(), k.data()); }, KVP_ERR_ARG, "positions[1]"},
+        {"append negative position", [&] { return kvp_append(a.c, 1, 1, neg, k.data(), v.data()); }, KVP_ERR_ARG, "positions[0]"},
+        {"append bad layer", [&] { return kvp_append(a.c, 7, 1, nullptr, k.data(), v.data()); }, KVP_ERR_LAYER, "layer 7"},
+        {"prefill chunk larger than free slots", [&] { return kvp_prefill(a.c, 0, 6, nullptr, nullptr, std::vector<float>(6 * 64).data(), std::vector<float>(6 * 64).data(), nullptr, nullptr); }, KVP_ERR_FULL, "do not fit"},
+        {"positions bad head", [&] { return kvp_layer_positions(a.c, 0, 2, pos_buf, 64, &n); }, KVP_ERR_LAYER, nullptr},
+        {"positions bad layer", [&] { return kvp_layer_positions(a.c, 9, 0, pos_buf, 64, &n); }, KVP_ERR_LAYER, nullptr},
+        {"positions NULL n", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 64, nullptr); }, KVP_ERR_ARG, nullptr},
+        {"positions NULL out", [&] { return kvp_layer_positions(a.c, 0, 0, nullptr, 4, &n); }, KVP_ERR_ARG, nullptr},
+        {"positions small buffer", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 2, &n); }, KVP_ERR_FULL, nullptr},
+        {"stats small struct", [&] { return kvp_get_stats(a.c, &st); }, KVP_ERR_ARG, nullptr},
+        {"stats NULL", [&] { return kvp_get_stats(a.c, nullptr); }, KVP_ERR_ARG, nullptr},
+        {"reset NULL", [&] { return kvp_reset(nullptr); }, KVP_ERR_ARG, nullptr},
+    };
+    for (const Case &c : cases) {
+        EXPECT_EQ(c.call(), c.want) << c.what;
+        if (c.needle) {
+            EXPECT_NE(strstr(kvp_last_error(a.c), c.needle), nullptr) << c.what << ": " << kvp_last_error(a.c);
+        }
+    }
+    EXPECT_EQ(n, kvp_layer_len(a.c, 0));  // the small-buffer case still reports the length
+    EXPECT_EQ(kvp_layer_len(nullptr, 0), 0u);
+    EXPECT_EQ(kvp_layer_len(a.c, 5), 0u);
+    EXPECT_NE(kvp_last_error(nullptr), nullptr);
+
+    for (uint32_t l = 0; l < 2; ++l) {
+        EXPECT_EQ(kvp_layer_len(a.c, l), kvp_layer_len(twin.c, l));
+        for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(a.positions(l, h), twin.positions(l, h));
+    }
+    kvp_stats sa, sb;
+    sa.struct_size = sb.struct_size = sizeof sa;
+    ASSERT_EQ(kvp_get_stats(a.c, &sa), KVP_OK);
+    ASSERT_EQ(kvp_get_stats(twin.c, &sb), KVP_OK);
+    EXPECT_EQ(memcmp(&sa, &sb, sizeof sa), 0);
+    for (int t = 0; t < 9; ++t) step_both();  // identical outputs from here on
+}
+
+TEST(BadInput, FullPolicyAtCapacity) {
+    const kvp_model m = ref::model(1, 2, 1, 8);
+    ref::Cache c(m, "policy=full capacity=5");
+    std::vector<float> q(16, 0.5f), kv(8 * 6, 0.25f), o(16 * 6);
+    ASSERT_EQ(kvp_prefill(c.c, 0, 5, nullptr, q.data(), kv.data(), kv.data(), nullptr, nullptr), KVP_OK);
+    EXPECT_EQ(kvp_decode(c.c, 0, q.data(), kv.data(), kv.data(), o.data()), KVP_ERR_FULL);
+    EXPECT_NE(strstr(kvp_last_error(c.c), "KVP_ERR_FULL"), nullptr);
+    EXPECT_EQ(kvp_layer_len(c.c, 0), 5u);
+    ASSERT_EQ(kvp_reset(c.c), KVP_OK);
+    EXPECT_EQ(kvp_layer_len(c.c, 0), 0u);
+    kvp_stats s;
+    s.struct_size = sizeof s;
+    ASSERT_EQ(kvp_get_stats(c.c, &s), KVP_OK);
+    EXPECT_EQ(s.tokens_seen, 0u);
+    EXPECT_EQ(s.peak_live_bytes, 0u);
+    EXPECT_EQ(kvp_decode(c.c, 0, q.data(), kv.data(), kv.data(), o.data()), KVP_OK);
+    // a single token attends only to itself: out == v
+    for (int i = 0; i < 16; ++i) EXPECT_FLOAT_EQ(o[i], 0.25f);
+}
+
+TEST(Prefill, SelectionIsEmptyForNonAslPolicies) {
+    const kvp_model m = ref::model(1, 2, 1, 8);
+    ref::Cache c(m, "policy=full capacity=8");
+    std::vector<float> q(16 * 3, 0.5f), kv(8 * 3, 0.25f), o(q.size());
+    int32_t idx[4];
+    kvp_selection sel;
+    sel.struct_size = sizeof sel;
+    sel.capacity = 4;
+    sel.indices = idx;
+    sel.n = 77;
+    sel.selected = 1;
+    ASSERT_EQ(kvp_prefill(c.c, 0, 3, nullptr, q.data(), kv.data(), kv.data(), o.data(), &sel), KVP_OK);
+    EXPECT_EQ(sel.n, 0u);
+    EXPECT_EQ(sel.selected, 0);
+    sel.struct_size = 3;
+    EXPECT_EQ(kvp_prefill(c.c, 0, 1, nullptr, q.data(), kv.data(), kv.data(), o.data(), &sel), KVP_ERR_ARG);
+    EXPECT_EQ(kvp_layer_len(c.c, 0), 3u);
+}
+
+}  // namespace
