@@ -1,0 +1,135 @@
+#include "checkpoint.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+namespace kvh {
+
+namespace {
+
+std::string fmt(const char *f, long long a) {
+    char b[256];
+    std::snprintf(b, sizeof b, f, a);
+    return b;
+}
+
+}  // namespace
+
+bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err) {
+    *out = Checkpoint();
+    out->path = path;
+    auto fail = [&](const std::string &m) {
+        *err = "checkpoint '" + path + "': " + m;
+        out->data.clear();
+        return false;
+    };
+    std::FILE *f = std::fopen(path.c_str(), "rb");
+    if (!f) return fail(std::string("cannot open: ") + std::strerror(errno));
+    if (std::fseek(f, 0, SEEK_END) != 0) {
+        std::fclose(f);
+        return fail("cannot seek (not a regular file?)");
+    }
+    long fsize = std::ftell(f);
+    std::rewind(f);
+    if (fsize < 0) {
+        std::fclose(f);
+        return fail("cannot determine file size");
+    }
+    int32_t h[7];
+    if (fsize < (long)sizeof h || std::fread(h, sizeof h, 1, f) != 1) {
+        std::fclose(f);
+        return fail(fmt("truncated: %lld bytes, smaller than the 28-byte header", fsize));
+    }
+    ModelConfig &c = out->cfg;
+    c.dim = h[0];
+    c.hidden_dim = h[1];
+    c.n_layers = h[2];
+    c.n_heads = h[3];
+    c.n_kv_heads = h[4];
+    c.shared_classifier = h[5] > 0;
+    c.vocab = h[5] == INT32_MIN ? 0 : (h[5] < 0 ? -h[5] : h[5]);
+    c.seq_len = h[6];
+    static const char *names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads",
+                                   "vocab_size", "seq_len"};
+    static const int32_t limits[7] = {1 << 16, 1 << 18, 1 << 10, 1 << 10, 1 << 10, 1 << 22, 1 << 24};
+    for (int i = 0; i < 7; i++) {
+        int32_t v = i == 5 ? c.vocab : h[i];
+        if (v <= 0 || v > limits[i]) {
+            std::fclose(f);
+            char b[160];
+            std::snprintf(b, sizeof b, "bad header: %s = %d (expected 1..%d); not a llama2.c checkpoint?",
+                          names[i], (int)h[i], (int)limits[i]);
+            return fail(b);
+        }
+    }
+    if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0 || (c.dim / c.n_heads) % 2 != 0) {
+        std::fclose(f);
+        char b[200];
+        std::snprintf(b, sizeof b,
+                      "inconsistent header: dim %d, n_heads %d, n_kv_heads %d (need dim %% n_heads == 0, "
+                      "n_heads %% n_kv_heads == 0, even head_dim)",
+                      c.dim, c.n_heads, c.n_kv_heads);
+        return fail(b);
+    }
+    const uint64_t D = (uint64_t)c.dim, Hd = (uint64_t)c.hidden_dim, L = (uint64_t)c.n_layers,
+                   V = (uint64_t)c.vocab, hd = (uint64_t)c.head_dim(), Q = (uint64_t)c.q_dim(),
+                   KV = (uint64_t)c.kv_dim(), S = (uint64_t)c.seq_len;
+    // All factors are bounded above, so these products cannot overflow 64 bits.
+    uint64_t n_emb = V * D, n_rms_att = L * D, n_wq = L * Q * D, n_wk = L * KV * D, n_wv = L * KV * D,
+             n_wo = L * D * Q, n_rms_ffn = L * D, n_w1 = L * Hd * D, n_w2 = L * D * Hd, n_w3 = L * Hd * D,
+             n_rms_final = D, n_freq = 2 * S * (hd / 2), n_cls = c.shared_classifier ? 0 : V * D;
+    uint64_t n_floats = n_emb + n_rms_att + n_wq + n_wk + n_wv + n_wo + n_rms_ffn + n_w1 + n_w2 + n_w3 +
+                        n_rms_final + n_freq + n_cls;
+    uint64_t expect = 28 + 4 * n_floats;
+    if ((uint64_t)fsize != expect) {
+        std::fclose(f);
+        char b[300];
+        std::snprintf(b, sizeof b,
+                      "%s: file has %lld bytes but its header (dim %d, hidden %d, layers %d, heads %d/%d, "
+                      "vocab %d%s, seq_len %d) implies %llu",
+                      (uint64_t)fsize < expect ? "truncated" : "inconsistent size (trailing bytes)",
+                      (long long)fsize, c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab,
+                      c.shared_classifier ? " shared" : " separate classifier", c.seq_len,
+                      (unsigned long long)expect);
+        return fail(b);
+    }
+    if (expect > (uint64_t)1 << 34) {
+        std::fclose(f);
+        return fail("checkpoint larger than 16 GiB is not supported by the harness");
+    }
+    out->data.resize((size_t)n_floats);
+    size_t got = std::fread(out->data.data(), sizeof(float), (size_t)n_floats, f);
+    std::fclose(f);
+    if (got != n_floats) return fail(fmt("read error after %lld floats", (long long)got));
+    // Reject non-finite weights (a corrupt file would otherwise surface as NaN logits).
+    const float *p = out->data.data();
+    for (uint64_t i = 0; i < n_floats; i++) {
+        if (!std::isfinite(p[i])) {
+            return fail(fmt("corrupt: non-finite weight at float index %lld", (long long)i));
+        }
+    }
+    const float *w = p;
+    auto take = [&](uint64_t n) {
+        const float *r = w;
+        w += n;
+        return r;
+    };
+    out->tok_emb = take(n_emb);
+    out->rms_att = take(n_rms_att);
+    out->wq = take(n_wq);
+    out->wk = take(n_wk);
+    out->wv = take(n_wv);
+    out->wo = take(n_wo);
+    out->rms_ffn = take(n_rms_ffn);
+    out->w1 = take(n_w1);
+    out->w2 = take(n_w2);
+    out->w3 = take(n_w3);
+    out->rms_final = take(n_rms_final);
+    take(n_freq);  // legacy RoPE tables, unused (kvprune applies RoPE itself)
+    out->wcls = c.shared_classifier ? out->tok_emb : take(n_cls);
+    return true;
+}
+
+}  // namespace kvh

@@ -1,0 +1,303 @@
+#include "session.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace kvh {
+
+namespace {
+
+// Dot product with 8 independent accumulators combined in a fixed tree: fast under -O2
+// auto-vectorisation and bit-reproducible (no dependence on threads or data layout).
+inline float dot(const float *a, const float *b, int n) {
+    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) s[j] += a[i + j] * b[i + j];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+// out[t][o] = W[o] . x[t]  for t < n, o < out_dim; W is [out_dim][in_dim] (llama2.c layout).
+void matmul(float *out, const float *x, const float *W, int n, int in_dim, int out_dim) {
+    for (int o = 0; o < out_dim; o++) {
+        const float *w = W + (size_t)o * in_dim;
+        for (int t = 0; t < n; t++) out[(size_t)t * out_dim + o] = dot(w, x + (size_t)t * in_dim, in_dim);
+    }
+}
+
+void rmsnorm(float *o, const float *x, const float *w, int n, int dim) {
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * dim;
+        float *ot = o + (size_t)t * dim;
+        float ss = dot(xt, xt, dim) / (float)dim + 1e-5f;
+        float inv = 1.0f / std::sqrt(ss);
+        for (int i = 0; i < dim; i++) ot[i] = w[i] * (xt[i] * inv);
+    }
+}
+
+std::string kvp_error(const char *fn, uint32_t layer, kvp_status st, const kvp_cache *c) {
+    std::string m = std::string(fn) + " (layer " + std::to_string(layer) + "): " + kvp_status_str(st);
+    const char *d = kvp_last_error(c);
+    if (d && *d) m += std::string(": ") + d;
+    return m;
+}
+
+}  // namespace
+
+kvp_model model_geometry(const ModelConfig &c) {
+    kvp_model m;
+    std::memset(&m, 0, sizeof m);
+    m.n_layers = (uint32_t)c.n_layers;
+    m.n_q_heads = (uint32_t)c.n_heads;
+    m.n_kv_heads = (uint32_t)c.n_kv_heads;
+    m.head_dim = (uint32_t)c.head_dim();
+    m.rope = KVP_ROPE_GPTJ;  // llama2.c rotates interleaved pairs (2i, 2i+1)
+    m.rope_dim = 0;          // whole head
+    m.rope_theta = 10000.0f;
+    return m;
+}
+
+bool parse_policy(const ModelConfig &mc, const std::string &spec, kvp_config *cfg, std::string *err) {
+    kvp_model m = model_geometry(mc);
+    kvp_config c;
+    std::memset(&c, 0, sizeof c);
+    char e[512] = {0};
+    kvp_status st = kvp_config_default(&c, &m);
+    if (st != KVP_OK) {
+        *err = std::string("model geometry rejected by kvprune: ") + kvp_status_str(st);
+        return false;
+    }
+    st = kvp_config_apply(&c, spec.c_str(), e, sizeof e);
+    if (st != KVP_OK) {
+        *err = "bad policy spec '" + spec + "': " + (e[0] ? std::string(e) : std::string(kvp_status_str(st)));
+        return false;
+    }
+    st = kvp_config_check(&c, e, sizeof e);
+    if (st != KVP_OK) {
+        *err = "bad policy spec '" + spec + "': " + (e[0] ? std::string(e) : std::string(kvp_status_str(st)));
+        return false;
+    }
+    *cfg = c;
+    return true;
+}
+
+Session::~Session() {
+    kvp_destroy(cache_);
+    std::free(arena_);
+}
+
+bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *err) {
+    kvp_destroy(cache_);
+    cache_ = nullptr;
+    std::free(arena_);
+    arena_ = nullptr;
+    ck_ = &ck;
+    fed_ = 0;
+    if (!parse_policy(ck.cfg, spec, &cfg_, err)) return false;
+    size_t n = kvp_arena_size(&cfg_);
+    if (n == 0) {
+        *err = "kvp_arena_size returned 0 for '" + spec + "'";
+        return false;
+    }
+    arena_len_ = (n + 63) / 64 * 64;
+    arena_ = std::aligned_alloc(64, arena_len_);
+    if (!arena_) {
+        *err = "cannot allocate an arena of " + std::to_string(arena_len_) + " bytes";
+        return false;
+    }
+    kvp_status st = kvp_create(&cfg_, arena_, arena_len_, &cache_);
+    if (st != KVP_OK) {
+        *err = std::string("kvp_create: ") + kvp_status_str(st) + ": " + kvp_last_error(nullptr);
+        cache_ = nullptr;
+        return false;
+    }
+    ensure_rows(1);
+    return true;
+}
+
+bool Session::reset(std::string *err) {
+    kvp_status st = kvp_reset(cache_);
+    if (st != KVP_OK) {
+        *err = std::string("kvp_reset: ") + kvp_status_str(st);
+        return false;
+    }
+    fed_ = 0;
+    return true;
+}
+
+void Session::ensure_rows(int n) {
+    if (n <= rows_) return;
+    const ModelConfig &c = ck_->cfg;
+    rows_ = n;
+    x_.assign((size_t)n * c.dim, 0.f);
+    xb_.assign((size_t)n * c.dim, 0.f);
+    xb2_.assign((size_t)n * c.dim, 0.f);
+    q_.assign((size_t)n * c.q_dim(), 0.f);
+    att_.assign((size_t)n * c.q_dim(), 0.f);
+    k_.assign((size_t)n * c.kv_dim(), 0.f);
+    v_.assign((size_t)n * c.kv_dim(), 0.f);
+    hb_.assign((size_t)n * c.hidden_dim, 0.f);
+    hb2_.assign((size_t)n * c.hidden_dim, 0.f);
+    pos_.assign((size_t)n, 0);
+    sel_idx_.assign((size_t)n, 0);
+}
+
+kvp_stats Session::stats() const {
+    kvp_stats s;
+    std::memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    if (cache_) kvp_get_stats(cache_, &s);
+    return s;
+}
+
+uint32_t Session::capacity_hint() const {
+    if (cfg_.capacity) return cfg_.capacity;
+    switch (cfg_.policy) {
+        case KVP_POLICY_FULL:
+            return 2048;  // documented default of kvp_config.capacity for `full`
+        case KVP_POLICY_STREAMING: {
+            uint32_t C = cfg_.sinks + cfg_.window + cfg_.extra;
+            return std::max(C + cfg_.compress_every, C + cfg_.slack);
+        }
+        default:
+            return 0;  // unknown: probe (a failed call changes nothing)
+    }
+}
+
+bool Session::prefill(const int32_t *tokens, int n, float *logits, bool all_logits, std::string *err) {
+    if (n <= 0) {
+        *err = "prefill of 0 tokens";
+        return false;
+    }
+    const int V = ck_->cfg.vocab;
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            *err = "token id " + std::to_string(tokens[i]) + " out of range for vocab " + std::to_string(V);
+            return false;
+        }
+    }
+    int done = 0;
+    while (done < n) {
+        int rem = n - done;
+        int chunk = rem;
+        uint32_t cap = capacity_hint();
+        if (cap) {
+            uint32_t held = 0;
+            for (int l = 0; l < ck_->cfg.n_layers; l++) held = std::max(held, kvp_layer_len(cache_, (uint32_t)l));
+            int room = cap > held ? (int)(cap - held) : 1;
+            chunk = std::min(rem, room);
+        }
+        for (;;) {
+            bool last = done + chunk == n;
+            float *lg = all_logits ? logits + (size_t)done * V : (last ? logits : nullptr);
+            bool full0 = false;
+            ensure_rows(chunk);
+            if (run_chunk(tokens + done, chunk, false, lg, all_logits, err, &full0)) break;
+            if (full0 && chunk > 1) {  // layer 0 refused the chunk (cache unchanged): try smaller
+                chunk = (chunk + 1) / 2;
+                continue;
+            }
+            return false;
+        }
+        max_chunk_used_ = std::max(max_chunk_used_, chunk);
+        done += chunk;
+    }
+    return true;
+}
+
+bool Session::decode(int32_t token, float *logits, std::string *err) {
+    if (token < 0 || token >= ck_->cfg.vocab) {
+        *err = "token id " + std::to_string(token) + " out of range for vocab " + std::to_string(ck_->cfg.vocab);
+        return false;
+    }
+    bool full0 = false;
+    return run_chunk(&token, 1, true, logits, false, err, &full0);
+}
+
+bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *logits, bool all_logits,
+                        std::string *err, bool *full_at_layer0) {
+    const Checkpoint &w = *ck_;
+    const ModelConfig &c = w.cfg;
+    const int D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.hidden_dim;
+    *full_at_layer0 = false;
+    for (int t = 0; t < n; t++) std::memcpy(&x_[(size_t)t * D], w.tok_emb + (size_t)tokens[t] * D, D * sizeof(float));
+    int cur = n;                  // rows still flowing (ASL may select a subset)
+    bool explicit_pos = false;    // after an ASL selection, positions are passed explicitly
+    bool last_row_is_last = true;
+    for (int l = 0; l < c.n_layers; l++) {
+        rmsnorm(xb_.data(), x_.data(), w.rms_att + (size_t)l * D, cur, D);
+        matmul(q_.data(), xb_.data(), w.wq + (size_t)l * QD * D, cur, D, QD);
+        matmul(k_.data(), xb_.data(), w.wk + (size_t)l * KVD * D, cur, D, KVD);
+        matmul(v_.data(), xb_.data(), w.wv + (size_t)l * KVD * D, cur, D, KVD);
+        kvp_status st;
+        if (use_decode) {
+            st = kvp_decode(cache_, (uint32_t)l, q_.data(), k_.data(), v_.data(), att_.data());
+        } else {
+            kvp_selection sel;
+            std::memset(&sel, 0, sizeof sel);
+            sel.struct_size = sizeof sel;
+            sel.capacity = (uint32_t)cur;
+            sel.indices = sel_idx_.data();
+            st = kvp_prefill(cache_, (uint32_t)l, (uint32_t)cur, explicit_pos ? pos_.data() : nullptr,
+                             q_.data(), k_.data(), v_.data(), att_.data(), &sel);
+            if (st == KVP_OK && sel.selected && sel.n > 0 && (int)sel.n <= cur) {
+                // ASL: later layers receive only the selected tokens, with their positions.
+                if (!explicit_pos)
+                    for (int t = 0; t < cur; t++) pos_[t] = (int32_t)(fed_ + t);
+                int m = (int)sel.n;
+                for (int r = 0; r < m; r++) {
+                    int src = sel_idx_[r];
+                    if (src < 0 || src >= cur || (r > 0 && src <= sel_idx_[r - 1])) {
+                        *err = "kvp_prefill returned an invalid selection";
+                        return false;
+                    }
+                    if (src != r) {
+                        std::memmove(&x_[(size_t)r * D], &x_[(size_t)src * D], D * sizeof(float));
+                        std::memmove(&att_[(size_t)r * QD], &att_[(size_t)src * QD], QD * sizeof(float));
+                    }
+                    pos_[r] = pos_[src];
+                }
+                last_row_is_last = last_row_is_last && sel_idx_[m - 1] == cur - 1;
+                cur = m;
+                explicit_pos = true;
+            }
+        }
+        if (st != KVP_OK) {
+            *full_at_layer0 = (l == 0 && st == KVP_ERR_FULL);
+            *err = kvp_error(use_decode ? "kvp_decode" : "kvp_prefill", (uint32_t)l, st, cache_);
+            return false;
+        }
+        matmul(xb2_.data(), att_.data(), w.wo + (size_t)l * D * QD, cur, QD, D);
+        for (size_t i = 0; i < (size_t)cur * D; i++) x_[i] += xb2_[i];
+        rmsnorm(xb_.data(), x_.data(), w.rms_ffn + (size_t)l * D, cur, D);
+        matmul(hb_.data(), xb_.data(), w.w1 + (size_t)l * HD * D, cur, D, HD);
+        matmul(hb2_.data(), xb_.data(), w.w3 + (size_t)l * HD * D, cur, D, HD);
+        for (size_t i = 0; i < (size_t)cur * HD; i++) {
+            float a = hb_[i];
+            hb_[i] = a / (1.0f + std::exp(-a)) * hb2_[i];
+        }
+        matmul(xb2_.data(), hb_.data(), w.w2 + (size_t)l * D * HD, cur, HD, D);
+        for (size_t i = 0; i < (size_t)cur * D; i++) x_[i] += xb2_[i];
+    }
+    fed_ += n;
+    if (logits) {
+        if (cur != n && all_logits) {
+            *err = "per-position logits are not available: the policy selected a subset of the prompt";
+            return false;
+        }
+        if (!last_row_is_last) {
+            *err = "the policy's selection dropped the last prompt token; no next-token prediction";
+            return false;
+        }
+        int first = all_logits ? 0 : cur - 1;
+        rmsnorm(xb_.data(), x_.data() + (size_t)first * D, w.rms_final, cur - first, D);
+        matmul(logits, xb_.data(), w.wcls, cur - first, D, c.vocab);
+    }
+    return true;
+}
+
+}  // namespace kvh

@@ -1,0 +1,71 @@
+// A llama-architecture forward pass whose every attention call goes through kvprune.
+//
+// Session = checkpoint weights (borrowed) + one kvprune cache in a fixed, caller-owned arena
+// + the scratch buffers of the forward pass. Per layer the harness computes RMSNorm, the
+// pre-RoPE q/k/v projections, hands them to kvp_prefill/kvp_decode (kvprune applies GPT-J
+// RoPE at the positions of its position mode and runs the attention over what it keeps),
+// then the output projection, RMSNorm and the SwiGLU FFN. All harness math is single-threaded
+// with a fixed summation order, so results depend only on kvprune's output.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "kvprune/kvprune.h"
+
+namespace kvh {
+
+// kvp_model for a checkpoint: GPT-J interleaved RoPE over the whole head, theta 10000.
+kvp_model model_geometry(const ModelConfig &c);
+
+// Parses a policy spec against a checkpoint's geometry (kvp_config_default + kvp_config_apply
+// + kvp_config_check). On failure returns false with the library's message in *err.
+bool parse_policy(const ModelConfig &mc, const std::string &spec, kvp_config *cfg, std::string *err);
+
+class Session {
+public:
+    Session() = default;
+    ~Session();
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+
+    // Creates the cache for `spec` in an arena of exactly kvp_arena_size bytes.
+    bool init(const Checkpoint &ck, const std::string &spec, std::string *err);
+    // New sequence, same arena.
+    bool reset(std::string *err);
+
+    // Feeds n tokens through kvp_prefill, split into chunks that fit the cache (each chunk
+    // runs layer 0..L-1 before the next one starts). logits receives [n][vocab] when
+    // all_logits, else [vocab] for the last token (the prediction of the next token).
+    bool prefill(const int32_t *tokens, int n, float *logits, bool all_logits, std::string *err);
+    // Feeds one token through kvp_decode; logits receives [vocab]. Allocates nothing.
+    bool decode(int32_t token, float *logits, std::string *err);
+
+    kvp_stats stats() const;
+    const kvp_config &config() const { return cfg_; }
+    const ModelConfig &model() const { return ck_->cfg; }
+    int64_t tokens_fed() const { return fed_; }
+    // Largest prefill chunk used so far (for tests and docs).
+    int max_chunk_used() const { return max_chunk_used_; }
+
+private:
+    bool run_chunk(const int32_t *tokens, int n, bool use_decode, float *logits, bool all_logits,
+                   std::string *err, bool *full_at_layer0);
+    void ensure_rows(int n);
+    uint32_t capacity_hint() const;
+
+    const Checkpoint *ck_ = nullptr;
+    kvp_config cfg_{};
+    kvp_cache *cache_ = nullptr;
+    void *arena_ = nullptr;
+    size_t arena_len_ = 0;
+    int64_t fed_ = 0;
+    int rows_ = 0;
+    int max_chunk_used_ = 0;
+    // scratch, [rows][...]
+    std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_;
+    std::vector<int32_t> pos_, sel_idx_;
+};
+
+}  // namespace kvh

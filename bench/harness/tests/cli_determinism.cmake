@@ -1,0 +1,40 @@
+# `kvprune eval` twice on a short text: the JSON and CSV must be identical, except tok_per_s
+# (wall-clock throughput, the one field that is not a function of the inputs).
+#   -DCLI=path -DTEXT=file -DWORK=dir
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+foreach(i 1 2)
+  execute_process(COMMAND ${CLI} eval --text ${TEXT} --tokens 160 --prefill 40 --no-progress
+                  --policy "policy=full capacity=160"
+                  --policy "policy=streaming sinks=4 window=28"
+                  --policy "policy=streaming sinks=4 window=28 positions=original"
+                  --policy "policy=window window=32"
+                  --json ${WORK}/run${i}.json --csv ${WORK}/run${i}.csv
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("run ${i}: exit ${rc}\n${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "kvprune eval failed")
+  endif()
+  file(READ ${WORK}/run${i}.json j${i})
+  file(READ ${WORK}/run${i}.csv c${i})
+  string(REGEX REPLACE "\"tok_per_s\": [0-9.e+-]+" "\"tok_per_s\": X" j${i} "${j${i}}")
+  string(REGEX REPLACE ",[0-9.e+-]+\n" ",X\n" c${i} "${c${i}}")
+endforeach()
+message("${j1}")
+if(NOT j1 STREQUAL j2)
+  message(FATAL_ERROR "JSON differs between two identical runs:\n${j1}\n---\n${j2}")
+endif()
+if(NOT c1 STREQUAL c2)
+  message(FATAL_ERROR "CSV differs between two identical runs")
+endif()
+foreach(f policy nll ppl agreement live_bytes peak_live_bytes arena_bytes tokens tok_per_s)
+  if(NOT j1 MATCHES "\"${f}\": ")
+    message(FATAL_ERROR "JSON lacks the field ${f}")
+  endif()
+endforeach()
+string(REGEX MATCHALL "\"[a-z_]+\": " keys "${j1}")
+list(REMOVE_DUPLICATES keys)
+list(LENGTH keys nkeys)
+if(NOT nkeys EQUAL 9)
+  message(FATAL_ERROR "JSON has ${nkeys} distinct fields, expected exactly 9: ${keys}")
+endif()

@@ -1,0 +1,361 @@
+// Tests of the model harness: the forward pass through kvprune against golden logits from an
+// independent PyTorch forward, prefill/decode and thread-count consistency, and clear errors
+// for bad inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "eval.h"
+#include "plot.h"
+#include "session.h"
+
+#ifndef KVP_HARNESS_MODELS_DIR
+#error "KVP_HARNESS_MODELS_DIR must point at the repository's models/"
+#endif
+
+namespace {
+
+using namespace kvh;
+
+const std::string kDir = KVP_HARNESS_MODELS_DIR;
+
+struct Golden {
+    std::vector<int32_t> tokens;
+    int vocab = 0;
+    std::vector<float> logits;
+    std::vector<int32_t> greedy;
+};
+
+bool read_golden(const std::string &path, Golden *g) {
+    std::ifstream f(path, std::ios::binary);
+    char magic[4];
+    int32_t n = 0, v = 0, ng = 0;
+    if (!f.read(magic, 4) || std::memcmp(magic, "KVPG", 4) != 0) return false;
+    if (!f.read((char *)&n, 4) || !f.read((char *)&v, 4) || n <= 0 || v <= 0 || n > 4096 || v > 100000)
+        return false;
+    g->vocab = v;
+    g->tokens.resize((size_t)n);
+    g->logits.resize((size_t)n * v);
+    if (!f.read((char *)g->tokens.data(), 4 * (std::streamsize)n)) return false;
+    if (!f.read((char *)g->logits.data(), 4 * (std::streamsize)g->logits.size())) return false;
+    if (!f.read((char *)&ng, 4) || ng < 0 || ng > 100000) return false;
+    g->greedy.resize((size_t)ng);
+    return (bool)f.read((char *)g->greedy.data(), 4 * (std::streamsize)ng);
+}
+
+const Checkpoint &model(const std::string &name) {
+    static Checkpoint en, st;
+    Checkpoint &c = name == "enbytes-1m" ? en : st;
+    if (c.data.empty()) {
+        std::string err;
+        EXPECT_TRUE(load_checkpoint(kDir + "/" + name + ".bin", &c, &err)) << err;
+    }
+    return c;
+}
+
+std::vector<int32_t> eval_text_tokens() {
+    std::vector<int32_t> t;
+    std::string err;
+    EXPECT_TRUE(load_tokens(kDir + "/enbytes-1m.eval.txt", 256, &t, &err)) << err;
+    return t;
+}
+
+class GoldenTest : public ::testing::TestWithParam<const char *> {};
+
+// All golden positions in one kvp_prefill chunk.
+TEST_P(GoldenTest, PrefillLogitsMatch) {
+    const std::string name = GetParam();
+    const Checkpoint &ck = model(name);
+    ASSERT_FALSE(ck.data.empty());
+    Golden g;
+    ASSERT_TRUE(read_golden(kDir + "/" + name + ".golden", &g));
+    ASSERT_EQ(g.vocab, ck.cfg.vocab);
+    const int n = (int)g.tokens.size();
+    Session s;
+    std::string err;
+    ASSERT_TRUE(s.init(ck, "policy=full capacity=" + std::to_string(n), &err)) << err;
+    std::vector<float> lg((size_t)n * g.vocab);
+    ASSERT_TRUE(s.prefill(g.tokens.data(), n, lg.data(), true, &err)) << err;
+    EXPECT_EQ(s.max_chunk_used(), n);
+    double maxd = 0;
+    for (size_t i = 0; i < lg.size(); i++) maxd = std::max(maxd, (double)std::fabs(lg[i] - g.logits[i]));
+    EXPECT_LT(maxd, 1e-4) << name << ": max abs logit error (prefill)";
+    std::printf("[ golden ] %s prefill max abs error %.3g\n", name.c_str(), maxd);
+}
+
+// One token through kvp_prefill, the rest one by one through kvp_decode.
+TEST_P(GoldenTest, DecodeLogitsMatch) {
+    const std::string name = GetParam();
+    const Checkpoint &ck = model(name);
+    ASSERT_FALSE(ck.data.empty());
+    Golden g;
+    ASSERT_TRUE(read_golden(kDir + "/" + name + ".golden", &g));
+    const int n = (int)g.tokens.size(), V = g.vocab;
+    Session s;
+    std::string err;
+    ASSERT_TRUE(s.init(ck, "policy=full capacity=" + std::to_string(n), &err)) << err;
+    std::vector<float> lg((size_t)V);
+    double maxd = 0;
+    for (int t = 0; t < n; t++) {
+        if (t == 0) {
+            ASSERT_TRUE(s.prefill(&g.tokens[0], 1, lg.data(), false, &err)) << err;
+        } else {
+            ASSERT_TRUE(s.decode(g.tokens[t], lg.data(), &err)) << err;
+        }
+        for (int i = 0; i < V; i++)
+            maxd = std::max(maxd, (double)std::fabs(lg[i] - g.logits[(size_t)t * V + i]));
+    }
+    EXPECT_LT(maxd, 1e-4) << name << ": max abs logit error (decode)";
+    std::printf("[ golden ] %s decode max abs error %.3g\n", name.c_str(), maxd);
+}
+
+// The greedy continuation of the golden file (prompt: 16 bytes for enbytes-1m, token 1 for
+// stories260K; the golden sequence includes the prompt).
+TEST_P(GoldenTest, GreedyContinuationMatches) {
+    const std::string name = GetParam();
+    const Checkpoint &ck = model(name);
+    ASSERT_FALSE(ck.data.empty());
+    Golden g;
+    ASSERT_TRUE(read_golden(kDir + "/" + name + ".golden", &g));
+    const int n_prompt = name == "enbytes-1m" ? 16 : 1, V = g.vocab;
+    const int ng = (int)g.greedy.size();
+    ASSERT_GT(ng, n_prompt);
+    Session s;
+    std::string err;
+    ASSERT_TRUE(s.init(ck, "policy=full capacity=" + std::to_string(ng), &err)) << err;
+    std::vector<float> lg((size_t)V);
+    ASSERT_TRUE(s.prefill(g.greedy.data(), n_prompt, lg.data(), false, &err)) << err;
+    int mismatch = -1;
+    for (int t = n_prompt; t < ng; t++) {
+        int best = 0;
+        for (int i = 1; i < V; i++)
+            if (lg[i] > lg[best]) best = i;
+        if (best != g.greedy[t]) {
+            mismatch = t;
+            break;
+        }
+        if (t + 1 < ng) {
+            ASSERT_TRUE(s.decode(best, lg.data(), &err)) << err;
+        }
+    }
+    EXPECT_EQ(mismatch, -1) << name << ": greedy continuation diverges at position " << mismatch;
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenTest, ::testing::Values("enbytes-1m", "stories260K"));
+
+// Full KV: the NLL of tokens 64..255 through kvp_prefill(64) + kvp_decode equals the NLL of
+// the same 256 tokens run through one kvp_prefill chunk (positions 0..255).
+TEST(HarnessNll, FullDecodeEqualsSinglePrefill) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::vector<int32_t> toks = eval_text_tokens();
+    const int N = 256, P = 64;
+    std::string err;
+    EvalResult r;
+    std::vector<int32_t> am_dec, am_pre;
+    ASSERT_TRUE(run_policy(ck, "policy=full capacity=256", toks, N, P, &r, &am_dec, &err)) << err;
+    double nll_pre = 0;
+    ASSERT_TRUE(nll_single_prefill(ck, "policy=full capacity=256", toks, N, P, &nll_pre, &am_pre, &err)) << err;
+    std::printf("[ nll ] decode %.9f  single prefill %.9f\n", r.nll, nll_pre);
+    EXPECT_NEAR(r.nll, nll_pre, 1e-6);
+    EXPECT_EQ(am_dec, am_pre);
+    EXPECT_GT(r.nll, 0.5);  // a sane value for this model
+    EXPECT_LT(r.nll, 2.0);
+}
+
+// threads=1 and threads=2 give the same bits (kvprune splits KV heads over threads).
+TEST(HarnessNll, ThreadsOneEqualsTwo) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::vector<int32_t> toks = eval_text_tokens();
+    const int N = 256, P = 64;
+    std::string err;
+    for (const char *base : {"policy=full capacity=256", "policy=streaming sinks=4 window=60"}) {
+        EvalResult r1, r2;
+        std::vector<int32_t> a1, a2;
+        ASSERT_TRUE(run_policy(ck, std::string(base) + " threads=1", toks, N, P, &r1, &a1, &err)) << err;
+        ASSERT_TRUE(run_policy(ck, std::string(base) + " threads=2", toks, N, P, &r2, &a2, &err)) << err;
+        EXPECT_EQ(r1.nll, r2.nll) << base;
+        EXPECT_EQ(a1, a2) << base;
+        double p1 = 0, p2 = 0;
+        if (std::string(base).find("full") != std::string::npos) {
+            ASSERT_TRUE(nll_single_prefill(ck, std::string(base) + " threads=1", toks, N, P, &p1, nullptr, &err));
+            ASSERT_TRUE(nll_single_prefill(ck, std::string(base) + " threads=2", toks, N, P, &p2, nullptr, &err));
+            EXPECT_EQ(p1, p2) << base;
+        }
+    }
+}
+
+// A pruning policy changes the NLL (so the equality tests above are not vacuous), and
+// streaming keeps its cache bounded.
+TEST(HarnessNll, StreamingIsBoundedAndDiffers) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::vector<int32_t> toks = eval_text_tokens();
+    std::string err;
+    std::vector<EvalResult> rs;
+    ASSERT_TRUE(run_eval(ck, toks, 256, 64, {"policy=full capacity=256", "policy=streaming sinks=4 window=28"}, &rs,
+                         &err))
+        << err;
+    ASSERT_EQ(rs.size(), 2u);
+    EXPECT_EQ(rs[0].agreement, 1.0);
+    EXPECT_LT(rs[1].agreement, 1.0);
+    EXPECT_NE(rs[0].nll, rs[1].nll);
+    const uint64_t row = 2ull * ck.cfg.kv_dim() * sizeof(float) * ck.cfg.n_layers;  // K+V, all layers
+    EXPECT_EQ(rs[0].live_bytes, 256 * row);
+    EXPECT_LE(rs[1].live_bytes, 32 * row);
+    EXPECT_LE(rs[1].peak_live_bytes, 33 * row);
+    EXPECT_LT(rs[1].arena_bytes, rs[0].arena_bytes);
+}
+
+// ---- errors
+
+std::string tmp_path(const std::string &name) {
+    return ::testing::TempDir() + "kvh_" + name + "_" + std::to_string((long)::getpid());
+}
+
+void write_bytes(const std::string &p, const std::string &bytes) {
+    std::ofstream f(p, std::ios::binary);
+    f.write(bytes.data(), (std::streamsize)bytes.size());
+}
+
+std::string read_bytes(const std::string &p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+std::string load_error(const std::string &bytes) {
+    std::string p = tmp_path("ckpt");
+    write_bytes(p, bytes);
+    Checkpoint c;
+    std::string err;
+    bool ok = load_checkpoint(p, &c, &err);
+    std::remove(p.c_str());
+    EXPECT_FALSE(ok);
+    EXPECT_TRUE(c.data.empty());
+    return err;
+}
+
+TEST(HarnessErrors, MissingCheckpoint) {
+    Checkpoint c;
+    std::string err;
+    EXPECT_FALSE(load_checkpoint(kDir + "/no-such-model.bin", &c, &err));
+    EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
+}
+
+TEST(HarnessErrors, TruncatedCheckpoint) {
+    std::string good = read_bytes(kDir + "/stories260K.bin");
+    ASSERT_GT(good.size(), 1000u);
+    EXPECT_NE(load_error(good.substr(0, good.size() - 4)).find("truncated"), std::string::npos);
+    EXPECT_NE(load_error(good.substr(0, 1000)).find("truncated"), std::string::npos);
+    EXPECT_NE(load_error(good.substr(0, 10)).find("truncated"), std::string::npos);
+    EXPECT_NE(load_error("").find("truncated"), std::string::npos);
+    EXPECT_NE(load_error(good + "xxxx").find("trailing"), std::string::npos);
+}
+
+TEST(HarnessErrors, CorruptCheckpoint) {
+    std::string good = read_bytes(kDir + "/stories260K.bin");
+    ASSERT_GT(good.size(), 1000u);
+    auto with_header = [&](int field, int32_t v) {
+        std::string b = good;
+        std::memcpy(&b[4 * field], &v, 4);
+        return load_error(b);
+    };
+    EXPECT_NE(with_header(0, 0).find("bad header: dim"), std::string::npos);
+    EXPECT_NE(with_header(0, -5).find("bad header: dim"), std::string::npos);
+    EXPECT_NE(with_header(2, 0x7fffffff).find("n_layers"), std::string::npos);
+    EXPECT_NE(with_header(4, 3).find("inconsistent header"), std::string::npos);  // 8 heads over 3 KV heads
+    EXPECT_NE(with_header(5, INT32_MIN).find("vocab_size"), std::string::npos);
+    EXPECT_NE(with_header(5, -512).find("truncated"), std::string::npos);  // a separate classifier is missing
+    EXPECT_NE(with_header(2, 6).find("truncated"), std::string::npos);     // more layers than stored
+    EXPECT_NE(with_header(2, 4).find("trailing"), std::string::npos);
+    // A NaN weight.
+    std::string b = good;
+    float nan = std::nanf("");
+    std::memcpy(&b[28 + 4 * 100], &nan, 4);
+    EXPECT_NE(load_error(b).find("non-finite"), std::string::npos);
+    // Text is not a checkpoint.
+    EXPECT_NE(load_error(std::string(4096, 'a')).find("bad header"), std::string::npos);
+}
+
+TEST(HarnessErrors, MissingTextFile) {
+    std::vector<int32_t> t;
+    std::string err;
+    EXPECT_FALSE(load_tokens(kDir + "/no-such-text.txt", 256, &t, &err));
+    EXPECT_NE(err.find("no-such-text.txt"), std::string::npos) << err;
+    EXPECT_FALSE(parse_tokens("1 2 x", 512, &t, &err));
+    EXPECT_FALSE(parse_tokens("1 2 512", 512, &t, &err));
+    EXPECT_TRUE(parse_tokens(" 1 2\n511 ", 512, &t, &err));
+    EXPECT_EQ(t, (std::vector<int32_t>{1, 2, 511}));
+}
+
+TEST(HarnessErrors, BadPolicySpec) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    for (const char *spec : {"policy=nonsense", "no_such_key=1", "sinks=abc", "policy"}) {
+        Session s;
+        std::string err;
+        EXPECT_FALSE(s.init(ck, spec, &err)) << spec;
+        EXPECT_NE(err.find("bad policy spec"), std::string::npos) << err;
+    }
+    // The library's message names the offending key.
+    Session s;
+    std::string err;
+    EXPECT_FALSE(s.init(ck, "no_such_key=1", &err));
+    EXPECT_NE(err.find("no_such_key"), std::string::npos) << err;
+}
+
+TEST(HarnessErrors, EvalRangeAndFullCapacity) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::vector<int32_t> toks = eval_text_tokens();
+    std::vector<EvalResult> rs;
+    std::string err;
+    EXPECT_FALSE(run_eval(ck, toks, 64, 64, {"policy=full"}, &rs, &err));
+    EXPECT_FALSE(run_eval(ck, toks, (int)toks.size() + 1, 4, {"policy=full"}, &rs, &err));
+    // full with a capacity smaller than the text: the library's KVP_ERR_FULL surfaces.
+    EXPECT_FALSE(run_eval(ck, toks, 80, 16, {"policy=full capacity=64"}, &rs, &err));
+    EXPECT_NE(err.find("KVP_ERR_FULL"), std::string::npos) << err;
+}
+
+// ---- output formats
+
+TEST(HarnessOutput, JsonRoundTripAndFields) {
+    EvalResult r;
+    r.policy = "policy=streaming \"q\" sinks=4";
+    r.nll = 1.25;
+    r.ppl = std::exp(1.25);
+    r.agreement = 0.5;
+    r.live_bytes = 1000;
+    r.peak_live_bytes = 1100;
+    r.arena_bytes = 5000;
+    r.tokens = 256;
+    r.tok_per_s = 123.4;
+    std::string j = to_json({r, r});
+    for (const char *f : {"\"policy\"", "\"nll\"", "\"ppl\"", "\"agreement\"", "\"live_bytes\"", "\"peak_live_bytes\"",
+                          "\"arena_bytes\"", "\"tokens\"", "\"tok_per_s\""})
+        EXPECT_NE(j.find(f), std::string::npos) << f;
+    std::vector<EvalResult> back;
+    std::string err;
+    ASSERT_TRUE(parse_results_json(j, &back, &err)) << err;
+    ASSERT_EQ(back.size(), 2u);
+    EXPECT_EQ(back[0].policy, r.policy);
+    EXPECT_EQ(back[0].nll, r.nll);
+    EXPECT_EQ(back[1].live_bytes, r.live_bytes);
+    EXPECT_EQ(back[1].tokens, r.tokens);
+    EXPECT_FALSE(parse_results_json("[{\"nll\": 1}]", &back, &err));
+    EXPECT_FALSE(parse_results_json("[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 2", &back, &err));
+    EXPECT_FALSE(parse_results_json("{}", &back, &err));
+    EXPECT_EQ(policy_family("sinks=4 policy=streaming window=60"), "streaming");
+    EXPECT_EQ(policy_family("capacity=64"), "full");
+    std::string script = gnuplot_script({r}, "/tmp/x.png");
+    EXPECT_NE(script.find("'streaming'"), std::string::npos) << script;
+}
+
+}  // namespace
