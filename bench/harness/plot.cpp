@@ -178,16 +178,18 @@ bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, s
 }
 
 std::string policy_family(const std::string &spec) {
+    std::string policy = "full", positions;
     size_t p = 0;
     while (p < spec.size()) {
         while (p < spec.size() && std::isspace((unsigned char)spec[p])) p++;
         size_t e = p;
         while (e < spec.size() && !std::isspace((unsigned char)spec[e])) e++;
         std::string kv = spec.substr(p, e - p);
-        if (kv.compare(0, 7, "policy=") == 0) return kv.substr(7);
+        if (kv.compare(0, 7, "policy=") == 0) policy = kv.substr(7);
+        if (kv.compare(0, 10, "positions=") == 0) positions = kv.substr(10);
         p = e;
     }
-    return "full";
+    return positions.empty() ? policy : policy + ", " + positions + " positions";
 }
 
 std::string find_gnuplot() {
@@ -208,6 +210,7 @@ std::string find_gnuplot() {
 }
 
 std::string gnuplot_script(const std::vector<EvalResult> &rs, const std::string &png_path) {
+    static const int kPointTypes[6] = {7, 5, 9, 11, 13, 4};
     std::set<int64_t> ns;
     for (const EvalResult &r : rs) ns.insert(r.tokens);
     // Series: policy family, split by token count when the file mixes several (long-context preset).
@@ -224,7 +227,7 @@ std::string gnuplot_script(const std::vector<EvalResult> &rs, const std::string 
     s += "set title 'kvprune: teacher-forced NLL vs live KV bytes'\n";
     s += "set xlabel 'live KV bytes (after the last token)'\n";
     s += "set ylabel 'mean NLL (nats/token)'\n";
-    s += "set grid\nset key outside right top\nset logscale x 2\nset format x '%.0s%cB'\n";
+    s += "set grid\nset key below\nset logscale x 2\nset format x '%.0b %BB'\n";
     char b[128];
     for (size_t i = 0; i < order.size(); i++) {
         auto pts = series[order[i]];
@@ -245,7 +248,7 @@ std::string gnuplot_script(const std::vector<EvalResult> &rs, const std::string 
     s += "plot ";
     for (size_t i = 0; i < order.size(); i++) {
         if (i) s += ", \\\n     ";
-        s += "$d" + std::to_string(i) + " using 1:2 with linespoints pt 7 title " + gp_quote(order[i]);
+        s += "$d" + std::to_string(i) + " using 1:2 with linespoints lw 2 pt " + std::to_string(kPointTypes[i % 6]) + " ps 1.5 title " + gp_quote(order[i]);
     }
     s += "\n";
     return s;
@@ -264,7 +267,7 @@ bool plot_results(const std::vector<EvalResult> &rs, const std::string &png_path
         return false;
     }
     // pngcairo when this gnuplot has it, else the libgd png terminal (its errors are shown).
-    const char *terms[2] = {"set terminal pngcairo size 960,600\n", "set terminal png size 960,600\n"};
+    const char *terms[2] = {"set terminal pngcairo size 1000,700\n", "set terminal png size 1000,700\n"};
     for (int t = 0; t < 2; t++) {
         std::string cmd = "'" + gp + "'" + (t == 0 ? " 2>/dev/null" : "");
         std::FILE *p = popen(cmd.c_str(), "w");

@@ -12,7 +12,8 @@ namespace kvh {
 // fields are ignored; a missing policy/nll/live_bytes is an error.
 bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, std::string *err);
 
-// Family of a spec: the value of its `policy=` key ("full" when absent).
+// Family of a spec: the value of its `policy=` key ("full" when absent), plus the position
+// mode when the spec sets one explicitly ("streaming, original positions").
 std::string policy_family(const std::string &spec);
 
 // Full path of gnuplot found in $PATH (or $KVPRUNE_GNUPLOT), "" when absent.

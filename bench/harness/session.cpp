@@ -163,6 +163,8 @@ uint32_t Session::capacity_hint() const {
             uint32_t C = cfg_.sinks + cfg_.window + cfg_.extra;
             return std::max(C + cfg_.compress_every, C + cfg_.slack);
         }
+        case KVP_POLICY_WINDOW:
+            return cfg_.window + 1;  // the new token is appended before the oldest is evicted
         default:
             return 0;  // unknown: probe (a failed call changes nothing)
     }

@@ -4,11 +4,10 @@
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 foreach(i 1 2)
-  execute_process(COMMAND ${CLI} eval --text ${TEXT} --tokens 160 --prefill 40 --no-progress
-                  --policy "policy=full capacity=160"
+  execute_process(COMMAND ${CLI} eval --text ${TEXT} --tokens 128 --prefill 32 --no-progress
+                  --policy "policy=full capacity=128"
                   --policy "policy=streaming sinks=4 window=28"
-                  --policy "policy=streaming sinks=4 window=28 positions=original"
-                  --policy "policy=window window=32"
+                  --policy "policy=window window=32 positions=original"
                   --json ${WORK}/run${i}.json --csv ${WORK}/run${i}.csv
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   message("run ${i}: exit ${rc}\n${out}${err}")
