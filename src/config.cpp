@@ -79,6 +79,16 @@ const Key kKeys[] = {
 #undef KVP_F32
 #undef KVP_ENUM
 
+// An enum field's value as stored. C callers may put any int there, and loading an enum with
+// a value outside its enumerators is undefined in C++, so validation reads the raw bits.
+template <class E>
+uint32_t raw(const E &e) {
+    static_assert(sizeof(E) == sizeof(uint32_t), "enums in kvp_config are int-sized");
+    uint32_t v;
+    memcpy(&v, &e, sizeof v);
+    return v;
+}
+
 void store_uint(void *p, size_t size, uint32_t v) {
     if (size == 1) { uint8_t x = uint8_t(v); memcpy(p, &x, 1); }
     else if (size == 2) { uint16_t x = uint16_t(v); memcpy(p, &x, 2); }
@@ -146,7 +156,7 @@ kvp_status check_model(const kvp_model &md, Msg &m) {
         return KVP_ERR_CONFIG;
     }
     if (md.head_dim == 0 || md.head_dim > kMaxHeadDim) { m.s("head_dim must be in 1..").u(kMaxHeadDim); return KVP_ERR_CONFIG; }
-    if (md.rope != KVP_ROPE_NONE && md.rope != KVP_ROPE_NEOX && md.rope != KVP_ROPE_GPTJ) {
+    if (raw(md.rope) > KVP_ROPE_GPTJ) {
         m.s("rope style must be KVP_ROPE_NONE, KVP_ROPE_NEOX or KVP_ROPE_GPTJ");
         return KVP_ERR_CONFIG;
     }
@@ -198,6 +208,23 @@ kvp_status apply_one(kvp_config *cfg, const char *key, size_t kn, const char *va
     }
     m.s("unknown key '").sn(key, kn).s("'");
     return KVP_ERR_CONFIG;
+}
+
+kvp_status check_enums(const kvp_config &c, Msg &m) {
+    const struct {
+        const char *name;
+        uint32_t value, max;
+    } enums[] = {{"policy", raw(c.policy), KVP_POLICY_THINK},     {"positions", raw(c.positions), KVP_POS_REALIGN},
+                 {"kv_dtype", raw(c.kv_dtype), KVP_DTYPE_Q4},      {"score", raw(c.score), KVP_SCORE_FIXED},
+                 {"pool", raw(c.pool), KVP_POOL_MAX},              {"nonlazy", raw(c.nonlazy), KVP_POLICY_THINK},
+                 {"lazy_mode", c.lazy_mode, 1},                    {"channel_score", c.channel_score, 2}};
+    for (const auto &e : enums) {
+        if (e.value > e.max) {
+            m.s(e.name).s(": unknown value ").u(e.value);
+            return KVP_ERR_CONFIG;
+        }
+    }
+    return KVP_OK;
 }
 
 kvp_status check_supported(const kvp_config &c, Msg &m) {
@@ -284,9 +311,11 @@ kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
         kvp_status st = apply_one(&tmp, tok, size_t(eq - tok), eq + 1, tn - size_t(eq - tok) - 1, m);
         if (st != KVP_OK) return st;
     }
-    kvp_status st = check_supported(tmp, m);
+    kvp_status st = check_enums(tmp, m);
     if (st != KVP_OK) return st;
-    if (tmp.nonlazy > KVP_POLICY_THINK || !((kNonlazyAllowed >> uint32_t(tmp.nonlazy)) & 1u)) {
+    st = check_supported(tmp, m);
+    if (st != KVP_OK) return st;
+    if (!((kNonlazyAllowed >> raw(tmp.nonlazy)) & 1u)) {
         m.s("nonlazy must be full|snapkv|h2o");
         return KVP_ERR_CONFIG;
     }
@@ -321,10 +350,8 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
     }
     kvp_status st = check_model(c.model, m);
     if (st != KVP_OK) return st;
-    if (uint32_t(c.policy) > KVP_POLICY_THINK) { m.s("policy: unknown value ").u(uint32_t(c.policy)); return KVP_ERR_CONFIG; }
-    if (uint32_t(c.positions) > KVP_POS_REALIGN) { m.s("positions: unknown value"); return KVP_ERR_CONFIG; }
-    if (uint32_t(c.kv_dtype) > KVP_DTYPE_Q4) { m.s("kv_dtype: unknown value"); return KVP_ERR_CONFIG; }
-    if (uint32_t(c.score) > KVP_SCORE_FIXED) { m.s("score: unknown value"); return KVP_ERR_CONFIG; }
+    st = check_enums(c, m);
+    if (st != KVP_OK) return st;
     if (c.threads == 0 || c.threads > kMaxThreads) { m.s("threads must be in 1..").u(kMaxThreads); return KVP_ERR_CONFIG; }
     if (c.capacity > kMaxCapacity) { m.s("capacity must be <= ").u(kMaxCapacity); return KVP_ERR_CONFIG; }
     st = check_supported(c, m);

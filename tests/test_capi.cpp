@@ -136,6 +136,12 @@ TEST(Config, CheckCatchesContradictions) {
     cfg.policy = kvp_policy(42);
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
     cfg = base_config();
+    const uint32_t garbage = 9;  // a C caller can store any int in an enum field
+    memcpy(&cfg.pool, &garbage, sizeof garbage);
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(err, "pool"), nullptr) << err;
+    EXPECT_EQ(kvp_config_apply(&cfg, "sinks=3", err, sizeof err), KVP_ERR_CONFIG);  // apply validates the result too
+    cfg = base_config();
     cfg.kv_dtype = KVP_DTYPE_Q4;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
 }
