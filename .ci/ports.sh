@@ -80,8 +80,14 @@ fi
 if want python; then
   log "python: shared object from libkvprune.a + python3 -m unittest"
   export KVPRUNE_LIB="$BUILD_DIR/libkvprune.so"
-  python3 -c "import sys; sys.path.insert(0, 'ports/python'); import kvprune; kvprune.build_shared_library('$KVPRUNE_LIB')"
-  if (cd ports/python && python3 -m unittest discover -s tests -v 2>&1 | tee "$BUILD_DIR/python.log"; exit "${PIPESTATUS[0]}"); then
+  # Any python3 works (standard library only); prefer one that has numpy, to cover that path too.
+  PY=${PYTHON:-python3}
+  if ! "$PY" -c 'import numpy' 2>/dev/null && [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    PY=/usr/bin/python3
+  fi
+  log "python: $PY ($("$PY" --version 2>&1))"
+  "$PY" -c "import sys; sys.path.insert(0, 'ports/python'); import kvprune; kvprune.build_shared_library('$KVPRUNE_LIB')"
+  if (cd ports/python && "$PY" -m unittest discover -s tests -v 2>&1 | tee "$BUILD_DIR/python.log"; exit "${PIPESTATUS[0]}"); then
     :
   else
     status=1

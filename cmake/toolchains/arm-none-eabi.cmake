@@ -22,8 +22,13 @@ if(KVP_CORTEX_CPU STREQUAL "cortex-m4")
 else()
   set(_kvp_cpu_flags "-mcpu=cortex-m7 -mthumb -mfpu=fpv5-d16 -mfloat-abi=hard")
 endif()
-set(CMAKE_C_FLAGS_INIT   "${_kvp_cpu_flags} -ffunction-sections -fdata-sections -DSIMDE_NO_NATIVE")
-set(CMAKE_CXX_FLAGS_INIT "${_kvp_cpu_flags} -ffunction-sections -fdata-sections -DSIMDE_NO_NATIVE -fno-exceptions -fno-rtti -fno-threadsafe-statics")
+# -fno-short-enums: arm-none-eabi (AAPCS "embedded" variant) sizes enums to their values by
+# default, which would shrink the enum fields of kvp_config/kvp_model; the C ABI pins them at
+# int size, so applications including kvprune.h on this target compile with it too (see docs/ports.md).
+# -fno-threadsafe-statics: single-threaded MCU, no __cxa_guard_* runtime.
+set(_kvp_common "${_kvp_cpu_flags} -ffunction-sections -fdata-sections -fno-short-enums -DSIMDE_NO_NATIVE")
+set(CMAKE_C_FLAGS_INIT   "${_kvp_common}")
+set(CMAKE_CXX_FLAGS_INIT "${_kvp_common} -fno-exceptions -fno-rtti -fno-threadsafe-statics")
 
 set(CMAKE_FIND_ROOT_PATH /usr/lib/arm-none-eabi)
 set(CMAKE_FIND_ROOT_PATH_MODE_PROGRAM NEVER)
@@ -39,3 +44,6 @@ set(KVP_BUILD_TESTS OFF CACHE BOOL "")
 set(KVP_BUILD_BENCH OFF CACHE BOOL "")
 
 include(${CMAKE_CURRENT_LIST_DIR}/simde.cmake)
+
+# No -fPIC on bare metal (see arm-none-eabi-rules.cmake).
+set(CMAKE_USER_MAKE_RULES_OVERRIDE ${CMAKE_CURRENT_LIST_DIR}/arm-none-eabi-rules.cmake)

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Cross builds and cross-ISA checks (Debian 12; installs what it needs with apt-get):
+#
+#   aarch64  GoogleTest cross-built from /usr/src/googletest, then the library and the whole
+#            test suite for aarch64-linux-gnu (SIMDe -> NEON), run by ctest under qemu-aarch64.
+#   hash     tests/test_hash (KVP_HASH lines) on x86-64 and aarch64 (qemu): the portable SIMD
+#            path (SIMDE_NO_NATIVE, KVP_AVX2=OFF, -ffp-contract=off) must give the same hash on
+#            both (fails otherwise); the native paths (AVX2/FMA dispatch vs NEON, default flags)
+#            are compared and reported only.
+#   cortexm  heap-free Cortex-M7 (and M4F) build with arm-none-eabi: nm check that no object
+#            references an allocator, operator new/delete or the exception runtime; code size;
+#            a bare-metal example linked with newlib-nano, whose image must contain no allocator.
+#
+#   bash .ci/cross.sh                 # all three
+#   bash .ci/cross.sh cortexm hash    # a subset
+#
+# Env: JOBS (default 2), CROSS_CTEST_ARGS (extra ctest args for the qemu run, e.g. -E regex),
+#      CROSS_HASH_NOCONTRACT=1 (also compare the native paths built with -ffp-contract=off).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=${JOBS:-2}
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(aarch64 hash cortexm)
+want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
+t0=$(date +%s)
+log() { echo "== cross: $* (+$(( $(date +%s) - t0 ))s)"; }
+summary=()
+status=0
+
+# ---- packages ----
+pkgs=(cmake ninja-build g++ pkg-config libsimde-dev)
+want aarch64 || want hash && pkgs+=(g++-aarch64-linux-gnu qemu-user googletest libgtest-dev)
+want cortexm && pkgs+=(gcc-arm-none-eabi binutils-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  log "apt-get install ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+A64_TC=$ROOT/cmake/toolchains/aarch64-linux-gnu.cmake
+CM_TC=$ROOT/cmake/toolchains/arm-none-eabi.cmake
+A64=$ROOT/build-aarch64
+QEMU=(qemu-aarch64 -L /usr/aarch64-linux-gnu)
+# OpenMP workers that sleep instead of spinning: much faster under user-mode emulation.
+export OMP_WAIT_POLICY=passive
+
+cfg() {  # cfg <build dir> <cmake args...>: configure quietly, print the log on failure
+  local dir=$1; shift
+  mkdir -p "$dir"
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVP_BUILD_BENCH=OFF "$@" >"$dir.configure.log" 2>&1 \
+    || { cat "$dir.configure.log"; return 1; }
+}
+
+gtest_aarch64() {  # GoogleTest for aarch64 from Debian's sources, installed under $A64/gtest
+  if [ ! -f "$A64/gtest/lib/cmake/GTest/GTestConfig.cmake" ]; then
+    log "googletest for aarch64"
+    cmake -S /usr/src/googletest -B "$A64/gtest-build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$A64_TC" \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$A64/gtest" >/dev/null
+    cmake --build "$A64/gtest-build" -j"$JOBS" >/dev/null
+    cmake --install "$A64/gtest-build" >/dev/null
+  fi
+}
+
+# ---- aarch64: full suite under qemu ----
+if want aarch64 || want hash; then
+  gtest_aarch64
+  log "aarch64 build (native: SIMDe -> NEON)"
+  cfg "$A64/native" -DCMAKE_TOOLCHAIN_FILE="$A64_TC" -DCMAKE_PREFIX_PATH="$A64/gtest"
+  if want aarch64; then
+    cmake --build "$A64/native" -j"$JOBS"
+  else
+    cmake --build "$A64/native" -j"$JOBS" --target test_hash
+  fi
+fi
+if want aarch64; then
+  log "aarch64 ctest under qemu-aarch64"
+  # shellcheck disable=SC2086
+  if (cd "$A64/native" && ctest -j"$JOBS" --timeout 900 --output-on-failure ${CROSS_CTEST_ARGS:-}); then
+    summary+=("aarch64 ctest under qemu: passed")
+  else
+    status=1; summary+=("aarch64 ctest under qemu: FAILED")
+  fi
+fi
+
+# ---- determinism hash across ISAs ----
+hash_of() {  # hash_of <runner...> <binary>: the `KVP_HASH all` value (or "none")
+  local out
+  out=$("$@" --gtest_filter='DeterminismHash.*' 2>&1) || { echo "$out" >&2; echo none; return 0; }
+  echo "$out" | grep '^KVP_HASH ' >&2
+  echo "$out" | sed -n 's/^KVP_HASH all \([0-9a-f]*\)$/\1/p'
+}
+if want hash; then
+  PORTABLE_FLAGS="-DSIMDE_NO_NATIVE -ffp-contract=off"
+  log "hash builds: x86-64 native, x86-64 portable, aarch64 portable"
+  cfg "$ROOT/build-hash/x86-native"
+  cmake --build "$ROOT/build-hash/x86-native" -j"$JOBS" --target test_hash
+  cfg "$ROOT/build-hash/x86-portable" -DKVP_AVX2=OFF -DCMAKE_CXX_FLAGS="$PORTABLE_FLAGS"
+  cmake --build "$ROOT/build-hash/x86-portable" -j"$JOBS" --target test_hash
+  cfg "$A64/portable" -DCMAKE_TOOLCHAIN_FILE="$A64_TC" -DCMAKE_PREFIX_PATH="$A64/gtest" -DCMAKE_CXX_FLAGS="$PORTABLE_FLAGS"
+  cmake --build "$A64/portable" -j"$JOBS" --target test_hash
+
+  log "x86-64 portable";  hx_p=$(hash_of "$ROOT/build-hash/x86-portable/tests/test_hash")
+  log "aarch64 portable"; ha_p=$(hash_of "${QEMU[@]}" "$A64/portable/tests/test_hash")
+  log "x86-64 native";    hx_n=$(hash_of "$ROOT/build-hash/x86-native/tests/test_hash")
+  log "aarch64 native";   ha_n=$(hash_of "${QEMU[@]}" "$A64/native/tests/test_hash")
+  echo "KVP_HASH_COMPARE portable x86-64=$hx_p aarch64=$ha_p"
+  echo "KVP_HASH_COMPARE native   x86-64=$hx_n aarch64=$ha_n"
+  if [ "$hx_p" != none ] && [ -n "$hx_p" ] && [ "$hx_p" = "$ha_p" ]; then
+    summary+=("determinism hash, portable path: x86-64 == aarch64 ($hx_p)")
+  else
+    status=1; summary+=("determinism hash, portable path: MISMATCH x86-64=$hx_p aarch64=$ha_p")
+  fi
+  if [ "${CROSS_HASH_NOCONTRACT:-0}" = 1 ]; then  # opt-in: native paths with -ffp-contract=off
+    log "hash builds: native with -ffp-contract=off"
+    cfg "$ROOT/build-hash/x86-native-nc" -DCMAKE_CXX_FLAGS=-ffp-contract=off
+    cmake --build "$ROOT/build-hash/x86-native-nc" -j"$JOBS" --target test_hash
+    cfg "$A64/native-nc" -DCMAKE_TOOLCHAIN_FILE="$A64_TC" -DCMAKE_PREFIX_PATH="$A64/gtest" -DCMAKE_CXX_FLAGS=-ffp-contract=off
+    cmake --build "$A64/native-nc" -j"$JOBS" --target test_hash
+    hx_c=$(hash_of "$ROOT/build-hash/x86-native-nc/tests/test_hash")
+    ha_c=$(hash_of "${QEMU[@]}" "$A64/native-nc/tests/test_hash")
+    echo "KVP_HASH_COMPARE native-ffp-contract-off x86-64=$hx_c aarch64=$ha_c"
+    summary+=("determinism hash, native paths with -ffp-contract=off: $([ "$hx_c" = "$ha_c" ] && echo match || echo differ) (x86-64=$hx_c aarch64=$ha_c)")
+  fi
+  if [ "$hx_n" = "$ha_n" ] && [ "$hx_n" != none ]; then
+    summary+=("determinism hash, native paths: match ($hx_n)")
+  else
+    summary+=("determinism hash, native paths: differ (x86-64=$hx_n aarch64=$ha_n; reported, not a failure)")
+  fi
+fi
+
+# ---- Cortex-M: heap-free build, nm check, size ----
+FORBIDDEN='^(malloc|calloc|realloc|free|aligned_alloc|posix_memalign|memalign|valloc|pvalloc|_malloc_r|_calloc_r|_realloc_r|_free_r|_sbrk|_sbrk_r|sbrk|_Znw.*|_Zna.*|_Zdl.*|_Zda.*|__cxa_.*|_Unwind_.*|__gxx_personality_.*|__aeabi_unwind_cpp_pr.*|_ZSt.*__throw_.*|_ZTI.*|_ZTS.*)$'
+if want cortexm; then
+  for cpu in cortex-m7 cortex-m4; do
+    dir=$ROOT/build-cortexm; [ $cpu = cortex-m4 ] && dir=$ROOT/build-cortexm-m4
+    log "arm-none-eabi $cpu (KVP_NO_HEAP=ON, KVP_OPENMP=OFF, MinSizeRel)"
+    mkdir -p "$dir"
+    cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$CM_TC" -DKVP_CORTEX_CPU=$cpu \
+      -DCMAKE_BUILD_TYPE=MinSizeRel >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+    cmake --build "$dir" -j"$JOBS"
+    lib=$dir/libkvprune.a
+    # Every symbol the objects reference but do not define.
+    bad=$(arm-none-eabi-nm -u "$lib" | awk 'NF==2 && $1=="U" {print $2}' | sort -u | grep -E "$FORBIDDEN" || true)
+    if [ -n "$bad" ]; then
+      echo "forbidden symbols referenced by $lib:"
+      for s in $bad; do
+        echo "  $s ($(echo "$s" | arm-none-eabi-c++filt)) in: $(arm-none-eabi-nm -A -u "$lib" | grep -w "$s" | sed 's/:.*//; s/.*(//; s/).*//' | sort -u | tr '\n' ' ')"
+      done
+      status=1; summary+=("cortex-m ($cpu) nm check: FAILED")
+    else
+      summary+=("cortex-m ($cpu) nm check: no allocator/new/delete/exception symbols")
+    fi
+    echo "undefined symbols of $lib (all resolved by libc/libm/libgcc):"
+    arm-none-eabi-nm --defined-only "$lib" | awk 'NF==3 {print $3}' | sort -u >"$dir/defined.txt"
+    arm-none-eabi-nm -u "$lib" | awk 'NF==2 {print $2}' | sort -u | comm -23 - "$dir/defined.txt" | tr '\n' ' '; echo
+    arm-none-eabi-size -t "$lib"
+    tot=$(arm-none-eabi-size -t "$lib" | tail -1)
+    summary+=("cortex-m ($cpu) libkvprune.a size: text data bss = $(echo "$tot" | awk '{print $1, $2, $3}') bytes")
+
+    # Firmware-style link of an example with newlib-nano: the image must hold no allocator.
+    flags=$(sed -n 's/^CMAKE_CXX_FLAGS:STRING=//p' "$dir/CMakeCache.txt")
+    cpuflags=$(echo "$flags" | grep -oE -- '-m(cpu|fpu|float-abi|thumb)[^ ]*' | tr '\n' ' ')
+    elf=$dir/fw_example.elf
+    # shellcheck disable=SC2086
+    arm-none-eabi-gcc $cpuflags -fno-short-enums -Os -ffunction-sections -fdata-sections -I"$ROOT/include" \
+      -c "$ROOT/ports/cortexm/fw_example.c" -o "$dir/fw_example.o"
+    # shellcheck disable=SC2086
+    arm-none-eabi-g++ $cpuflags -Os --specs=nano.specs --specs=nosys.specs -Wl,--gc-sections \
+      -Wl,--no-warn-mismatch "$dir/fw_example.o" "$lib" -lm -o "$elf" 2>"$dir/fw_link.log" \
+      || { cat "$dir/fw_link.log"; status=1; }
+    if [ -f "$elf" ]; then
+      fbad=$(arm-none-eabi-nm "$elf" | awk '{print $NF}' | grep -E "$FORBIDDEN" || true)
+      arm-none-eabi-size "$elf"
+      if [ -n "$fbad" ]; then
+        status=1; summary+=("cortex-m ($cpu) example firmware: contains $(echo $fbad)")
+      else
+        summary+=("cortex-m ($cpu) example firmware (newlib-nano, gc-sections): $(arm-none-eabi-size "$elf" | tail -1 | awk '{print "text " $1 ", data " $2 ", bss " $3}') bytes, no allocator")
+      fi
+    fi
+  done
+fi
+
+log "done"
+for s in "${summary[@]}"; do echo "cross: $s"; done
+exit $status
