@@ -188,4 +188,8 @@ fi
 
 log "done"
 for s in "${summary[@]}"; do echo "cross: $s"; done
+# Checks that can fail (informational lines such as sizes and the native hash comparison aside).
+nfail=$(printf '%s\n' "${summary[@]}" | grep -cE 'FAILED|MISMATCH|contains' || true)
+npass=$(printf '%s\n' "${summary[@]}" | grep -cE ': passed|nm check: no |portable path: x86-64 ==|no allocator$' || true)
+echo "cross: $npass passed, $nfail failed"
 exit $status
