@@ -67,6 +67,7 @@ if want go; then
   log "go: go test"
   export GOPATH="$BUILD_DIR/gopath" GOCACHE="$BUILD_DIR/gocache" GOPROXY=off GOFLAGS=-mod=mod GO111MODULE=on
   export CGO_ENABLED=1
+  export GODEBUG=cgocheck=2   # full cgo pointer checks: no Go pointer may be kept by C
   if (cd ports/go && go vet ./... && go test -count=1 -v ./... 2>&1 | tee "$BUILD_DIR/go.log"; exit "${PIPESTATUS[0]}"); then
     gp=$(grep -c -- '^--- PASS' "$BUILD_DIR/go.log" || true)
     gf=$(grep -c -- '^--- FAIL' "$BUILD_DIR/go.log" || true)

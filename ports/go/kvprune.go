@@ -373,18 +373,20 @@ func (c *Cache) prefill(layer int, q, k, v []float32, positions []int32, out []f
 		return 0, false, err
 	}
 	var selp *C.kvp_selection
+	var cidx *C.int32_t
 	if indices != nil {
-		// C memory: the struct holds a pointer into Go memory (indices), which cgo forbids
-		// inside Go-allocated memory passed to C.
+		// Both in C memory: C may not hold Go pointers in C memory (cgo pointer rules), so the
+		// selection struct and its index buffer are C-allocated and copied out afterwards.
 		selp = (*C.kvp_selection)(C.calloc(1, C.size_t(unsafe.Sizeof(C.kvp_selection{}))))
+		cidx = (*C.int32_t)(C.calloc(C.size_t(len(indices)), 4))
 		defer C.free(unsafe.Pointer(selp))
+		defer C.free(unsafe.Pointer(cidx))
 		selp.struct_size = C.uint32_t(unsafe.Sizeof(C.kvp_selection{}))
 		selp.capacity = C.uint32_t(len(indices))
-		selp.indices = iptr(indices)
+		selp.indices = cidx
 	}
 	s := C.kvp_prefill(c.c, C.uint32_t(layer), C.uint32_t(n), iptr(positions), fptr(q), fptr(k), fptr(v), fptr(out), selp)
 	runtime.KeepAlive(c)
-	runtime.KeepAlive(indices)
 	if err := c.status(s); err != nil {
 		return 0, false, err
 	}
@@ -395,6 +397,7 @@ func (c *Cache) prefill(layer int, q, k, v []float32, positions []int32, out []f
 	if got > len(indices) {
 		got = len(indices)
 	}
+	copy(indices, unsafe.Slice((*int32)(unsafe.Pointer(cidx)), len(indices))[:got])
 	return got, selp.selected != 0, nil
 }
 
