@@ -53,8 +53,8 @@ export OMP_WAIT_POLICY=passive
 cfg() {  # cfg <build dir> <cmake args...>: configure quietly, print the log on failure
   local dir=$1; shift
   mkdir -p "$dir"
-  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVP_BUILD_BENCH=OFF "$@" >"$dir.configure.log" 2>&1 \
-    || { cat "$dir.configure.log"; return 1; }
+  cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVP_BUILD_BENCH=OFF "$@" >"$dir/configure.log" 2>&1 \
+    || { cat "$dir/configure.log"; return 1; }
 }
 
 gtest_aarch64() {  # GoogleTest for aarch64 from Debian's sources, installed under $A64/gtest
@@ -142,7 +142,7 @@ if want cortexm; then
     log "arm-none-eabi $cpu (KVP_NO_HEAP=ON, KVP_OPENMP=OFF, MinSizeRel)"
     mkdir -p "$dir"
     cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$CM_TC" -DKVP_CORTEX_CPU=$cpu \
-      -DCMAKE_BUILD_TYPE=MinSizeRel >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; exit 1; }
+      -DCMAKE_BUILD_TYPE=MinSizeRel >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
     cmake --build "$dir" -j"$JOBS"
     lib=$dir/libkvprune.a
     # Every symbol the objects reference but do not define.

@@ -40,8 +40,9 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 
 # ---- library: build + install (static, PIC, OpenMP) ----
 log "build libkvprune.a -> $PREFIX"
+mkdir -p "$BUILD_DIR"
 cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$PREFIX" \
-  -DKVP_BUILD_TESTS=OFF -DKVP_BUILD_BENCH=OFF >"$BUILD_DIR.cmake.log" 2>&1 || { cat "$BUILD_DIR.cmake.log"; exit 1; }
+  -DKVP_BUILD_TESTS=OFF -DKVP_BUILD_BENCH=OFF >"$BUILD_DIR/cmake.log" 2>&1 || { cat "$BUILD_DIR/cmake.log"; exit 1; }
 cmake --build "$BUILD_DIR" -j"$JOBS" --target kvprune
 cmake --install "$BUILD_DIR" >/dev/null
 LIBDIR=$(ls -d "$PREFIX"/lib*/pkgconfig | head -1)
