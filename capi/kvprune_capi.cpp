@@ -102,6 +102,7 @@ const char *kvp_status_str(kvp_status s) {
         case KVP_ERR_NONFINITE: return "KVP_ERR_NONFINITE: NaN or Inf in input";
         case KVP_ERR_STATE: return "KVP_ERR_STATE: invalid in the current state";
         case KVP_ERR_UNSUPPORTED: return "KVP_ERR_UNSUPPORTED: not supported by this build";
+        default: break;
     }
     return "KVP_ERR_?: unknown status";
 }

@@ -22,11 +22,10 @@ if(KVP_CORTEX_CPU STREQUAL "cortex-m4")
 else()
   set(_kvp_cpu_flags "-mcpu=cortex-m7 -mthumb -mfpu=fpv5-d16 -mfloat-abi=hard")
 endif()
-# -fno-short-enums: arm-none-eabi (AAPCS "embedded" variant) sizes enums to their values by
-# default, which would shrink the enum fields of kvp_config/kvp_model; the C ABI pins them at
-# int size, so applications including kvprune.h on this target compile with it too (see docs/ports.md).
+# Enums: arm-none-eabi sizes enums to their values by default (short enums); kvprune.h's enums
+# carry *_FORCE_INT32_ sentinels, so they are int-sized under either setting and no flag is needed.
 # -fno-threadsafe-statics: single-threaded MCU, no __cxa_guard_* runtime.
-set(_kvp_common "${_kvp_cpu_flags} -ffunction-sections -fdata-sections -fno-short-enums -DSIMDE_NO_NATIVE")
+set(_kvp_common "${_kvp_cpu_flags} -ffunction-sections -fdata-sections -DSIMDE_NO_NATIVE")
 set(CMAKE_C_FLAGS_INIT   "${_kvp_common}")
 set(CMAKE_CXX_FLAGS_INIT "${_kvp_common} -fno-exceptions -fno-rtti -fno-threadsafe-statics")
 

@@ -40,6 +40,12 @@ extern "C" {
 /** Compile-time version, same encoding as kvp_version(). */
 #define KVP_VERSION ((KVP_VERSION_MAJOR << 16) | (KVP_VERSION_MINOR << 8) | KVP_VERSION_PATCH)
 
+/*
+ * Enums: the numbers are pinned. Each enum ends with a *_FORCE_INT32_ sentinel (not a valid
+ * value) so that it is int-sized even on ABIs with short enums (arm-none-eabi), keeping
+ * kvp_config's layout identical for every compiler and binding.
+ */
+
 /** Status codes. The numbers are pinned: they never change meaning. */
 typedef enum {
     KVP_OK = 0,              /**< success */
@@ -50,11 +56,12 @@ typedef enum {
     KVP_ERR_FULL = 5,        /**< the layer has no room for the tokens and the policy may not evict */
     KVP_ERR_NONFINITE = 6,   /**< NaN or Inf in q, k or v */
     KVP_ERR_STATE = 7,       /**< call not valid in the cache's current state (e.g. destroyed) */
-    KVP_ERR_UNSUPPORTED = 8  /**< feature recognised but not available in this build/version */
+    KVP_ERR_UNSUPPORTED = 8, /**< feature recognised but not available in this build/version */
+    KVP_STATUS_FORCE_INT32_ = 0x7fffffff  /* not a status: keeps the enum int-sized on every ABI */
 } kvp_status;
 
 /** RoPE style. NEOX rotates pairs (i, i + rope_dim/2); GPTJ rotates (2i, 2i+1) (llama2.c). */
-typedef enum { KVP_ROPE_NONE = 0, KVP_ROPE_NEOX = 1, KVP_ROPE_GPTJ = 2 } kvp_rope_style;
+typedef enum { KVP_ROPE_NONE = 0, KVP_ROPE_NEOX = 1, KVP_ROPE_GPTJ = 2, KVP_ROPE_FORCE_INT32_ = 0x7fffffff } kvp_rope_style;
 
 /** Model geometry. */
 typedef struct kvp_model {
@@ -75,24 +82,28 @@ typedef enum {
     KVP_POLICY_LETHE = 6,
     KVP_POLICY_SIMLAYERKV = 7,
     KVP_POLICY_ASL = 8,
-    KVP_POLICY_THINK = 9
+    KVP_POLICY_THINK = 9,
+    KVP_POLICY_FORCE_INT32_ = 0x7fffffff
 } kvp_policy;
 
 /** RoPE position mode (spec key `positions`). */
 typedef enum {
     KVP_POS_DEFAULT = 0,   /**< the policy's default: realign for streaming/window, original otherwise */
     KVP_POS_ORIGINAL = 1,  /**< a token keeps its absolute position */
-    KVP_POS_REALIGN = 2    /**< kept tokens sit at 0..L-1; a new token is at L (StreamingLLM) */
+    KVP_POS_REALIGN = 2,   /**< kept tokens sit at 0..L-1; a new token is at L (StreamingLLM) */
+    KVP_POS_FORCE_INT32_ = 0x7fffffff
 } kvp_positions;
 
 /** Storage precision of K/V rows (spec key `kv_dtype`). */
-typedef enum { KVP_DTYPE_F32 = 0, KVP_DTYPE_F16 = 1, KVP_DTYPE_Q8 = 2, KVP_DTYPE_Q4 = 3 } kvp_dtype;
+typedef enum {
+    KVP_DTYPE_F32 = 0, KVP_DTYPE_F16 = 1, KVP_DTYPE_Q8 = 2, KVP_DTYPE_Q4 = 3, KVP_DTYPE_FORCE_INT32_ = 0x7fffffff
+} kvp_dtype;
 
 /** Scoring arithmetic (spec key `score`). */
-typedef enum { KVP_SCORE_FLOAT = 0, KVP_SCORE_FIXED = 1 } kvp_score_mode;
+typedef enum { KVP_SCORE_FLOAT = 0, KVP_SCORE_FIXED = 1, KVP_SCORE_FORCE_INT32_ = 0x7fffffff } kvp_score_mode;
 
 /** Pooling of SnapKV votes (spec key `pool`). */
-typedef enum { KVP_POOL_AVG = 0, KVP_POOL_MAX = 1 } kvp_pool;
+typedef enum { KVP_POOL_AVG = 0, KVP_POOL_MAX = 1, KVP_POOL_FORCE_INT32_ = 0x7fffffff } kvp_pool;
 
 /**
  * Cache configuration. A plain struct: fill it with kvp_config_default(), change
