@@ -44,15 +44,18 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p) {
     p->head_bytes = hb;
     off = add(off, mul(hb, size_t(m.n_layers) * m.n_kv_heads, &ok), &ok);
 
+    p->off_memos = off;
+    off = add(off, align_up(mul(sizeof(RopeMemo), cfg.threads, &ok), kAlign), &ok);
+
     // Per-thread scratch (floats, each part rounded to 16 floats).
     const size_t r16 = kAlign / sizeof(float);
-    const size_t tables = align_up(4 * size_t(pairs) + 1, r16);
+    p->memo_floats = rope_memo_floats(pairs);
     const size_t dec = mul(group, p->logit_ld, &ok) + 2 * align_up(size_t(group) * p->stride, r16) +
-                       align_up(group, r16) + tables;
+                       align_up(group, r16);
     const size_t rows = size_t(kTileTokens) * group;
     const size_t pre = 3 * align_up(rows * p->stride, r16) + align_up(rows * kKeyBlock, r16) +
-                       2 * align_up(rows, r16) + tables;
-    p->scratch_floats = align_up(dec > pre ? dec : pre, r16);
+                       2 * align_up(rows, r16);
+    p->scratch_floats = p->memo_floats + align_up(dec > pre ? dec : pre, r16);
     p->off_scratch = off;
     off = add(off, mul(mul(p->scratch_floats, sizeof(float), &ok), cfg.threads, &ok), &ok);
     p->total = off;

@@ -6,7 +6,9 @@
 //   [inv_freq   x rope_dim/2 doubles]
 //   per (layer, kv head), for each of its `cap` slots:    (layer-major, then head)
 //     K rows [cap][stride] f32, V rows [cap][stride] f32, pos [cap] i32, score [cap] f32
-//   scratch x threads: decode logits [G][logit_ld], rotated queries, prefill tiles, RoPE tables
+//   RopeMemo x threads
+//   scratch x threads: RoPE tables (memo), then decode logits [G][logit_ld] and rotated
+//                      queries, or prefill tiles
 //
 // Every region starts on a 64-byte boundary; a row's stride is head_dim rounded up to 16
 // floats so every K/V row is 64-byte aligned. tests/test_capi.cpp pins the byte count.
@@ -29,7 +31,9 @@ struct ArenaPlan {
     uint32_t cap;             // slots per (layer, head)
     uint32_t logit_ld;        // decode logits row stride (floats)
     size_t off_layers, off_heads, off_freqs, off_rows, head_bytes;
-    size_t off_scratch, scratch_floats;  // per thread
+    size_t off_memos;
+    size_t off_scratch, scratch_floats;  // per thread, of which the first memo_floats are RoPE tables
+    size_t memo_floats;
     size_t total;
 };
 

@@ -9,13 +9,12 @@ namespace {
 constexpr size_t kR16 = kAlign / sizeof(float);
 
 // Copies `rows` query rows (src stride src_ld) to dst (stride = plan.stride) and rotates them to rpos.
-void load_rotated(const kvp_cache *c, float *cs, int64_t rpos, const float *src, size_t src_ld,
+void load_rotated(const kvp_cache *c, RopeMemo &memo, int64_t rpos, const float *src, size_t src_ld,
                   uint32_t rows, float *dst) {
     const uint32_t hd = c->cfg.model.head_dim, st = c->plan.stride;
     for (uint32_t r = 0; r < rows; ++r) memcpy(dst + size_t(r) * st, src + r * src_ld, hd * sizeof(float));
     if (c->rope.style == KVP_ROPE_NONE) return;
-    rope_table(c->rope, rpos, cs);
-    rope_apply(c->rope, cs, dst, rows, st);
+    rope_apply(c->rope, rope_table_memo(c->rope, memo, rpos), dst, rows, st);
 }
 
 // Rotation position of a query at logical index `logical` (original position `orig`) for the
@@ -32,7 +31,7 @@ bool ring_needs_own_rotation(const kvp_cache *c, const HeadStore &hs) {
 }  // namespace
 
 void attend_decode(const kvp_cache *c, const HeadStore &hs, const float *q, int64_t pos, float *out,
-                   float *scratch) {
+                   RopeMemo &memo, float *scratch) {
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
     const size_t ld = c->plan.logit_ld;
@@ -40,13 +39,12 @@ void attend_decode(const kvp_cache *c, const HeadStore &hs, const float *q, int6
     float *qpin = logits + G * ld;
     float *qring = qpin + align_up(size_t(G) * st, kR16);
     float *sums = qring + align_up(size_t(G) * st, kR16);
-    float *cs = sums + align_up(G, kR16);
 
     const uint32_t L = hs.len(), P = L - 1;
-    load_rotated(c, cs, query_rot(c, hs, P, pos, false), q, hd, G, qpin);
+    load_rotated(c, memo, query_rot(c, hs, P, pos, false), q, hd, G, qpin);
     const float *qr = qpin;
     if (ring_needs_own_rotation(c, hs)) {
-        load_rotated(c, cs, query_rot(c, hs, P, pos, true), q, hd, G, qring);
+        load_rotated(c, memo, query_rot(c, hs, P, pos, true), q, hd, G, qring);
         qr = qring;
     }
     Segment seg[3];
@@ -69,7 +67,7 @@ void attend_decode(const kvp_cache *c, const HeadStore &hs, const float *q, int6
 }
 
 void attend_prefill(const kvp_cache *c, const HeadStore &hs, uint32_t n, const NewPositions &pos,
-                    const float *q, float *out, size_t tok_stride, float *scratch) {
+                    const float *q, float *out, size_t tok_stride, RopeMemo &memo, float *scratch) {
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
     const size_t TR = size_t(kTileTokens) * G;
@@ -80,7 +78,6 @@ void attend_prefill(const kvp_cache *c, const HeadStore &hs, uint32_t n, const N
     float *lg = O + align_up(TR * st, kR16);
     float *mrow = lg + align_up(TR * KB, kR16);
     float *lrow = mrow + align_up(TR, kR16);
-    float *cs = lrow + align_up(TR, kR16);
 
     const uint32_t L = hs.len(), L0 = L - n;
     Segment seg[3];
@@ -93,9 +90,9 @@ void attend_prefill(const kvp_cache *c, const HeadStore &hs, uint32_t n, const N
         for (uint32_t t = 0; t < tq; ++t) {
             const uint32_t i = i0 + t;
             const float *src = q + i * tok_stride;
-            load_rotated(c, cs, query_rot(c, hs, L0 + i, pos.at(i), false), src, hd, G, qpin + size_t(t) * G * st);
+            load_rotated(c, memo, query_rot(c, hs, L0 + i, pos.at(i), false), src, hd, G, qpin + size_t(t) * G * st);
             if (own_ring)
-                load_rotated(c, cs, query_rot(c, hs, L0 + i, pos.at(i), true), src, hd, G, qring + size_t(t) * G * st);
+                load_rotated(c, memo, query_rot(c, hs, L0 + i, pos.at(i), true), src, hd, G, qring + size_t(t) * G * st);
         }
         const float *qr = own_ring ? qring : qpin;
         for (uint32_t r = 0; r < rows; ++r) {

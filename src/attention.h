@@ -20,12 +20,12 @@ struct NewPositions {
 // token of hs (two passes: logits of the whole group kept in scratch, normalised, then one
 // pass over V for all G heads together).
 void attend_decode(const kvp_cache *c, const HeadStore &hs, const float *q, int64_t pos, float *out,
-                   float *scratch);
+                   RopeMemo &memo, float *scratch);
 
 // Prefill: the n newest tokens of hs attend causally. Token i's G query rows are at
 // q + i*tok_stride (+ g*hd), its output rows at out + i*tok_stride. Tiles of kTileTokens
 // tokens x G heads sweep key blocks with an online softmax (exact, one read of K/V per tile).
 void attend_prefill(const kvp_cache *c, const HeadStore &hs, uint32_t n, const NewPositions &pos,
-                    const float *q, float *out, size_t tok_stride, float *scratch);
+                    const float *q, float *out, size_t tok_stride, RopeMemo &memo, float *scratch);
 
 }  // namespace kvp

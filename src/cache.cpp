@@ -16,7 +16,7 @@ namespace {
 
 // Stores token i's K/V row for one head in the next slot, K rotated per the position mode.
 void store_token(kvp_cache *c, HeadStore &hs, uint32_t logical, int64_t orig, const float *k,
-                 const float *v, float *cs) {
+                 const float *v, RopeMemo &memo) {
     const uint32_t hd = c->cfg.model.head_dim, st = c->plan.stride;
     bool ring;
     const uint32_t slot = hs.next_slot(&ring);
@@ -25,8 +25,7 @@ void store_token(kvp_cache *c, HeadStore &hs, uint32_t logical, int64_t orig, co
     memcpy(hs.v + size_t(slot) * st, v, hd * sizeof(float));
     if (c->rope.style != KVP_ROPE_NONE) {
         const int64_t rpos = c->positions == KVP_POS_ORIGINAL ? orig : int64_t(logical) + (ring ? hs.shift : 0);
-        rope_table(c->rope, rpos, cs);
-        rope_apply(c->rope, cs, kr, 1, st);
+        rope_apply(c->rope, rope_table_memo(c->rope, memo, rpos), kr, 1, st);
     }
     hs.pos[slot] = int32_t(orig);
     hs.score[slot] = 0.0f;
@@ -42,20 +41,21 @@ void prune_head(kvp_cache *c, HeadStore &hs) {
 }
 
 void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos,
-               const float *q, const float *k, const float *v, float *out, StepMode mode, float *scratch) {
+               const float *q, const float *k, const float *v, float *out, StepMode mode, size_t tid) {
     const kvp_model &m = c->cfg.model;
     HeadStore &hs = head_of(c, layer, h);
     const uint32_t L0 = hs.len();
-    float *cs = scratch;  // RoPE table for the keys; attention reuses the scratch afterwards
+    RopeMemo &memo = c->memos[tid];
+    float *scratch = scratch_of(c, tid);
     for (uint32_t i = 0; i < n; ++i) {
         const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
-        store_token(c, hs, L0 + i, pos.at(i), k + kv_off, v + kv_off, cs);
+        store_token(c, hs, L0 + i, pos.at(i), k + kv_off, v + kv_off, memo);
     }
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (mode == StepMode::kDecode) {
-        attend_decode(c, hs, q + qoff, pos.at(0), out + qoff, scratch);
+        attend_decode(c, hs, q + qoff, pos.at(0), out + qoff, memo, scratch);
     } else if (mode == StepMode::kPrefill && out) {
-        attend_prefill(c, hs, n, pos, q + qoff, out + qoff, size_t(m.n_q_heads) * m.head_dim, scratch);
+        attend_prefill(c, hs, n, pos, q + qoff, out + qoff, size_t(m.n_q_heads) * m.head_dim, memo, scratch);
     }
     prune_head(c, hs);
 }
@@ -101,6 +101,13 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         }
     }
     c->scratch = reinterpret_cast<float *>(base + plan.off_scratch);
+    c->memos = reinterpret_cast<RopeMemo *>(base + plan.off_memos);
+    for (uint32_t t = 0; t < cfg.threads; ++t) {
+        RopeMemo *rm = new (&c->memos[t]) RopeMemo;
+        memset(rm, 0, sizeof *rm);
+        rm->tables = c->scratch + size_t(t) * plan.scratch_floats;
+        rm->table_floats = uint32_t(plan.memo_floats / kRopeMemoEntries);
+    }
     cache_reset(c);
 #if KVP_OPENMP
     // Start the worker threads now: the OpenMP runtime allocates its pool on first use, and
@@ -133,7 +140,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
 
     const int nkv = int(m.n_kv_heads);
     auto run = [&](int h, size_t tid) {
-        head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, c->scratch + tid * c->plan.scratch_floats);
+        head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, tid);
     };
 #if KVP_OPENMP
     // threads == 1 never enters OpenMP: libgomp allocates a team even for an if(false) region.

@@ -37,6 +37,7 @@ struct kvp_cache {
     kvp::LayerState *layers;
     kvp::HeadStore *heads;     // [layer * n_kv_heads + head]
     float *scratch;            // [threads][plan.scratch_floats]
+    kvp::RopeMemo *memos;      // [threads]
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     char last_error[256];
@@ -58,6 +59,10 @@ inline HeadStore &head_of(kvp_cache *c, uint32_t layer, uint32_t h) {
 }
 inline const HeadStore &head_of(const kvp_cache *c, uint32_t layer, uint32_t h) {
     return c->heads[size_t(layer) * c->cfg.model.n_kv_heads + h];
+}
+// Thread tid's working scratch (after its RoPE tables).
+inline float *scratch_of(kvp_cache *c, size_t tid) {
+    return c->scratch + tid * c->plan.scratch_floats + c->plan.memo_floats;
 }
 inline uint64_t row_bytes(const kvp_cache *c) { return uint64_t(c->plan.stride) * sizeof(float); }
 

@@ -17,6 +17,21 @@ void rope_table(const Rope &r, int64_t pos, float *cs) {
     }
 }
 
+size_t rope_memo_floats(uint32_t pairs) {
+    return size_t(kRopeMemoEntries) * ((2 * size_t(pairs) + 15) / 16 * 16);
+}
+
+const float *rope_table_memo(const Rope &r, RopeMemo &m, int64_t pos) {
+    for (uint32_t i = 0; i < m.used; ++i)
+        if (m.pos[i] == pos) return m.tables + size_t(i) * m.table_floats;
+    const uint32_t i = m.used < kRopeMemoEntries ? m.used++ : m.next;
+    m.next = (i + 1) % kRopeMemoEntries;
+    m.pos[i] = pos;
+    float *t = m.tables + size_t(i) * m.table_floats;
+    rope_table(r, pos, t);
+    return t;
+}
+
 void rope_apply(const Rope &r, const float *cs, float *x, uint32_t n, uint32_t ld) {
     if (r.style == KVP_ROPE_NONE) return;
     const uint32_t half = r.pairs;

@@ -25,4 +25,20 @@ void rope_table(const Rope &r, int64_t pos, float *cs);
 // Rotates `n` vectors x[j*ld + 0..head_dim) in place with the table cs.
 void rope_apply(const Rope &r, const float *cs, float *x, uint32_t n, uint32_t ld);
 
+// The last few tables one thread computed, keyed by position. A table depends only on the
+// position, so entries never go stale; a decode step needs one or two positions for all KV
+// heads, so each thread computes them once per step instead of once per head.
+constexpr uint32_t kRopeMemoEntries = 4;
+struct RopeMemo {
+    int64_t pos[kRopeMemoEntries];
+    uint32_t used;   // entries filled
+    uint32_t next;   // entry replaced next (round robin)
+    float *tables;   // [kRopeMemoEntries][table_floats], in the arena
+    uint32_t table_floats;
+};
+// Floats of one memo's tables for `pairs` rotation pairs (each table 64-byte aligned).
+size_t rope_memo_floats(uint32_t pairs);
+// The table for pos, computed on a miss.
+const float *rope_table_memo(const Rope &r, RopeMemo &m, int64_t pos);
+
 }  // namespace kvp
