@@ -21,6 +21,12 @@ struct Rng {
         return z ^ (z >> 31);
     }
     float uniform(float lo, float hi) { return lo + (hi - lo) * float(next() >> 40) / float(1ull << 24); }
+    // A multiple of 2^-12 in [-scale, scale) for a power-of-two scale: exact in float, so the
+    // same on every ISA even where the compiler contracts a*b+c into FMA (cross-ISA hash).
+    float grid(float scale) {
+        const int32_t m = int32_t(next() >> 51) - 4096;  // [-4096, 4096)
+        return scale * (float(m) / 4096.0f);
+    }
     void fill(std::vector<float> &x, float lo = -1.0f, float hi = 1.0f) {
         for (float &f : x) f = uniform(lo, hi);
     }

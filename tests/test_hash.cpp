@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvprune/kvprune.h"
+#include "reference.h"
 
 namespace {
 
@@ -50,22 +51,6 @@ struct Fnv64 {
     }
 };
 
-// splitmix64: integer-only, identical on every platform.
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-        return z ^ (z >> 31);
-    }
-    // Multiple of 2^-12 in [-scale, scale): exact in float, no rounding anywhere.
-    float uniform(float scale) {
-        const int32_t m = static_cast<int32_t>(next() >> 51) - 4096;  // [-4096, 4096)
-        return scale * (static_cast<float>(m) / 4096.0f);
-    }
-};
 
 struct Workload {
     const char *name;
@@ -122,7 +107,7 @@ RunResult run_workload(const Workload &w, uint32_t threads) {
     if (!c) return r;
 
     const uint32_t qd = w.n_q_heads * w.head_dim, kd = w.n_kv_heads * w.head_dim;
-    Rng rng(w.seed);
+    ref::Rng rng(w.seed);
     Fnv64 h;
     std::vector<float> q, k, v, out;
     std::vector<int32_t> pos(4096);
@@ -130,7 +115,7 @@ RunResult run_workload(const Workload &w, uint32_t threads) {
 
     auto fill = [&](std::vector<float> &x, size_t len, float scale) {
         x.resize(len);
-        for (auto &e : x) e = rng.uniform(scale);
+        for (auto &e : x) e = rng.grid(scale);
     };
     auto hash_state = [&]() {
         for (uint32_t l = 0; l < w.n_layers; ++l) {

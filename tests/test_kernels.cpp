@@ -2,6 +2,7 @@
 // against double precision, exp_approx against std::exp, edge cases (n = 0, -inf, odd d,
 // padded leading dimensions).
 #include "kernels/attn_f32.h"
+#include "reference.h"
 
 #include <gtest/gtest.h>
 
@@ -17,19 +18,7 @@ using kvp::kern::AttnF32;
 
 namespace {
 
-// splitmix64: tiny fixed-seed generator (the same numbers on every platform).
-struct Rng {
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    // uniform in [lo, hi)
-    float uni(float lo, float hi) { return lo + (hi - lo) * (float)((next() >> 40) * (1.0 / 16777216.0)); }
-};
+using ref::Rng;
 
 const float kNaN = std::numeric_limits<float>::quiet_NaN();
 const float kInf = std::numeric_limits<float>::infinity();
@@ -51,7 +40,7 @@ const uint32_t kMaxRows = 9;
 std::vector<float> matrix(Rng &g, uint32_t rows, uint32_t cols, size_t ld, float lo, float hi) {
     std::vector<float> m(rows ? (size_t)(rows - 1) * ld + cols : 0, kNaN);
     for (uint32_t r = 0; r < rows; ++r)
-        for (uint32_t c = 0; c < cols; ++c) m[(size_t)r * ld + c] = g.uni(lo, hi);
+        for (uint32_t c = 0; c < cols; ++c) m[(size_t)r * ld + c] = g.uniform(lo, hi);
     return m;
 }
 
@@ -181,7 +170,7 @@ PvData pv_data(const Case &c, uint64_t seed, size_t ldp, size_t ldv, size_t ldo)
     x.v = matrix(g, c.n, c.d, ldv, -2.0f, 2.0f);
     x.o = out_buffer(c.rows, ldo);
     for (uint32_t r = 0; r < c.rows; ++r)
-        for (uint32_t j = 0; j < c.d; ++j) x.o[r * ldo + j] = g.uni(-1.0f, 1.0f);  // o += ...
+        for (uint32_t j = 0; j < c.d; ++j) x.o[r * ldo + j] = g.uniform(-1.0f, 1.0f);  // o += ...
     return x;
 }
 
@@ -257,7 +246,7 @@ TEST(Kernels, MaxMatchesScalar) {
         for (uint32_t n = 1; n <= 70; ++n) {
             Rng g(n);
             std::vector<float> x(n + 1);
-            for (float &e : x) e = g.uni(-50.0f, 50.0f);
+            for (float &e : x) e = g.uniform(-50.0f, 50.0f);
             x[n] = 1e30f;  // past the end: must not be read
             const uint32_t at = (uint32_t)(g.next() % n);
             x[at] = 60.0f;  // unique maximum somewhere, also in the tail
@@ -320,7 +309,7 @@ TEST(Kernels, ExpsumMatchesScalarAndStdExp) {
         for (uint32_t n = 1; n <= 70; ++n) {
             Rng g(1000 + n);
             std::vector<float> x(n + 1);
-            for (uint32_t i = 0; i < n; ++i) x[i] = g.uni(-20.0f, 10.0f);
+            for (uint32_t i = 0; i < n; ++i) x[i] = g.uniform(-20.0f, 10.0f);
             x[g.next() % n] = -kInf;     // masked position
             x[g.next() % n] = -150.0f;   // x - m far below ln(FLT_MIN)
             x[n] = kNaN;                  // past the end: must not be read or written
@@ -364,9 +353,9 @@ TEST(Kernels, AttentionPipelineMatchesDouble) {
     const float scale = 1.0f / std::sqrt((float)d);
     Rng g(42);
     std::vector<float> q((size_t)rows * d), k((size_t)n * d), v((size_t)n * d);
-    for (float &e : q) e = g.uni(-2.0f, 2.0f);
-    for (float &e : k) e = g.uni(-2.0f, 2.0f);
-    for (float &e : v) e = g.uni(-1.0f, 1.0f);
+    for (float &e : q) e = g.uniform(-2.0f, 2.0f);
+    for (float &e : k) e = g.uniform(-2.0f, 2.0f);
+    for (float &e : v) e = g.uniform(-1.0f, 1.0f);
     std::vector<double> exact((size_t)rows * d, 0.0);
     for (uint32_t r = 0; r < rows; ++r) {
         std::vector<double> w(n);
