@@ -221,6 +221,11 @@ uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer) {
     return best;
 }
 
+uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer) {
+    if (!valid(c) || layer >= c->cfg.model.n_layers) return 0;
+    return kvp::head_of(c, layer, 0).cap;
+}
+
 kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_head, int32_t *out,
                                uint32_t cap, uint32_t *n) {
     if (!valid(c)) return not_live(c);

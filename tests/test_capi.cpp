@@ -263,6 +263,9 @@ TEST(BadInput, FailedCallsLeaveTheCacheUnchanged) {
     }
     EXPECT_EQ(n, kvp_layer_len(a.c, 0));  // the small-buffer case still reports the length
     EXPECT_EQ(kvp_layer_len(nullptr, 0), 0u);
+    EXPECT_EQ(kvp_layer_capacity(a.c, 1), 16u);
+    EXPECT_EQ(kvp_layer_capacity(a.c, 2), 0u);
+    EXPECT_EQ(kvp_layer_capacity(nullptr, 0), 0u);
     EXPECT_EQ(kvp_layer_len(a.c, 5), 0u);
     EXPECT_NE(kvp_last_error(nullptr), nullptr);
 

@@ -74,6 +74,8 @@ INSTANTIATE_TEST_SUITE_P(Params, StreamingRule,
 
 TEST(Streaming, NeverPrunesWithRZeroAndIsFullAtCapacity) {
     const kvp_model m = ref::model(1, 2, 1, 8);
+    ref::Cache auto_cap(m, "policy=streaming sinks=4 window=60 compress_every=8 slack=12");  // max(C+R, H)
+    EXPECT_EQ(kvp_layer_capacity(auto_cap.c, 0), 76u);
     ref::Cache c(m, "policy=streaming sinks=2 window=6 compress_every=0 capacity=10");
     std::vector<float> q(16, 0.1f), kv(8, 0.2f), o(16);
     for (int t = 0; t < 10; ++t) ASSERT_EQ(kvp_decode(c.c, 0, q.data(), kv.data(), kv.data(), o.data()), KVP_OK);

@@ -154,20 +154,14 @@ kvp_stats Session::stats() const {
     return s;
 }
 
-uint32_t Session::capacity_hint() const {
-    if (cfg_.capacity) return cfg_.capacity;
-    switch (cfg_.policy) {
-        case KVP_POLICY_FULL:
-            return 2048;  // documented default of kvp_config.capacity for `full`
-        case KVP_POLICY_STREAMING: {
-            uint32_t C = cfg_.sinks + cfg_.window + cfg_.extra;
-            return std::max(C + cfg_.compress_every, C + cfg_.slack);
-        }
-        case KVP_POLICY_WINDOW:
-            return cfg_.window + 1;  // the new token is appended before the oldest is evicted
-        default:
-            return 0;  // unknown: probe (a failed call changes nothing)
+// Largest chunk every layer has free slots for (the library resolves its capacity).
+int Session::prefill_room() const {
+    uint32_t room = UINT32_MAX;
+    for (int l = 0; l < ck_->cfg.n_layers; l++) {
+        const uint32_t cap = kvp_layer_capacity(cache_, (uint32_t)l), len = kvp_layer_len(cache_, (uint32_t)l);
+        room = std::min(room, cap > len ? cap - len : 0u);
     }
+    return (int)std::min<uint32_t>(room, INT32_MAX);
 }
 
 bool Session::prefill(const int32_t *tokens, int n, float *logits, bool all_logits, std::string *err) {
@@ -184,27 +178,12 @@ bool Session::prefill(const int32_t *tokens, int n, float *logits, bool all_logi
     }
     int done = 0;
     while (done < n) {
-        int rem = n - done;
-        int chunk = rem;
-        uint32_t cap = capacity_hint();
-        if (cap) {
-            uint32_t held = 0;
-            for (int l = 0; l < ck_->cfg.n_layers; l++) held = std::max(held, kvp_layer_len(cache_, (uint32_t)l));
-            int room = cap > held ? (int)(cap - held) : 1;
-            chunk = std::min(rem, room);
-        }
-        for (;;) {
-            bool last = done + chunk == n;
-            float *lg = all_logits ? logits + (size_t)done * V : (last ? logits : nullptr);
-            bool full0 = false;
-            ensure_rows(chunk);
-            if (run_chunk(tokens + done, chunk, false, lg, all_logits, err, &full0)) break;
-            if (full0 && chunk > 1) {  // layer 0 refused the chunk (cache unchanged): try smaller
-                chunk = (chunk + 1) / 2;
-                continue;
-            }
-            return false;
-        }
+        // At least 1: a full layer then answers KVP_ERR_FULL with its message.
+        const int chunk = std::max(1, std::min(n - done, prefill_room()));
+        const bool last = done + chunk == n;
+        float *lg = all_logits ? logits + (size_t)done * V : (last ? logits : nullptr);
+        ensure_rows(chunk);
+        if (!run_chunk(tokens + done, chunk, false, lg, all_logits, err)) return false;
         max_chunk_used_ = std::max(max_chunk_used_, chunk);
         done += chunk;
     }
@@ -216,16 +195,14 @@ bool Session::decode(int32_t token, float *logits, std::string *err) {
         *err = "token id " + std::to_string(token) + " out of range for vocab " + std::to_string(ck_->cfg.vocab);
         return false;
     }
-    bool full0 = false;
-    return run_chunk(&token, 1, true, logits, false, err, &full0);
+    return run_chunk(&token, 1, true, logits, false, err);
 }
 
 bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *logits, bool all_logits,
-                        std::string *err, bool *full_at_layer0) {
+                        std::string *err) {
     const Checkpoint &w = *ck_;
     const ModelConfig &c = w.cfg;
     const int D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.hidden_dim;
-    *full_at_layer0 = false;
     for (int t = 0; t < n; t++) std::memcpy(&x_[(size_t)t * D], w.tok_emb + (size_t)tokens[t] * D, D * sizeof(float));
     int cur = n;                  // rows still flowing (ASL may select a subset)
     bool explicit_pos = false;    // after an ASL selection, positions are passed explicitly
@@ -269,7 +246,6 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
             }
         }
         if (st != KVP_OK) {
-            *full_at_layer0 = (l == 0 && st == KVP_ERR_FULL);
             *err = kvp_error(use_decode ? "kvp_decode" : "kvp_prefill", (uint32_t)l, st, cache_);
             return false;
         }

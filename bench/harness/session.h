@@ -51,9 +51,9 @@ public:
 
 private:
     bool run_chunk(const int32_t *tokens, int n, bool use_decode, float *logits, bool all_logits,
-                   std::string *err, bool *full_at_layer0);
+                   std::string *err);
     void ensure_rows(int n);
-    uint32_t capacity_hint() const;
+    int prefill_room() const;
 
     const Checkpoint *ck_ = nullptr;
     kvp_config cfg_{};

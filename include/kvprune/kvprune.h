@@ -269,6 +269,13 @@ kvp_status kvp_append(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int
 uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer);
 
 /**
+ * Token slots of `layer` per KV head: the resolved capacity (capacity=0 in the config means the
+ * policy's minimum). A prefill chunk of n tokens fits when kvp_layer_len + n <= this.
+ * 0 for NULL c or a bad layer.
+ */
+uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer);
+
+/**
  * Writes the original positions kept by (layer, kv_head), ascending, into out[0..cap).
  * *n receives the number kept. KVP_ERR_ARG for NULL c/n (or NULL out with cap > 0),
  * KVP_ERR_LAYER for a bad layer or head, KVP_ERR_FULL if cap is too small (*n is still set,
