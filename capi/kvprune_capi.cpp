@@ -259,6 +259,25 @@ kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s) {
     return KVP_OK;
 }
 
+kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_stats *s) {
+    if (!valid(c)) return not_live(c);
+    if (!s || s->struct_size < sizeof(kvp_layer_stats)) return KVP_ERR_ARG;
+    if (layer >= c->cfg.model.n_layers) return KVP_ERR_LAYER;
+    kvp_layer_stats r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = sizeof r;
+    r.capacity = kvp::head_of(c, layer, 0).cap;
+    r.len = kvp_layer_len(c, layer);
+    r.live_bytes = c->layers[layer].rows * 2 * kvp::row_bytes(c);
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
+        r.prune_events += kvp::head_of(c, layer, h).prune_events;
+        r.tokens_evicted += kvp::head_of(c, layer, h).evicted;
+    }
+    r.lazy = -1;
+    memcpy(s, &r, sizeof r);
+    return KVP_OK;
+}
+
 const char *kvp_last_error(const kvp_cache *c) {
     if (!c) return "kvp_last_error: NULL cache";
     if (c->magic == kvp::kDeadMagic) return "kvp_last_error: cache was destroyed";

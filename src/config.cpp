@@ -73,6 +73,8 @@ const Key kKeys[] = {
     KVP_F32(key_channel_ratio, 0.0, 0.999),
     KVP_F32(value_channel_ratio, 0.0, 0.999),
     KVP_ENUM(channel_score, kChannelScoreNames),
+    KVP_U32(block, 1, kMaxBlock),
+    KVP_U32(total_capacity, 0, 0xffffffffu),
 };
 
 #undef KVP_U32
@@ -285,6 +287,8 @@ kvp_status config_default(kvp_config *cfg, const kvp_model *model, Msg &m) {
     c.key_channel_ratio = 0.5f;
     c.value_channel_ratio = 0.0f;
     c.channel_score = 0;
+    c.block = 16;
+    c.total_capacity = 0;
     *cfg = c;
     return KVP_OK;
 }

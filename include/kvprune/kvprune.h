@@ -152,6 +152,11 @@ typedef struct kvp_config {
     float    key_channel_ratio;
     float    value_channel_ratio;
     uint32_t channel_score;      /* channel_score=qk (0) | l1 (1) | l2 (2) */
+    /* shared block pool (appended in 0.2; see kvp_get_layer_stats) */
+    uint32_t block;              /* block=N: token slots per storage block (default 16) */
+    uint32_t total_capacity;     /* total_capacity=N: token slots per KV head summed over layers that the
+                                    shared pool holds; 0 (default) or >= the sum of the per-layer
+                                    capacities = no sharing */
 } kvp_config;
 
 /** Counters of a cache (kvp_get_stats). Set struct_size = sizeof(kvp_stats) before the call. */
@@ -164,6 +169,22 @@ typedef struct kvp_stats {   /* first member struct_size, like kvp_config; more 
     uint64_t prune_events;     /* prunes, summed over layers and KV heads */
     uint64_t tokens_evicted;   /* evicted tokens, summed over layers and KV heads */
 } kvp_stats;
+
+/**
+ * Per-layer figures (kvp_get_layer_stats). Set struct_size = sizeof(kvp_layer_stats) before the call.
+ * live_bytes, prune_events and tokens_evicted sum over the layer's KV heads.
+ */
+typedef struct kvp_layer_stats {
+    uint32_t struct_size;
+    uint32_t capacity;         /* token slots of the layer per KV head (its hard cap) */
+    uint32_t len;              /* tokens kept, max over KV heads */
+    uint64_t live_bytes;       /* K and V of the kept tokens in their storage format, no padding */
+    uint64_t prune_events;     /* prunes of this layer, summed over KV heads */
+    uint64_t tokens_evicted;   /* evicted tokens of this layer, summed over KV heads */
+    uint32_t evict_threshold;  /* Lethe's current L_evict; 0 for other policies */
+    float    sparsity;         /* Hoyer sparsity of the layer's last decode attention row, mean over query heads */
+    int32_t  lazy;             /* SimLayerKV: 1 lazy, 0 not lazy; -1 undecided or another policy */
+} kvp_layer_stats;
 
 /**
  * Selection returned by kvp_prefill() for the ASL policy: when a prefill determines the
@@ -289,6 +310,13 @@ kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_h
  * than the first version of kvp_stats.
  */
 kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s);
+
+/**
+ * Fills *s (up to s->struct_size bytes) with the figures of one layer. KVP_ERR_ARG for NULL c/s or a
+ * struct_size smaller than the first version of kvp_layer_stats, KVP_ERR_LAYER for a bad layer.
+ * Never changes the cache.
+ */
+kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_stats *s);
 
 /** Message of the last failed call on c ("" if none); a static message when c is NULL. Never NULL. */
 const char *kvp_last_error(const kvp_cache *c);

@@ -68,6 +68,7 @@ class _Config(ctypes.Structure):
         ("lazy_threshold", _f32), ("lazy_last", _u32), ("lazy_mode", _u32), ("nonlazy", _enum),
         ("asl_min_layer", _u32), ("asl_obs_layers", _u32), ("asl_tau", _f32),
         ("key_channel_ratio", _f32), ("value_channel_ratio", _f32), ("channel_score", _u32),
+        ("block", _u32), ("total_capacity", _u32),
     ]
 
 

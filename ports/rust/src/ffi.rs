@@ -107,6 +107,9 @@ pub struct kvp_config {
     pub key_channel_ratio: f32,
     pub value_channel_ratio: f32,
     pub channel_score: u32,
+    // shared block pool
+    pub block: u32,
+    pub total_capacity: u32,
 }
 
 #[repr(C)]
