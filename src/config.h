@@ -13,9 +13,7 @@ kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m);
 kvp_status config_check(const kvp_config &cfg, Msg &m);
 
 // Derived values of a config that passed config_check.
-uint32_t config_capacity(const kvp_config &cfg);       // capacity, or the policy's minimum when 0
 kvp_positions config_positions(const kvp_config &cfg);  // ORIGINAL or REALIGN (never DEFAULT)
-bool config_is_streaming(const kvp_config &cfg);        // streaming or window rule applies
 
 // Limits (documented in the header and docs/DECISIONS.md).
 constexpr uint32_t kMaxHeadDim = 1024;
