@@ -70,7 +70,9 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
     hs.len_after_append = hs.len();
 
     const bool realign = c->positions == KVP_POS_REALIGN;
-    const AttnIn a{c, &pool, s.runs, store_runs(hs, pool, realign, s.runs), hs.len(), &memo, s.work};
+    const bool attends = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
+    // The run list is O(blocks): built only when queries read the store.
+    const AttnIn a{c, &pool, s.runs, attends ? store_runs(hs, pool, realign, s.runs) : 0, hs.len(), &memo, s.work};
     const QueryPos qp{&pos, realign, L0};
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (mode == StepMode::kDecode) {
