@@ -5,7 +5,8 @@
 //        window   policy=window window=N: ring, no scoring (the attention-only baseline)
 //        h2o      policy=h2o budget=N: fused score accumulation, victim scan, compaction
 //        full     policy=full: N..N+255 tokens (the cache is refilled every 256 steps, untimed)
-//   BM_PruneEvent/L:<kept>/moved:<m>/cap:<C>   one arbitrary eviction (store_compact) in a
+//   BM_PruneEvent/L:<kept>/moved:<m>/cap:<C>   one arbitrary eviction compacted at once
+//                                              (store_evict with no hole allowance) in a
 //                                              (layer, head) of capacity C holding L tokens,
 //                                              the victim m tokens before the end, so m-1 rows
 //                                              move; then one kvp_append restores L
@@ -124,7 +125,11 @@ void BM_PruneEvent(benchmark::State &state) {
     std::vector<float> k(kD, 0.5f), v(kD, 0.25f);
     const uint32_t victim = L - moved;
     for (auto _ : state) {
-        kvp::store_compact(hs, pool, 0, &victim, 1, kD);
+        uint32_t slot = 0;
+        kvp::store_for_each_live(hs, pool, [&](uint32_t s, uint32_t n, uint32_t j) {
+            if (victim >= j && victim < j + n) slot = s + (victim - j);
+        });
+        kvp::store_evict(hs, pool, 0, &slot, 1);  // full has no hole allowance: compacts at once
         if (kvp_append(o.c, 0, 1, nullptr, k.data(), v.data()) != KVP_OK) {
             state.SkipWithError(kvp_last_error(o.c));
             return;

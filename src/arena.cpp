@@ -34,7 +34,7 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     const uint32_t block = cfg.block, cap = g->lp.cap;
     const uint32_t pin = g->lp.pin_cap < cap ? g->lp.pin_cap : cap;
     g->pin_blk_cap = ceil_div(pin, block);
-    const uint64_t body = uint64_t(cap) - pin + (g->lp.front_evict ? block - 1 : 0);
+    const uint64_t body = uint64_t(cap) - pin + g->lp.hole_cap + (g->lp.front_evict ? block - 1 : 0);
     g->blk_cap = cap > pin ? ceil_div(body, block) : 0;
     g->max_blocks = g->pin_blk_cap + g->blk_cap;
     g->min_blocks = g->pin_blk_cap + (g->blk_cap ? 1 : 0);
@@ -93,7 +93,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_pools = off;
     off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
     p->off_pool_meta = off;
-    p->pool_meta_bytes = z.add(z.al(z.mul(sizeof(int32_t), p->nblocks)), z.al(z.mul(2 * sizeof(uint32_t), L)));
+    p->pool_meta_bytes = z.add(z.mul(2, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));

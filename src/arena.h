@@ -6,7 +6,7 @@
 //   [block tables]        uint32 per (layer, head): pinned blocks then the circular body list
 //   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared)
 //   [BlockPool x n_kv_heads]
-//   [pool bookkeeping]    per pool: next[nblocks], top[L], held[L]
+//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], top[L], held[L]
 //   [inv_freq x rope_dim/2 doubles]
 //   per KV head pool, nblocks*block slots:               (head-major)
 //     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32

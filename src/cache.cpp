@@ -56,8 +56,13 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
     const Scratch s = scratch_of(c, tid);
     PolicyCtx ctx{c, layer, h, &pool, s.policy};
 
-    // Room first: a dry pool makes the policy evict by its own ranking (cache_room_check said it can).
+    // Room first: dead slots are compacted away, then a dry pool makes the policy evict by its
+    // own ranking (cache_room_check said that suffices).
     while (store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
+        if (hs.holes) {
+            store_compact(hs, pool, layer);
+            continue;
+        }
         const uint32_t before = hs.len();
         pol.self_prune(ctx, hs, n);
         if (hs.len() == before) break;
@@ -146,6 +151,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
             hs->pin_cap = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
             hs->pin_blk_cap = g.pin_blk_cap;
             hs->blk_cap = g.blk_cap;
+            hs->hole_cap = g.lp.hole_cap;
         }
     }
     home_lo[L] = plan.nblocks;
@@ -156,7 +162,8 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         char *meta = base + plan.off_pool_meta + size_t(h) * plan.pool_meta_bytes;
         char *data = base + plan.off_data + size_t(h) * plan.pool_data_bytes;
         p->next = reinterpret_cast<int32_t *>(meta);
-        p->top = reinterpret_cast<int32_t *>(meta + align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->dead = reinterpret_cast<uint32_t *>(meta + align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->top = reinterpret_cast<int32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
         p->held = reinterpret_cast<uint32_t *>(p->top + L);
         p->home_lo = home_lo;
         p->min_blocks = min_blocks;
@@ -219,15 +226,12 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg 
         const BlockPool &pool = c->pools[h];
         const uint32_t block = pool.block, allowed = pool.allowed(layer);
         if (store_blocks_needed(hs, block, n) <= allowed) continue;
-        // Blocks the head would hold after its policy evicted all it may, plus the new tokens.
+        // Blocks the head would hold after compacting and after its policy evicted all it may,
+        // plus the new tokens.
         PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr};
-        const uint32_t ev = c->policy->evictable(ctx, hs);
-        const uint32_t count = hs.count - ev;
-        uint32_t to_pin = 0;
-        if (count == 0 && hs.npin < hs.pin_cap) to_pin = hs.pin_cap - hs.npin < n ? hs.pin_cap - hs.npin : n;
-        const uint64_t roff = count == 0 ? 0 : g.lp.front_evict ? (uint64_t(hs.roff) + ev) % block : hs.roff;
-        const uint64_t body = uint64_t(count) + (n - to_pin);
-        const uint64_t need = (uint64_t(hs.npin) + to_pin + block - 1) / block + (body ? (roff + body + block - 1) / block : 0);
+        uint32_t ev = c->policy->evictable(ctx, hs);
+        if (ev > hs.body_len()) ev = hs.body_len();
+        const uint64_t need = store_blocks_after(hs, block, hs.body_len() - ev, g.lp.front_evict, n);
         if (need > uint64_t(hs.pnb) + hs.nb + allowed) {
             m.s("layer ").u(layer).s(" KV head ").u(h).s(": the shared pool (total_capacity=").u(c->cfg.total_capacity)
                 .s(") has no free block for ").u(n).s(" more tokens and policy ").s(c->policy->name)

@@ -42,6 +42,7 @@ void BlockPool::reset() {
         held[l] = 0;
         deficit += min_blocks[l];
     }
+    for (uint32_t b = 0; b < nblocks; ++b) dead[b] = 0;
     nfree = nblocks;
 }
 

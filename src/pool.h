@@ -7,6 +7,8 @@
 //   pos    original position of the token
 //   rot    position its key was rotated at (original mode: = pos; realign: see storage.h)
 //   score  the policy's per-token score (32 bits)
+// and per block the number of its dead slots (storage.h), so reading a store skips the per-slot
+// dead check for every clean block.
 //
 // Home ranges: the blocks are split into one contiguous home range per layer (with the default
 // total_capacity each layer's home is exactly what it can ever hold). A layer takes blocks from
@@ -29,6 +31,7 @@ struct BlockPool {
     int32_t *pos, *rot;
     float *score;
     int32_t *next;               // [nblocks] free-stack links, -1 ends a stack
+    uint32_t *dead;              // [nblocks] dead (evicted, not yet compacted) slots per block
     int32_t *top;                // [n_layers] top of each home's free stack, -1 when empty
     uint32_t *held;              // [n_layers] blocks each layer holds
     const uint32_t *home_lo;     // [n_layers + 1] home of layer l = [home_lo[l], home_lo[l+1])

@@ -4,12 +4,6 @@
 
 namespace kvp {
 
-uint32_t store_slot(const HeadStore &hs, uint32_t block, uint32_t j) {
-    if (j < hs.npin) return hs.pin_blk[j / block] * block + j % block;
-    const uint32_t v = hs.roff + (j - hs.npin);
-    return hs.blk[(hs.bhead + v / block) % hs.blk_cap] * block + v % block;
-}
-
 uint32_t store_blocks_needed(const HeadStore &hs, uint32_t block, uint32_t n) {
     uint32_t pinned = 0;
     if (hs.count == 0 && hs.npin < hs.pin_cap) {
@@ -71,6 +65,7 @@ void release_tail(HeadStore &hs, BlockPool &pool, uint32_t layer) {
 
 void store_evict_front(HeadStore &hs, BlockPool &pool, uint32_t layer, uint32_t e, bool realign) {
     if (e == 0) return;
+    if (hs.holes) store_compact(hs, pool, layer);
     const uint32_t block = pool.block;
     hs.roff += e;
     hs.count -= e;
@@ -86,30 +81,51 @@ void store_evict_front(HeadStore &hs, BlockPool &pool, uint32_t layer, uint32_t 
     hs.evicted += e;
 }
 
-void store_compact(HeadStore &hs, BlockPool &pool, uint32_t layer, const uint32_t *victims, uint32_t nv,
-                   uint32_t head_dim) {
+void store_evict(HeadStore &hs, BlockPool &pool, uint32_t layer, const uint32_t *slots, uint32_t nv) {
     if (nv == 0) return;
-    const uint32_t block = pool.block, L = hs.len();
-    const size_t row = size_t(head_dim) * sizeof(float);
-    uint32_t w = victims[0], vi = 0;
-    for (uint32_t r = victims[0]; r < L; ++r) {
-        if (vi < nv && victims[vi] == r) {
-            ++vi;
-            continue;
-        }
-        const uint32_t from = store_slot(hs, block, r), to = store_slot(hs, block, w);
-        memcpy(pool.k_row(to), pool.k_row(from), row);
-        memcpy(pool.v_row(to), pool.v_row(from), row);
-        pool.pos[to] = pool.pos[from];
-        pool.rot[to] = pool.rot[from];
-        pool.score[to] = pool.score[from];
-        ++w;
+    for (uint32_t i = 0; i < nv; ++i) {
+        pool.pos[slots[i]] = kDeadSlot;
+        ++pool.dead[slots[i] / pool.block];
     }
-    hs.count -= nv;
-    release_tail(hs, pool, layer);
+    hs.holes += nv;
     hs.scattered = true;
     hs.prune_events += 1;
     hs.evicted += nv;
+    // dead slots at the tail are simply dropped
+    const uint32_t block = pool.block;
+    while (hs.holes && hs.count) {
+        const uint32_t v = hs.roff + hs.count - 1, bid = hs.blk[(hs.bhead + v / block) % hs.blk_cap];
+        if (pool.pos[bid * block + v % block] != kDeadSlot) break;
+        --pool.dead[bid];
+        --hs.count;
+        --hs.holes;
+    }
+    if (hs.holes > hs.hole_cap) store_compact(hs, pool, layer);
+    else release_tail(hs, pool, layer);
+}
+
+void store_compact(HeadStore &hs, BlockPool &pool, uint32_t layer) {
+    if (hs.holes) {
+        const uint32_t block = pool.block;
+        const size_t row = size_t(pool.stride) * sizeof(float);
+        auto slot = [&](uint32_t v) { return hs.blk[(hs.bhead + (hs.roff + v) / block) % hs.blk_cap] * block + (hs.roff + v) % block; };
+        uint32_t w = 0;
+        while (pool.pos[slot(w)] != kDeadSlot) ++w;  // the first dead slot (there is one)
+        for (uint32_t r = w + 1; r < hs.count; ++r) {
+            const uint32_t from = slot(r);
+            if (pool.pos[from] == kDeadSlot) continue;
+            const uint32_t to = slot(w++);
+            memcpy(pool.k_row(to), pool.k_row(from), row);
+            memcpy(pool.v_row(to), pool.v_row(from), row);
+            pool.pos[to] = pool.pos[from];
+            pool.rot[to] = pool.rot[from];
+            pool.score[to] = pool.score[from];
+        }
+        hs.count = w;
+        hs.holes = 0;
+        for (uint32_t b = 0; b < hs.nb; ++b) pool.dead[hs.blk[(hs.bhead + b) % hs.blk_cap]] = 0;
+    }
+    release_tail(hs, pool, layer);
 }
 
 namespace {
@@ -138,32 +154,31 @@ uint32_t add_span(const BlockPool &pool, bool scan, int64_t base_delta, uint32_t
 }  // namespace
 
 uint32_t store_runs(const HeadStore &hs, const BlockPool &pool, bool realign, Run *out) {
-    const uint32_t block = pool.block;
     uint32_t nr = 0;
     const bool scan = realign && hs.scattered;
-    for (uint32_t b = 0; b * block < hs.npin; ++b) {
-        const uint32_t n = hs.npin - b * block < block ? hs.npin - b * block : block;
-        nr = add_span(pool, scan, 0, hs.pin_blk[b] * block, n, b * block, out, nr);
-    }
-    const int64_t body_delta = realign ? hs.shift : 0;
-    uint32_t j = hs.npin, left = hs.count, off = hs.roff;
-    for (uint32_t b = 0; left > 0; ++b) {
-        const uint32_t n = block - off < left ? block - off : left;
-        nr = add_span(pool, scan, body_delta, hs.blk[(hs.bhead + b) % hs.blk_cap] * block + off, n, j, out, nr);
-        j += n;
-        left -= n;
-        off = 0;
-    }
+    store_for_each_live(hs, pool, [&](uint32_t slot, uint32_t n, uint32_t j) {
+        const int64_t base = !realign || j < hs.npin ? 0 : hs.shift;
+        nr = add_span(pool, scan, base, slot, n, j, out, nr);
+    });
     return nr;
 }
 
 void store_positions(const HeadStore &hs, const BlockPool &pool, int32_t *out) {
-    const uint32_t L = hs.len();
-    for (uint32_t j = 0; j < L; ++j) out[j] = pool.pos[store_slot(hs, pool.block, j)];
+    store_for_each_live(hs, pool, [&](uint32_t slot, uint32_t n, uint32_t j) {
+        memcpy(out + j, pool.pos + slot, n * sizeof(int32_t));
+    });
+}
+
+uint64_t store_blocks_after(const HeadStore &hs, uint32_t block, uint32_t keep, bool front, uint32_t n) {
+    uint32_t to_pin = 0;
+    if (keep == 0 && hs.npin < hs.pin_cap) to_pin = hs.pin_cap - hs.npin < n ? hs.pin_cap - hs.npin : n;
+    const uint64_t roff = keep == 0 ? 0 : front ? (uint64_t(hs.roff) + hs.count - keep) % block : hs.roff;
+    const uint64_t body = uint64_t(keep) + (n - to_pin);
+    return (uint64_t(hs.npin) + to_pin + block - 1) / block + (body ? (roff + body + block - 1) / block : 0);
 }
 
 void store_clear(HeadStore &hs) {
-    hs.npin = hs.pnb = hs.bhead = hs.nb = hs.roff = hs.count = 0;
+    hs.npin = hs.pnb = hs.bhead = hs.nb = hs.roff = hs.count = hs.holes = 0;
     hs.shift = 0;
     hs.scattered = false;
     hs.prune_events = hs.evicted = 0;

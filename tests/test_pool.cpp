@@ -41,9 +41,11 @@ struct Workload {
 // Prefill `pre[l]` tokens into layer l (uneven, so layers fill their homes unevenly), then decode
 // `steps` tokens into every layer; hashes every output and every kept position. Per-step hook.
 uint64_t run(const Workload &w, const std::string &spec, const std::vector<uint32_t> &pre, uint32_t steps,
-             const std::function<void(kvp_cache *)> &each = nullptr) {
+             const std::function<void(kvp_cache *)> &each = nullptr,
+             const std::function<void(kvp_cache *)> &setup = nullptr) {
     ref::Cache c(w.m, spec);
     if (!c.c) return 0;
+    if (setup) setup(c.c);
     uint64_t h = 0xcbf29ce484222325ull;
     std::vector<float> out(size_t(w.T) * w.nq);
     std::vector<uint32_t> fed(w.m.n_layers, 0);
@@ -88,6 +90,30 @@ TEST(Pool, BlockSizeNeverChangesABit) {
         for (const char *b : {" block=1", " block=7", " block=64", " block=4096"})
             EXPECT_EQ(run(w, std::string(p) + b, pre, 100), h16) << p << b;
     }
+}
+
+// Evicted slots are marked dead and compacted later (storage.h, hole_cap): outputs and positions
+// are bit-identical to compacting at every eviction.
+TEST(Pool, DeferredCompactionNeverChangesABit) {
+    const Workload w(ref::model(2, 4, 2, 24, KVP_ROPE_GPTJ), 600);
+    const std::vector<uint32_t> pre = {100, 60};
+    int holes_seen = 0;
+    auto watch = [&](kvp_cache *c) {
+        for (uint32_t l = 0; l < 2; ++l)
+            for (uint32_t h = 0; h < 2; ++h) holes_seen += kvp::head_of(c, l, h).holes > 0;
+    };
+    auto at_once = [](kvp_cache *c) {
+        for (uint32_t l = 0; l < 2; ++l)
+            for (uint32_t h = 0; h < 2; ++h) kvp::head_of(c, l, h).hole_cap = 0;
+    };
+    for (const char *pos : {"original", "realign"}) {
+        const std::string spec = std::string("policy=h2o budget=200 recent=8 obs_window=16 capacity=260 positions=") + pos;
+        ref::Cache probe(w.m, spec);
+        ASSERT_EQ(kvp::head_of(probe.c, 0, 0).hole_cap, 260u / 32);
+        const uint64_t deferred = run(w, spec, pre, 400, watch);
+        EXPECT_EQ(run(w, spec, pre, 400, nullptr, at_once), deferred) << pos;
+    }
+    EXPECT_GT(holes_seen, 100);  // the deferred runs really read around dead slots
 }
 
 // A shared pool (total_capacity below the sum of capacities) that never runs dry: layer 0 holds
@@ -243,7 +269,7 @@ TEST(Pool, ArenaSizeIsExact) {
             const uint32_t stride = (g.hd + 15) / 16 * 16;
             kvp_destroy(c);
             // 16 blocks fewer per pool: K+V rows, pos/rot/score (64-byte multiples for these
-            // block sizes) and 4 B of free-list link per block, times the KV heads
+            // block sizes) and 4 B each of free-list link and dead count per block, times the KV heads
             if (sum_cap <= 1 + 16 * uint64_t(block)) continue;
             kvp_config a1 = cfg, a2 = cfg;
             a1.total_capacity = uint32_t(sum_cap - 1);
@@ -252,7 +278,7 @@ TEST(Pool, ArenaSizeIsExact) {
             a2.total_capacity = uint32_t(sum_cap - 1 - 16 * block);
             const size_t s2 = kvp_arena_size(&a2);
             if (s2 == 0) continue;  // below the layers' reservations for this geometry
-            const size_t per_block = size_t(block) * (2 * stride * 4 + 12) + 4;
+            const size_t per_block = size_t(block) * (2 * stride * 4 + 12) + 8;
             EXPECT_EQ(s1 - s2, 16 * per_block * g.nkv) << spec;
             ++diffs_checked;
             // at or above the sum of capacities there is no sharing: the default arena

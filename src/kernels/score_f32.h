@@ -12,6 +12,8 @@
 //          variants); then s[t] = s[t] + a. Each t is independent of every other t.
 //   sumsq  8-lane accumulator over chunks of 8 (tail zero-padded), tree-reduced
 //          ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), like attn expsum.
+//   argmin exact (min is order-independent): the first index holding the minimum, so every
+//          variant returns the same index (ties: the lowest index, i.e. the older token).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -24,11 +26,14 @@ typedef void (*f32_score_acc_fn)(const float *p, size_t ldp, uint32_t rows, cons
                                  float *s);
 // sum of x[i]^2 for i < n (0 for n == 0)
 typedef float (*f32_sumsq_fn)(const float *x, uint32_t n);
+// first index of the minimum of x[0..n) (n >= 1; x finite)
+typedef uint32_t (*f32_argmin_fn)(const float *x, uint32_t n);
 
 struct ScoreF32 {
     const char *name;
     f32_score_acc_fn acc;
     f32_sumsq_fn sumsq;
+    f32_argmin_fn argmin;
 };
 
 const ScoreF32 *score_f32_scalar();

@@ -19,7 +19,14 @@ float sumsq_scalar(const float *x, uint32_t n) {
     return s;
 }
 
-constexpr ScoreF32 kScalar = {"scalar", &acc_scalar, &sumsq_scalar};
+uint32_t argmin_scalar(const float *x, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; ++i)
+        if (x[i] < x[best]) best = i;
+    return best;
+}
+
+constexpr ScoreF32 kScalar = {"scalar", &acc_scalar, &sumsq_scalar, &argmin_scalar};
 
 }  // namespace
 

@@ -6,11 +6,11 @@
 namespace kvp {
 
 uint32_t dense_self_prune_count(const PolicyCtx &ctx, const HeadStore &hs, uint32_t n) {
-    const BlockPool &pool = *ctx.pool;
+    const BlockPool &pool = *ctx.pool;  // the core compacts before it asks (hs.holes == 0)
     const uint64_t room = (uint64_t(hs.nb) + pool.allowed(ctx.layer)) * pool.block;
     const uint64_t want = uint64_t(hs.roff) + hs.count + n;
     const uint64_t e = want > room ? want - room : 1;
-    return e > hs.count ? hs.count : uint32_t(e);
+    return e > hs.body_len() ? hs.body_len() : uint32_t(e);
 }
 
 namespace {
@@ -34,7 +34,8 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     p->cap = cfg.capacity ? cfg.capacity : cfg.budget + 1;
     p->decode_scores = true;
     p->obs_queries = cfg.obs_window;
-    p->scratch_bytes = size_t(p->cap) * 8;  // evict_lowest
+    p->scratch_bytes = size_t(p->cap) * 12;  // evict_lowest
+    p->hole_cap = default_hole_cap(p->cap);
 }
 
 void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const float *obs, size_t ld) {
@@ -57,7 +58,7 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
     evict_lowest(ctx, hs, L - cfg.budget, 0, L - cfg.recent, ctx.scratch);
 }
 
-uint32_t evictable(const PolicyCtx &, const HeadStore &hs) { return hs.count; }
+uint32_t evictable(const PolicyCtx &, const HeadStore &hs) { return hs.body_len(); }
 
 void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
     const uint32_t e = dense_self_prune_count(ctx, hs, n), L = hs.len(), recent = ctx.c->cfg.recent;

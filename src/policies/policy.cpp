@@ -1,5 +1,7 @@
 #include "policies/policy.h"
 
+#include <string.h>
+
 #include <algorithm>
 
 #include "cache.h"
@@ -20,32 +22,49 @@ const Policy &policy_of(const kvp_config &cfg) {
     return kFullPolicy;
 }
 
-void scores_logical(const HeadStore &hs, const BlockPool &pool, float *out) {
-    const uint32_t L = hs.len();
-    for (uint32_t j = 0; j < L; ++j) out[j] = pool.score[store_slot(hs, pool.block, j)];
+void scores_logical(const HeadStore &hs, const BlockPool &pool, float *out, uint32_t *slots) {
+    store_for_each_live(hs, pool, [&](uint32_t slot, uint32_t n, uint32_t j) {
+        memcpy(out + j, pool.score + slot, n * sizeof(float));
+        if (slots)
+            for (uint32_t i = 0; i < n; ++i) slots[j + i] = slot + i;
+    });
 }
 
 void evict_lowest(PolicyCtx &ctx, HeadStore &hs, uint32_t n, uint32_t from, uint32_t to, void *scratch) {
     if (n == 0 || to <= from) return;
     if (n > to - from) n = to - from;
+    const BlockPool &pool = *ctx.pool;
+    if (n == 1) {  // the common decode case: the kernel's argmin over each live stretch, in place
+        const kern::ScoreF32 &S = *ctx.c->skern;
+        float best = 0.0f;
+        uint32_t best_slot = 0;
+        bool found = false;
+        store_for_each_live(hs, pool, [&](uint32_t slot, uint32_t m, uint32_t j) {
+            const uint32_t a = j > from ? j : from, b = j + m < to ? j + m : to;
+            if (a >= b) return;
+            const uint32_t i = S.argmin(pool.score + slot + (a - j), b - a);
+            const float v = pool.score[slot + (a - j) + i];
+            if (!found || v < best) {  // strict: an earlier stretch (older token) wins a tie
+                best = v;
+                best_slot = slot + (a - j) + i;
+                found = true;
+            }
+        });
+        store_evict(hs, *ctx.pool, ctx.layer, &best_slot, 1);
+        return;
+    }
     const uint32_t L = hs.len();
     float *score = static_cast<float *>(scratch);
-    uint32_t *idx = reinterpret_cast<uint32_t *>(score + L);
-    scores_logical(hs, *ctx.pool, score);
-    if (n == 1) {  // the common decode case: one linear scan
-        uint32_t best = from;
-        for (uint32_t j = from + 1; j < to; ++j)
-            if (score[j] < score[best]) best = j;  // strict: the older token wins a tie
-        idx[0] = best;
-    } else {
-        uint32_t m = 0;
-        for (uint32_t j = from; j < to; ++j) idx[m++] = j;
-        // A strict total order (score, then index), so the chosen set is unique.
-        auto lower = [score](uint32_t a, uint32_t b) { return score[a] < score[b] || (score[a] == score[b] && a < b); };
-        std::nth_element(idx, idx + (n - 1), idx + m, lower);
-        std::sort(idx, idx + n);
-    }
-    store_compact(hs, *ctx.pool, ctx.layer, idx, n, ctx.c->cfg.model.head_dim);
+    uint32_t *slot = reinterpret_cast<uint32_t *>(score + L);
+    uint32_t *idx = slot + L;
+    scores_logical(hs, pool, score, slot);
+    uint32_t m = 0;
+    for (uint32_t j = from; j < to; ++j) idx[m++] = j;
+    // A strict total order (score, then index), so the chosen set is unique.
+    auto lower = [score](uint32_t a, uint32_t b) { return score[a] < score[b] || (score[a] == score[b] && a < b); };
+    std::nth_element(idx, idx + (n - 1), idx + m, lower);
+    for (uint32_t i = 0; i < n; ++i) idx[i] = slot[idx[i]];
+    store_evict(hs, *ctx.pool, ctx.layer, idx, n);
 }
 
 }  // namespace kvp

@@ -27,6 +27,7 @@ struct LayerPlan {
     bool front_evict;       // evicts the oldest body tokens (ring) rather than by compaction
     bool decode_scores;     // decode adds each token's attention mass to its slot score
     uint32_t obs_queries;   // prefill: observe the attention rows of the chunk's last queries (0: none)
+    uint32_t hole_cap;      // evicted slots a store may keep before one compaction pass (storage.h)
     size_t scratch_bytes;   // per-thread scratch the policy's operations use
 };
 
@@ -64,10 +65,14 @@ const Policy &policy_of(const kvp_config &cfg);
 
 // ---- helpers shared by the scored policies (policy.cpp) ----
 
-// Scores of the store in logical order into out[0..len).
-void scores_logical(const HeadStore &hs, const BlockPool &pool, float *out);
+// Scores of the store in logical order into out[0..len), and (when slots is not NULL) each
+// token's slot.
+void scores_logical(const HeadStore &hs, const BlockPool &pool, float *out, uint32_t *slots);
+// The hole allowance for a scored store of `cap` tokens: cap/32 (so a compaction moves at most
+// about 32 rows per eviction on average), 0 below 32 tokens (compact at once).
+inline uint32_t default_hole_cap(uint32_t cap) { return cap / 32; }
 // Evicts the `n` tokens with the lowest score among logical [from, to), ties by older (lower
-// index) first, in one compaction. scratch: 8 bytes per token of the store.
+// index) first. scratch: 12 bytes per token of the store.
 void evict_lowest(PolicyCtx &ctx, HeadStore &hs, uint32_t n, uint32_t from, uint32_t to, void *scratch);
 
 }  // namespace kvp

@@ -34,7 +34,7 @@ void streaming_apply(PolicyCtx &ctx, HeadStore &hs, const StreamingRule &r) {
     if (target < L) store_evict_front(hs, *ctx.pool, ctx.layer, L - target, ctx.c->positions == KVP_POS_REALIGN);
 }
 
-uint32_t ring_evictable(const PolicyCtx &, const HeadStore &hs) { return hs.count; }
+uint32_t ring_evictable(const PolicyCtx &, const HeadStore &hs) { return hs.body_len(); }
 
 void ring_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t) {
     // the tokens of the front block: evicting them returns that block to the pool
