@@ -219,6 +219,11 @@ uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer) {
     return c->layers[layer].geom.lp.cap;
 }
 
+uint32_t kvp_prefill_room(const kvp_cache *c) {
+    if (!valid(c)) return 0;
+    return kvp::cache_prefill_room(c);
+}
+
 kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_head, int32_t *out,
                                uint32_t cap, uint32_t *n) {
     if (!valid(c)) return not_live(c);

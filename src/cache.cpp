@@ -213,9 +213,34 @@ void cache_reset(kvp_cache *c) {
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
 }
 
+namespace {
+
+// Pool side of taking n tokens into (layer, head) when `allowed` blocks may be taken: whether it
+// can (after compacting dead slots and letting the policy evict all it may), and how many new
+// blocks it then takes at most (*take). The evictable count is *ev.
+bool pool_room(const kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, uint64_t allowed, uint64_t *take,
+               uint32_t *ev) {
+    const HeadStore &hs = head_of(c, layer, h);
+    const BlockPool &pool = c->pools[h];
+    const uint32_t need = store_blocks_needed(hs, pool.block, n);
+    *ev = 0;
+    if (need <= allowed) {
+        *take = need;
+        return true;
+    }
+    PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr};
+    uint32_t e = c->policy->evictable(ctx, hs);
+    if (e > hs.body_len()) e = hs.body_len();
+    *ev = e;
+    *take = allowed;
+    return store_blocks_after(hs, pool.block, hs.body_len() - e, c->layers[layer].geom.lp.front_evict, n) <=
+           uint64_t(hs.pnb) + hs.nb + allowed;
+}
+
+}  // namespace
+
 kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m) {
     const kvp_model &md = c->cfg.model;
-    const LayerGeom &g = c->layers[layer].geom;
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
         if (uint64_t(hs.len()) + n > hs.cap) {
@@ -223,16 +248,9 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg 
                 .s(" more do not fit (full policy at capacity, or a prefill chunk larger than the free slots)");
             return KVP_ERR_FULL;
         }
-        const BlockPool &pool = c->pools[h];
-        const uint32_t block = pool.block, allowed = pool.allowed(layer);
-        if (store_blocks_needed(hs, block, n) <= allowed) continue;
-        // Blocks the head would hold after compacting and after its policy evicted all it may,
-        // plus the new tokens.
-        PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr};
-        uint32_t ev = c->policy->evictable(ctx, hs);
-        if (ev > hs.body_len()) ev = hs.body_len();
-        const uint64_t need = store_blocks_after(hs, block, hs.body_len() - ev, g.lp.front_evict, n);
-        if (need > uint64_t(hs.pnb) + hs.nb + allowed) {
+        uint64_t take;
+        uint32_t ev;
+        if (!pool_room(c, layer, h, n, c->pools[h].allowed(layer), &take, &ev)) {
             m.s("layer ").u(layer).s(" KV head ").u(h).s(": the shared pool (total_capacity=").u(c->cfg.total_capacity)
                 .s(") has no free block for ").u(n).s(" more tokens and policy ").s(c->policy->name)
                 .s(ev ? " cannot free enough" : " cannot evict");
@@ -240,6 +258,49 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg 
         }
     }
     return KVP_OK;
+}
+
+namespace {
+
+// Whether a chunk of n tokens fits every layer in turn: per pool, each layer's new blocks are
+// taken from what the layers before it in the same chunk left (reservations as in pool.h).
+bool chunk_fits(const kvp_cache *c, uint32_t n) {
+    const kvp_model &m = c->cfg.model;
+    if (!c->plan.shared) return true;  // the capacities were checked by the caller
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+        const BlockPool &pool = c->pools[h];
+        uint64_t nfree = pool.nfree, deficit = pool.deficit;
+        for (uint32_t l = 0; l < m.n_layers; ++l) {
+            const uint64_t own = pool.deficit_of(l), others = deficit - own;
+            uint64_t take;
+            uint32_t ev;
+            if (!pool_room(c, l, h, n, nfree > others ? nfree - others : 0, &take, &ev)) return false;
+            nfree -= take;
+            deficit -= take < own ? take : own;
+        }
+    }
+    return true;
+}
+
+}  // namespace
+
+uint32_t cache_prefill_room(const kvp_cache *c) {
+    uint32_t lo = 0, hi = UINT32_MAX;  // fits(lo); the answer is at most min(cap - len)
+    const kvp_model &m = c->cfg.model;
+    for (uint32_t l = 0; l < m.n_layers; ++l) {
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+            const uint32_t len = head_of(c, l, h).len(), cap = c->layers[l].geom.lp.cap;
+            const uint32_t room = cap > len ? cap - len : 0;
+            if (room < hi) hi = room;
+        }
+    }
+    if (chunk_fits(c, hi)) return hi;
+    while (hi - lo > 1) {  // fits(lo), !fits(hi)
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (chunk_fits(c, mid)) lo = mid;
+        else hi = mid;
+    }
+    return lo;
 }
 
 void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q,

@@ -61,6 +61,8 @@ void cache_reset(kvp_cache *c);
 // KVP_OK when every KV head of `layer` can take n more tokens (hard capacity, and the shared
 // pool after the policy's self-prune); else KVP_ERR_FULL with a message. Changes nothing.
 kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m);
+// kvp_prefill_room: the largest chunk every layer can take in turn (see kvprune.h).
+uint32_t cache_prefill_room(const kvp_cache *c);
 // Appends n tokens to a layer, runs attention per mode, applies the policy.
 void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q,
                 const float *k, const float *v, float *out, StepMode mode);

@@ -311,6 +311,46 @@ TEST(Pool, ReservationKeepsABlockForEveryLayer) {
     EXPECT_EQ(kvp_layer_len(c.c, 0), 80u);  // layer 0 kept its 5 blocks, self-pruning at 80
 }
 
+// kvp_prefill_room: without sharing it is min(capacity - len). With a shared pool a chunk of that
+// size always goes through every layer in turn (also once the pool is dry and layers must
+// self-prune), and on an empty cache it is tight: one token more fails (checked on a twin).
+TEST(Pool, PrefillRoomIsTheLargestChunkEveryLayerTakes) {
+    const Workload w(ref::model(3, 2, 1, 16, KVP_ROPE_GPTJ), 1200);
+    std::vector<float> out(size_t(400) * w.nq);
+    {
+        ref::Cache c(w.m, "policy=full capacity=100");
+        EXPECT_EQ(kvp_prefill_room(c.c), 100u);
+        ASSERT_EQ(kvp_prefill(c.c, 1, 30, nullptr, w.q.data(), w.k.data(), w.v.data(), out.data(), nullptr), KVP_OK);
+        EXPECT_EQ(kvp_prefill_room(c.c), 70u);
+        EXPECT_EQ(kvp_prefill_room(nullptr), 0u);
+    }
+    for (const char *spec : {"policy=streaming sinks=4 window=200 compress_every=0 capacity=260 total_capacity=400",
+                             "policy=h2o budget=150 recent=8 capacity=300 total_capacity=300"}) {
+        ref::Cache c(w.m, spec);
+        const uint32_t r0 = kvp_prefill_room(c.c);
+        ASSERT_GT(r0, 0u) << spec;
+        ASSERT_LT(r0, 250u) << spec;  // the pool, not the capacity, bounds it
+        {
+            ref::Cache twin(w.m, spec);
+            bool failed = false;
+            for (uint32_t l = 0; l < 3 && !failed; ++l)
+                failed = kvp_prefill(twin.c, l, r0 + 1, nullptr, w.q.data(), w.k.data(), w.v.data(), out.data(), nullptr) != KVP_OK;
+            EXPECT_TRUE(failed) << spec << " room " << r0;
+        }
+        uint32_t fed = 0;
+        for (int round = 0; round < 6; ++round) {
+            const uint32_t r = kvp_prefill_room(c.c);
+            ASSERT_GT(r, 0u) << spec << " round " << round;
+            for (uint32_t l = 0; l < 3; ++l)
+                ASSERT_EQ(kvp_prefill(c.c, l, r, nullptr, &w.q[fed * w.nq], &w.k[fed * w.nkv], &w.v[fed * w.nkv],
+                                      out.data(), nullptr),
+                          KVP_OK)
+                    << spec << " round " << round << " layer " << l << ": " << kvp_last_error(c.c);
+            fed += r;
+        }
+    }
+}
+
 TEST(Pool, TotalCapacityBelowTheReservationsIsAConfigError) {
     const kvp_model m = ref::model(8, 4, 2, 16);
     kvp_config cfg;

@@ -154,15 +154,9 @@ kvp_stats Session::stats() const {
     return s;
 }
 
-// Largest chunk every layer has free slots for (the library resolves its capacity).
-int Session::prefill_room() const {
-    uint32_t room = UINT32_MAX;
-    for (int l = 0; l < ck_->cfg.n_layers; l++) {
-        const uint32_t cap = kvp_layer_capacity(cache_, (uint32_t)l), len = kvp_layer_len(cache_, (uint32_t)l);
-        room = std::min(room, cap > len ? cap - len : 0u);
-    }
-    return (int)std::min<uint32_t>(room, INT32_MAX);
-}
+// Largest chunk every layer can take in turn (the library knows its capacities and, with a
+// shared pool, what the earlier layers of the chunk take first).
+int Session::prefill_room() const { return (int)std::min<uint32_t>(kvp_prefill_room(cache_), INT32_MAX); }
 
 bool Session::prefill(const int32_t *tokens, int n, float *logits, bool all_logits, std::string *err) {
     if (n <= 0) {

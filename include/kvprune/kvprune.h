@@ -297,6 +297,15 @@ uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer);
 uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer);
 
 /**
+ * The largest prefill chunk n such that kvp_prefill of n tokens into layer 0, then layer 1, ...,
+ * then the last layer succeeds from the cache's current state (capacity and, with a shared pool,
+ * the blocks the earlier layers of the same chunk take first). A lower bound: the prunes those
+ * calls make and self-prunes are not counted. Without a shared pool it is the minimum over layers
+ * of kvp_layer_capacity - kvp_layer_len. 0 for NULL c.
+ */
+uint32_t kvp_prefill_room(const kvp_cache *c);
+
+/**
  * Writes the original positions kept by (layer, kv_head), ascending, into out[0..cap).
  * *n receives the number kept. KVP_ERR_ARG for NULL c/n (or NULL out with cap > 0),
  * KVP_ERR_LAYER for a bad layer or head, KVP_ERR_FULL if cap is too small (*n is still set,
