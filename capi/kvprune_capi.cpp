@@ -243,8 +243,8 @@ kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s) {
     memset(&r, 0, sizeof r);
     r.struct_size = sizeof(kvp_stats);
     r.arena_bytes = c->plan.total;
-    r.live_bytes = c->live_rows * kvp::token_bytes(c);
-    r.peak_live_bytes = c->peak_rows * kvp::token_bytes(c);
+    r.live_bytes = c->live_bytes;
+    r.peak_live_bytes = c->peak_bytes;
     r.tokens_seen = c->tokens_seen;
     for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l) {
         for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
@@ -266,7 +266,7 @@ kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_sta
     const kvp::LayerState &ls = c->layers[layer];
     r.capacity = ls.geom.lp.cap;
     r.len = kvp_layer_len(c, layer);
-    r.live_bytes = ls.rows * kvp::token_bytes(c);
+    r.live_bytes = ls.bytes;
     for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
         r.prune_events += kvp::head_of(c, layer, h).prune_events;
         r.tokens_evicted += kvp::head_of(c, layer, h).evicted;

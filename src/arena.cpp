@@ -31,7 +31,7 @@ uint32_t ceil_div(uint64_t a, uint32_t b) { return uint32_t((a + b - 1) / b); }
 
 void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     policy_of(cfg).plan(cfg, layer, &g->lp);
-    const uint32_t block = cfg.block, cap = g->lp.cap;
+    const uint32_t block = config_block(cfg), cap = g->lp.cap;
     const uint32_t pin = g->lp.pin_cap < cap ? g->lp.pin_cap : cap;
     g->pin_blk_cap = ceil_div(pin, block);
     const uint64_t body = uint64_t(cap) - pin + g->lp.hole_cap + (g->lp.front_evict ? block - 1 : 0);
@@ -46,11 +46,11 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     const uint32_t L = m.n_layers, H = m.n_kv_heads, G = m.n_q_heads / m.n_kv_heads;
     const uint32_t pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
     p->stride = uint32_t(align_up(m.head_dim, kAlign / sizeof(float)));
-    p->block = cfg.block;
+    p->block = config_block(cfg);
 
     // Per-layer plans: block needs, table sizes, scratch needs.
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
-    uint32_t max_cap = 0;
+    uint32_t max_cap = 0, max_pin = 0;
     size_t max_runs = 0, pol_scratch = 0;
     bool any_obs = false;
     for (uint32_t l = 0; l < L; ++l) {
@@ -61,6 +61,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         sum_cap += g.lp.cap;
         tables += uint64_t(g.max_blocks) * H;
         if (g.lp.cap > max_cap) max_cap = g.lp.cap;
+        if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
         const size_t runs = store_max_runs(g.lp.cap, g.pin_blk_cap, g.blk_cap);
         if (runs > max_runs) max_runs = runs;
         if (g.lp.scratch_bytes > pol_scratch) pol_scratch = g.lp.scratch_bytes;
@@ -70,7 +71,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->max_cap = max_cap;
     p->max_runs = max_runs;
     p->shared = cfg.total_capacity != 0 && cfg.total_capacity < sum_cap;
-    const uint64_t nblocks = p->shared ? ceil_div(cfg.total_capacity, cfg.block) : sum_blocks;
+    const uint64_t nblocks = p->shared ? ceil_div(cfg.total_capacity, p->block) : sum_blocks;
     if (nblocks > 0x7fffffffu) { if (why) *why = "the pool needs more than 2^31-1 blocks"; return false; }
     if (nblocks < sum_min) {
         if (why) *why = "total_capacity is below what the layers need to make progress";
@@ -78,6 +79,10 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     }
     p->nblocks = uint32_t(nblocks);
     p->logit_ld = uint32_t(z.al16(max_cap));
+    FmtPlan fp;
+    if (!fmt_plan(cfg, p->stride, p->block, p->nblocks, max_cap, max_pin, kTileTokens * G, &fp)) z.ok = false;
+    if (fp.on) max_runs += 8;  // runs also split where the rows are (store_fmt.h)
+    p->max_runs = max_runs;
 
     size_t off = z.al(sizeof(kvp_cache));
     p->off_layers = off;
@@ -97,11 +102,13 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));
+    p->off_fmt = off;
+    off = z.add(off, fp.on ? z.al(fp.bytes) : 0);
 
     const size_t slots = z.mul(p->nblocks, p->block);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));
     p->data_v = rows;
-    p->data_pos = z.mul(rows, 2);
+    p->data_pos = fp.on ? fp.end : z.mul(rows, 2);
     p->data_rot = z.add(p->data_pos, z.al(z.mul(sizeof(int32_t), slots)));
     p->data_score = z.add(p->data_rot, z.al(z.mul(sizeof(int32_t), slots)));
     p->pool_data_bytes = z.add(p->data_score, z.al(z.mul(sizeof(float), slots)));
@@ -121,7 +128,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));
     p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));
     p->scr_policy = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
-    p->scratch_bytes = z.add(p->scr_policy, z.al(pol_scratch));
+    p->scr_fmt = z.add(p->scr_policy, z.al(pol_scratch));
+    p->scratch_bytes = z.add(p->scr_fmt, fp.on ? z.al(fp.scr_bytes) : 0);
     p->off_scratch = off;
     off = z.add(off, z.mul(p->scratch_bytes, cfg.threads));
     p->total = off;

@@ -8,10 +8,12 @@
 //   [BlockPool x n_kv_heads]
 //   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], top[L], held[L]
 //   [inv_freq x rope_dim/2 doubles]
+//   [formatted storage: FmtCache, FmtStore per store, side rows, ThinK channel lists]
 //   per KV head pool, nblocks*block slots:               (head-major)
 //     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32
+//     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch instead of K, V)
 //   RopeMemo x threads
-//   scratch x threads:   RoPE tables | runs | attention work floats | policy scratch
+//   scratch x threads:   RoPE tables | runs | attention work floats | policy scratch | formatted
 //
 // Every region starts on a 64-byte boundary; a row's stride is head_dim rounded up to 16 floats,
 // so every K/V row is 64-byte aligned. Blocks: each layer needs at most
@@ -26,6 +28,7 @@
 
 #include "kvprune/kvprune.h"
 #include "policies/policy.h"
+#include "quant/store_fmt.h"
 
 namespace kvp {
 
@@ -58,6 +61,10 @@ struct ArenaPlan {
     size_t off_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
     size_t off_memos, off_scratch, scratch_bytes;
     size_t memo_floats, scr_runs, scr_work, scr_policy;
+    // Formatted storage (quant/store_fmt.h FmtPlan, recomputed by cache_init): the pools' K/V
+    // rows are replaced by its layout, its cache-wide region sits at off_fmt, each thread's part
+    // at scr_fmt of its scratch.
+    size_t off_fmt, scr_fmt;
     size_t total;
 };
 

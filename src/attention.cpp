@@ -50,7 +50,8 @@ float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, b
             cur = qpos + run.delta;
             load_rotated(c, *a.memo, cur, q, hd, G, qr);
         }
-        K.qk(qr, st, G, a.pool->k_row(run.slot), st, run.n, hd, c->scale, logits + run.logical, ld);
+        if (a.fx) fmt_qk(a, run, run.logical, run.logical + run.n, qr, st, G, logits + run.logical, ld);
+        else K.qk(qr, st, G, a.pool->k_row(run.slot), st, run.n, hd, c->scale, logits + run.logical, ld);
     }
     for (uint32_t g = 0; g < G; ++g) {
         float *row = logits + g * ld;
@@ -58,10 +59,13 @@ float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, b
         inv[g] = 1.0f / sums[g];
     }
     for (uint32_t g = 0; g < G; ++g) memset(out + size_t(g) * hd, 0, hd * sizeof(float));
+    if (a.fx) fmt_pv_begin(a, G);
     for (uint32_t r = 0; r < a.nr; ++r) {
         const Run &run = a.runs[r];
-        K.pv(logits + run.logical, ld, G, a.pool->v_row(run.slot), st, run.n, hd, out, hd);
+        if (a.fx) fmt_pv(a, run, run.logical, run.logical + run.n, logits + run.logical, ld, G, out, hd);
+        else K.pv(logits + run.logical, ld, G, a.pool->v_row(run.slot), st, run.n, hd, out, hd);
     }
+    if (a.fx) fmt_pv_end(a, G, out, hd);
     for (uint32_t g = 0; g < G; ++g) {
         float *o = out + size_t(g) * hd;
         for (uint32_t j = 0; j < hd; ++j) o[j] *= inv[g];
@@ -107,6 +111,7 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
             lrow[r] = 0.0f;
         }
         memset(O, 0, size_t(rows) * st * sizeof(float));
+        if (a.fx) fmt_pv_begin(a, rows);
         const uint32_t first_q = L0 + i0, last_q = L0 + i0 + tq - 1;
         int64_t cur = INT64_MIN;
         uint32_t ri = 0;
@@ -119,7 +124,8 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
                 const uint32_t j0 = run.logical > kb0 ? run.logical : kb0;
                 const uint32_t j1 = run.logical + run.n < kb1 ? run.logical + run.n : kb1;
                 rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
-                K.qk(qt, st, rows, a.pool->k_row(slot_at(run, j0)), st, j1 - j0, hd, c->scale, lg + (j0 - kb0), KB);
+                if (a.fx) fmt_qk(a, run, j0, j1, qt, st, rows, lg + (j0 - kb0), KB);
+                else K.qk(qt, st, rows, a.pool->k_row(slot_at(run, j0)), st, j1 - j0, hd, c->scale, lg + (j0 - kb0), KB);
             }
             if (kb1 - 1 > first_q) {  // causal mask: key j visible to query token t iff j <= L0+i0+t
                 for (uint32_t t = 0; t < tq; ++t) {
@@ -143,6 +149,7 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
                     const float al = kern::exp_approx(mrow[r] - mn);
                     float *o = O + r * st;
                     for (uint32_t j = 0; j < hd; ++j) o[j] *= al;
+                    if (a.fx) fmt_pv_rescale(a, r, al);
                     lrow[r] *= al;
                 }
                 lrow[r] += K.expsum(row, nb, mn);
@@ -152,9 +159,11 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
                 const Run &run = a.runs[r];
                 const uint32_t j0 = run.logical > kb0 ? run.logical : kb0;
                 const uint32_t j1 = run.logical + run.n < kb1 ? run.logical + run.n : kb1;
-                K.pv(lg + (j0 - kb0), KB, rows, a.pool->v_row(slot_at(run, j0)), st, j1 - j0, hd, O, st);
+                if (a.fx) fmt_pv(a, run, j0, j1, lg + (j0 - kb0), KB, rows, O, st);
+                else K.pv(lg + (j0 - kb0), KB, rows, a.pool->v_row(slot_at(run, j0)), st, j1 - j0, hd, O, st);
             }
         }
+        if (a.fx) fmt_pv_end(a, rows, O, st);
         for (uint32_t t = 0; t < tq; ++t) {
             for (uint32_t g = 0; g < G; ++g) {
                 const size_t r = size_t(t) * G + g;
@@ -189,7 +198,8 @@ const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, co
             const Run &run = a.runs[r];
             const uint32_t j1 = run.logical + run.n < vis ? run.logical + run.n : vis;
             rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
-            K.qk(qt, st, rows, a.pool->k_row(run.slot), st, j1 - run.logical, hd, c->scale, lgf + run.logical, ld);
+            if (a.fx) fmt_qk(a, run, run.logical, j1, qt, st, rows, lgf + run.logical, ld);
+            else K.qk(qt, st, rows, a.pool->k_row(run.slot), st, j1 - run.logical, hd, c->scale, lgf + run.logical, ld);
         }
         for (uint32_t t = 0; t < tq; ++t) {
             for (uint32_t g = 0; g < G; ++g) {

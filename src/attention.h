@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "quant/attn_fmt.h"
 
 namespace kvp {
 
@@ -37,6 +38,7 @@ struct AttnIn {
     uint32_t L;        // tokens in the store (runs cover logical 0..L-1)
     RopeMemo *memo;
     float *work;       // this thread's attention scratch (ArenaPlan::scr_work)
+    const FmtIn *fx = nullptr;  // formatted store (quant/attn_fmt.h); NULL: plain f32 rows
 };
 
 // Decode: the G query heads of the newest token (rows q[g*hd], out[g*hd]) attend over all L

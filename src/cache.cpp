@@ -18,31 +18,41 @@ struct Scratch {
     float *work;
     Run *runs;
     void *policy;
+    char *fmt;  // formatted storage (FmtPlan scratch)
 };
 
 Scratch scratch_of(kvp_cache *c, size_t tid) {
     char *base = c->scratch + tid * c->plan.scratch_bytes;
     return Scratch{reinterpret_cast<float *>(base + c->plan.scr_work), reinterpret_cast<Run *>(base + c->plan.scr_runs),
-                   base + c->plan.scr_policy};
+                   base + c->plan.scr_policy, base + c->plan.scr_fmt};
 }
 
 // Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
-// position its mode gives (storage.h: rot).
+// position its mode gives (storage.h: rot). Formatted stores (quant/store_fmt.h) put the rows in
+// the side rows (decode) or the staging row `stage` (prefill/append; V stays in the caller's
+// array) until the token's group is converted.
 void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, const float *k,
-                 const float *v, RopeMemo &memo) {
+                 const float *v, RopeMemo &memo, float *stage) {
     const uint32_t hd = c->cfg.model.head_dim;
     uint32_t slot = 0;
     store_reserve(hs, pool, layer, &slot);
-    const int64_t rot =
-        c->positions == KVP_POS_ORIGINAL ? orig : int64_t(hs.len()) + (hs.next_pinned() ? 0 : hs.shift);
-    float *kr = pool.k_row(slot);
+    const bool pinned = hs.next_pinned();
+    const int64_t rot = c->positions == KVP_POS_ORIGINAL ? orig : int64_t(hs.len()) + (pinned ? 0 : hs.shift);
+    float *kr, *vr;
+    if (c->fx) {
+        fmt_new_rows(c, hs, slot, pinned, stage, &kr, &vr);
+    } else {
+        kr = pool.k_row(slot);
+        vr = pool.v_row(slot);
+    }
     memcpy(kr, k, hd * sizeof(float));
-    memcpy(pool.v_row(slot), v, hd * sizeof(float));
+    if (vr) memcpy(vr, v, hd * sizeof(float));
     if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rot), kr, 1, c->plan.stride);
     pool.pos[slot] = int32_t(orig);
     pool.rot[slot] = int32_t(rot);
     pool.score[slot] = 0.0f;
     store_commit(hs);
+    if (c->fx && !pinned) ++hs.nres;
 }
 
 void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *q,
@@ -68,16 +78,44 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
         if (hs.len() == before) break;
     }
     const uint32_t L0 = hs.len();
+    // Formatted stores stage a prefill/append chunk's rotated keys until its groups convert.
+    const FmtPlan *fp = c->fx ? &c->fx->fp : nullptr;
+    float *stage = fp && mode != StepMode::kDecode ? reinterpret_cast<float *>(s.fmt + fp->s_stage) : nullptr;
     for (uint32_t i = 0; i < n; ++i) {
         const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
-        store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo);
+        store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo,
+                    stage ? stage + size_t(i) * c->plan.stride : nullptr);
     }
     hs.len_after_append = hs.len();
+    if (c->fx) fmt_store(*c->fx, hs).bytes_after_append = store_bytes(c, hs, pool);
+    StagedNew nw;
+    if (stage) {
+        nw.L0 = L0;
+        nw.n = n;
+        nw.k = stage;
+        nw.ldk = c->plan.stride;
+        nw.v = v + size_t(h) * m.head_dim;
+        nw.ldv = size_t(m.n_kv_heads) * m.head_dim;
+    }
 
     const bool realign = c->positions == KVP_POS_REALIGN;
     const bool attends = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
     // The run list is O(blocks): built only when queries read the store.
-    const AttnIn a{c, &pool, s.runs, attends ? store_runs(hs, pool, realign, s.runs) : 0, hs.len(), &memo, s.work};
+    uint32_t nr = 0;
+    if (attends) nr = c->fx ? fmt_runs(c, hs, pool, realign, nw, s.runs) : store_runs(hs, pool, realign, s.runs);
+    AttnIn a{c, &pool, s.runs, nr, hs.len(), &memo, s.work};
+    FmtIn fin;
+    if (c->fx) {
+        fin = FmtIn{c->fx,
+                    &fmt_store(*c->fx, hs),
+                    nw,
+                    reinterpret_cast<float *>(s.fmt + fp->s_qg),
+                    reinterpret_cast<float *>(s.fmt + fp->s_qs),
+                    reinterpret_cast<float *>(s.fmt + fp->s_bias),
+                    reinterpret_cast<float *>(s.fmt + fp->s_oacc),
+                    reinterpret_cast<float *>(s.fmt + fp->s_zacc)};
+        a.fx = &fin;
+    }
     const QueryPos qp{&pos, realign, L0};
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (mode == StepMode::kDecode) {
@@ -90,6 +128,11 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
             const float *obs = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
             pol.observe(ctx, hs, a.runs, a.nr, obs, c->plan.logit_ld);
         }
+    }
+    if (c->fx) {  // completed groups convert after attention, before the policy prunes
+        const StepObs so{&a,        s.runs, realign, s.fmt, q ? q + qoff : nullptr,
+                         out ? out + qoff : nullptr, size_t(m.n_q_heads) * m.head_dim, n, &qp};
+        fmt_convert(c, hs, pool, nw, so);
     }
     if (pol.prune) pol.prune(ctx, hs, mode);
 }
@@ -107,6 +150,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     const kvp_model &m = cfg.model;
     const uint32_t L = m.n_layers, H = m.n_kv_heads;
     c->group = m.n_q_heads / m.n_kv_heads;
+
     c->positions = config_positions(cfg);
     c->scale = float(1.0 / sqrt(double(m.head_dim)));
     c->kern = kern::attn_f32_best();
@@ -155,6 +199,17 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         }
     }
     home_lo[L] = plan.nblocks;
+    if (store_formatted(cfg)) {  // the formatted-storage region (its plan is a function of the config)
+        uint32_t max_pin = 0;
+        for (uint32_t l = 0; l < L; ++l) {
+            const LayerPlan &lp = c->layers[l].geom.lp;
+            const uint32_t pin = lp.pin_cap < lp.cap ? lp.pin_cap : lp.cap;
+            if (pin > max_pin) max_pin = pin;
+        }
+        FmtPlan fp;
+        fmt_plan(cfg, plan.stride, plan.block, plan.nblocks, plan.max_cap, max_pin, kTileTokens * c->group, &fp);
+        c->fx = fmt_init_cache(cfg, fp, base + plan.off_fmt, c->heads, c->pools);
+    }
 
     for (uint32_t h = 0; h < H; ++h) {
         BlockPool *p = new (&c->pools[h]) BlockPool;
@@ -176,6 +231,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         p->nblocks = plan.nblocks;
         p->block = plan.block;
         p->stride = plan.stride;
+        if (c->fx) fmt_init_pool(c->fx, data, p);
     }
 
     c->scratch = base + plan.off_scratch;
@@ -207,10 +263,16 @@ void cache_reset(kvp_cache *c) {
         ls.sparsity = 0.0f;
         ls.lazy = -1;
         memset(ls.pstate, 0, sizeof ls.pstate);
-        for (uint32_t h = 0; h < m.n_kv_heads; ++h) store_clear(head_of(c, l, h));
+        ls.bytes = 0;
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+            HeadStore &hs = head_of(c, l, h);
+            store_clear(hs);
+            if (c->fx) fmt_reset_store(fmt_store(*c->fx, hs), c->fx->f);
+        }
     }
     for (uint32_t h = 0; h < m.n_kv_heads; ++h) c->pools[h].reset();
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
+    c->live_bytes = c->peak_bytes = 0;
 }
 
 namespace {
@@ -323,10 +385,16 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     }
 
     // Peak: after every head appended, before the policy's prunes.
-    uint64_t appended = 0;
-    for (uint32_t h = 0; h < m.n_kv_heads; ++h) appended += head_of(c, layer, h).len_after_append;
+    uint64_t appended = 0, appended_bytes = 0;
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+        appended += head_of(c, layer, h).len_after_append;
+        const HeadStore &hs = head_of(c, layer, h);
+        appended_bytes += c->fx ? fmt_store(*c->fx, hs).bytes_after_append : hs.len_after_append * token_bytes(c);
+    }
     const uint64_t at_peak = c->live_rows - ls.rows + appended;
     if (at_peak > c->peak_rows) c->peak_rows = at_peak;
+    const uint64_t at_peak_bytes = c->live_bytes - ls.bytes + appended_bytes;
+    if (at_peak_bytes > c->peak_bytes) c->peak_bytes = at_peak_bytes;
 
     if (c->policy->layer_phase) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy};
@@ -337,10 +405,15 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) hoyer += head_of(c, layer, h).hoyer;
         ls.sparsity = hoyer / float(m.n_q_heads);
     }
-    uint64_t rows = 0;
-    for (uint32_t h = 0; h < m.n_kv_heads; ++h) rows += head_of(c, layer, h).len();
+    uint64_t rows = 0, bytes = 0;
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+        rows += head_of(c, layer, h).len();
+        bytes += store_bytes(c, head_of(c, layer, h), c->pools[h]);
+    }
     c->live_rows = c->live_rows - ls.rows + rows;
     ls.rows = rows;
+    c->live_bytes = c->live_bytes - ls.bytes + bytes;
+    ls.bytes = bytes;
     ls.next_pos = pos.at(n - 1) + 1;
     if (layer == 0) c->tokens_seen += n;
 }

@@ -21,6 +21,7 @@ struct LayerState {
     int64_t next_pos;          // position of the next token when the caller passes none
     uint64_t rows;             // tokens kept, summed over the layer's KV heads
     LayerGeom geom;            // plan and block geometry
+    uint64_t bytes;            // live bytes of the layer (kvp_layer_stats)
     uint32_t evict_threshold;  // kvp_layer_stats (Lethe)
     float sparsity;            // kvp_layer_stats: Hoyer sparsity of the last decode row
     int32_t lazy;              // kvp_layer_stats (SimLayerKV); -1 undecided
@@ -46,7 +47,9 @@ struct kvp_cache {
     char *scratch;             // [threads][plan.scratch_bytes]
     kvp::RopeMemo *memos;      // [threads]
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
+    kvp::FmtCache *fx;         // formatted storage (quant/store_fmt.h); NULL for plain f32
     uint64_t live_rows, peak_rows, tokens_seen;
+    uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
     char last_error[256];
 };
 
@@ -72,7 +75,11 @@ inline HeadStore &head_of(kvp_cache *c, uint32_t layer, uint32_t h) {
 inline const HeadStore &head_of(const kvp_cache *c, uint32_t layer, uint32_t h) {
     return c->heads[size_t(layer) * c->cfg.model.n_kv_heads + h];
 }
-// Bytes one kept token occupies in one KV head: K and V rows in their storage format, no padding.
+// Bytes one kept token occupies in one KV head with plain f32 storage (K and V rows, no padding).
 inline uint64_t token_bytes(const kvp_cache *c) { return uint64_t(c->cfg.model.head_dim) * sizeof(float) * 2; }
+// Live bytes of a store in its storage format (scales, channel lists; no padding).
+inline uint64_t store_bytes(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool) {
+    return c->fx ? fmt_store_bytes(c, hs, pool) : uint64_t(hs.len()) * token_bytes(c);
+}
 
 }  // namespace kvp

@@ -6,6 +6,7 @@
 
 #include "arena.h"
 #include "policies/policy.h"
+#include "quant/format.h"
 
 namespace kvp {
 namespace {
@@ -21,8 +22,10 @@ const char *const kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 constexpr uint32_t kPolicyImplemented = (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_WINDOW) |
-                                        (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O);
-constexpr uint32_t kDtypeImplemented = 1u << KVP_DTYPE_F32;
+                                        (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O) |
+                                        (1u << KVP_POLICY_THINK);
+constexpr uint32_t kDtypeImplemented =
+    (1u << KVP_DTYPE_F32) | (1u << KVP_DTYPE_F16) | (1u << KVP_DTYPE_Q8) | (1u << KVP_DTYPE_Q4);
 constexpr uint32_t kScoreImplemented = 1u << KVP_SCORE_FLOAT;
 constexpr uint32_t kNonlazyAllowed =
     (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_H2O);
@@ -76,6 +79,8 @@ const Key kKeys[] = {
     KVP_ENUM(channel_score, kChannelScoreNames),
     KVP_U32(block, 1, kMaxBlock),
     KVP_U32(total_capacity, 0, 0xffffffffu),
+    KVP_ENUM(token_policy, kPolicyNames),
+    KVP_U32(quant_group, 1, kMaxBlock),
 };
 
 #undef KVP_U32
@@ -220,7 +225,8 @@ kvp_status check_enums(const kvp_config &c, Msg &m) {
     } enums[] = {{"policy", raw(c.policy), KVP_POLICY_THINK},     {"positions", raw(c.positions), KVP_POS_REALIGN},
                  {"kv_dtype", raw(c.kv_dtype), KVP_DTYPE_Q4},      {"score", raw(c.score), KVP_SCORE_FIXED},
                  {"pool", raw(c.pool), KVP_POOL_MAX},              {"nonlazy", raw(c.nonlazy), KVP_POLICY_THINK},
-                 {"lazy_mode", c.lazy_mode, 1},                    {"channel_score", c.channel_score, 2}};
+                 {"lazy_mode", c.lazy_mode, 1},                    {"channel_score", c.channel_score, 2},
+                 {"token_policy", raw(c.token_policy), KVP_POLICY_THINK}};
     for (const auto &e : enums) {
         if (e.value > e.max) {
             m.s(e.name).s(": unknown value ").u(e.value);
@@ -238,6 +244,13 @@ kvp_status check_supported(const kvp_config &c, Msg &m) {
     if (!((kDtypeImplemented >> uint32_t(c.kv_dtype)) & 1u)) {
         m.s("kv_dtype=").s(kDtypeNames[c.kv_dtype]).s(" is recognised but not implemented in this version");
         return KVP_ERR_UNSUPPORTED;
+    }
+    if (c.policy == KVP_POLICY_THINK &&
+        (c.token_policy == KVP_POLICY_THINK || !((kPolicyImplemented >> uint32_t(c.token_policy)) & 1u))) {
+        m.s("token_policy=").s(kPolicyNames[c.token_policy])
+            .s(c.token_policy == KVP_POLICY_THINK ? ": ThinK composes with a token policy, not with itself"
+                                                  : " is recognised but not implemented in this version");
+        return c.token_policy == KVP_POLICY_THINK ? KVP_ERR_CONFIG : KVP_ERR_UNSUPPORTED;
     }
     if (!((kScoreImplemented >> uint32_t(c.score)) & 1u)) {
         m.s("score=").s(kScoreNames[c.score]).s(" is recognised but not implemented in this version");
@@ -290,6 +303,8 @@ kvp_status config_default(kvp_config *cfg, const kvp_model *model, Msg &m) {
     c.channel_score = 0;
     c.block = 16;
     c.total_capacity = 0;
+    c.token_policy = KVP_POLICY_FULL;
+    c.quant_group = 32;
     *cfg = c;
     return KVP_OK;
 }
@@ -328,6 +343,8 @@ kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
     return KVP_OK;
 }
 
+uint32_t config_block(const kvp_config &c) { return store_formatted(c) ? c.quant_group : c.block; }
+
 kvp_positions config_positions(const kvp_config &c) {
     if (c.positions != KVP_POS_DEFAULT) return c.positions;
     return policy_of(c).default_positions;
@@ -348,6 +365,7 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
     if (st != KVP_OK) return st;
 
     if (c.block == 0 || c.block > kMaxBlock) { m.s("block must be in 1..").u(kMaxBlock); return KVP_ERR_CONFIG; }
+    if (c.quant_group == 0 || c.quant_group > kMaxBlock) { m.s("quant_group must be in 1..").u(kMaxBlock); return KVP_ERR_CONFIG; }
     const Policy &pol = policy_of(c);
     if (pol.check && (st = pol.check(c, m)) != KVP_OK) return st;
     for (uint32_t l = 0; l < c.model.n_layers; ++l) {

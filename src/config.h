@@ -14,6 +14,9 @@ kvp_status config_check(const kvp_config &cfg, Msg &m);
 
 // Derived values of a config that passed config_check.
 kvp_positions config_positions(const kvp_config &cfg);  // ORIGINAL or REALIGN (never DEFAULT)
+// Slots per pool block: quant_group for formatted storage (quant/format.h: kv_dtype != f32 or
+// ThinK channel pruning; one block is one quantization group), else `block`.
+uint32_t config_block(const kvp_config &cfg);
 
 // Limits (documented in the header and docs/DECISIONS.md).
 constexpr uint32_t kMaxHeadDim = 1024;

@@ -26,8 +26,11 @@
 
 namespace kvp {
 
+struct FmtCache;  // quant/store_fmt.h
+
 struct BlockPool {
-    float *k, *v;
+    float *k, *v;                // plain f32 rows (NULL for formatted storage)
+    const FmtCache *fc;          // formatted storage (quant/store_fmt.h: its rows); NULL for plain f32
     int32_t *pos, *rot;
     float *score;
     int32_t *next;               // [nblocks] free-stack links, -1 ends a stack

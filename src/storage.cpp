@@ -2,6 +2,8 @@
 
 #include <string.h>
 
+#include "quant/store_fmt.h"
+
 namespace kvp {
 
 uint32_t store_blocks_needed(const HeadStore &hs, uint32_t block, uint32_t n) {
@@ -69,6 +71,7 @@ void store_evict_front(HeadStore &hs, BlockPool &pool, uint32_t layer, uint32_t 
     const uint32_t block = pool.block;
     hs.roff += e;
     hs.count -= e;
+    if (hs.nres > hs.count) hs.nres = hs.count;  // the residual is the body's tail
     while (hs.nb > 0 && hs.roff >= block) {
         pool.release(layer, hs.blk[hs.bhead]);
         hs.bhead = (hs.bhead + 1) % hs.blk_cap;
@@ -99,13 +102,16 @@ void store_evict(HeadStore &hs, BlockPool &pool, uint32_t layer, const uint32_t 
         --pool.dead[bid];
         --hs.count;
         --hs.holes;
+        if (hs.nres) --hs.nres;
     }
     if (hs.holes > hs.hole_cap) store_compact(hs, pool, layer);
     else release_tail(hs, pool, layer);
 }
 
 void store_compact(HeadStore &hs, BlockPool &pool, uint32_t layer) {
-    if (hs.holes) {
+    if (hs.holes && pool.fc) {
+        fmt_compact(hs, pool);  // formatted rows: repack (quant/store_fmt.cpp)
+    } else if (hs.holes) {
         const uint32_t block = pool.block;
         const size_t row = size_t(pool.stride) * sizeof(float);
         auto slot = [&](uint32_t v) { return hs.blk[(hs.bhead + (hs.roff + v) / block) % hs.blk_cap] * block + (hs.roff + v) % block; };
@@ -145,7 +151,7 @@ uint32_t add_span(const BlockPool &pool, bool scan, int64_t base_delta, uint32_t
         }
         Run *prev = nr ? &out[nr - 1] : nullptr;
         if (prev && prev->slot + prev->n == slot + i && prev->delta == d) prev->n += m;
-        else out[nr++] = Run{slot + i, m, j0 + i, d};
+        else out[nr++] = Run{slot + i, m, j0 + i, 0, d};
         i += m;
     }
     return nr;
@@ -182,6 +188,7 @@ void store_clear(HeadStore &hs) {
     hs.shift = 0;
     hs.scattered = false;
     hs.prune_events = hs.evicted = 0;
+    hs.nres = 0;
     hs.len_after_append = 0;
     hs.hoyer = 0.0f;
 }

@@ -48,6 +48,7 @@ struct Run {
     uint32_t slot;     // first slot (pool slot index)
     uint32_t n;        // tokens
     uint32_t logical;  // logical index of the first token
+    uint32_t src;      // formatted stores (quant/store_fmt.h): where the rows are; 0 otherwise
     int64_t delta;     // realign: rot - logical, equal for the whole run (0 in original mode)
 };
 
@@ -66,6 +67,8 @@ struct HeadStore {
     uint32_t holes;      // dead body slots
     int64_t shift;       // realign: tokens removed by evict_front so far
     bool scattered;      // a compaction happened since the last clear
+    uint32_t nres;       // formatted stores (quant/store_fmt.h): the body's last nres slots are the
+                         // full-precision residual; 0 otherwise
     uint64_t prune_events, evicted;
     // Written by the thread that owns the head during a step, read by the layer phase.
     uint32_t len_after_append;

@@ -85,8 +85,11 @@ TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
         {"nonlazy=window", KVP_ERR_CONFIG, "nonlazy"},
         {"sinks=1 policy=lethe", KVP_ERR_UNSUPPORTED, "lethe"},
         {"policy=snapkv", KVP_ERR_UNSUPPORTED, "snapkv"},
-        {"policy=think", KVP_ERR_UNSUPPORTED, "think"},
-        {"kv_dtype=q8", KVP_ERR_UNSUPPORTED, "q8"},
+        {"policy=think token_policy=think", KVP_ERR_CONFIG, "token_policy"},
+        {"policy=think token_policy=snapkv", KVP_ERR_UNSUPPORTED, "snapkv"},
+        {"kv_dtype=q5", KVP_ERR_CONFIG, "kv_dtype"},
+        {"quant_group=0", KVP_ERR_CONFIG, "quant_group"},
+        {"key_channel_ratio=1", KVP_ERR_CONFIG, "key_channel_ratio"},
         {"score=fixed", KVP_ERR_UNSUPPORTED, "fixed"},
     };
     for (const Bad &b : bad) {
@@ -142,7 +145,7 @@ TEST(Config, CheckCatchesContradictions) {
     EXPECT_NE(strstr(err, "pool"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "sinks=3", err, sizeof err), KVP_ERR_CONFIG);  // apply validates the result too
     cfg = base_config();
-    cfg.kv_dtype = KVP_DTYPE_Q4;
+    cfg.score = KVP_SCORE_FIXED;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
 }
 

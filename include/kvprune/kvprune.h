@@ -157,6 +157,13 @@ typedef struct kvp_config {
     uint32_t total_capacity;     /* total_capacity=N: token slots per KV head summed over layers that the
                                     shared pool holds; 0 (default) or >= the sum of the per-layer
                                     capacities = no sharing */
+    /* ThinK and quantized storage (appended in 0.2) */
+    kvp_policy token_policy;     /* token_policy=full|window|streaming|h2o|...: the token policy that
+                                    policy=think composes with (its keys apply); default full */
+    uint32_t quant_group;        /* quant_group=N: tokens per quantization group and full-precision
+                                    residual (default 32); with kv_dtype != f32 or ThinK channel
+                                    pruning the storage block is quant_group tokens (`block` applies
+                                    to plain f32 storage only) */
 } kvp_config;
 
 /** Counters of a cache (kvp_get_stats). Set struct_size = sizeof(kvp_stats) before the call. */

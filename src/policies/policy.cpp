@@ -12,14 +12,24 @@
 
 namespace kvp {
 
-const Policy &policy_of(const kvp_config &cfg) {
-    switch (cfg.policy) {
+namespace {
+
+const Policy &policy_by_enum(kvp_policy p) {
+    switch (p) {
         case KVP_POLICY_WINDOW: return kWindowPolicy;
         case KVP_POLICY_STREAMING: return kStreamingPolicy;
         case KVP_POLICY_H2O: return kH2oPolicy;
         default: break;
     }
     return kFullPolicy;
+}
+
+}  // namespace
+
+// policy=think is a channel axis (quant/think.h) over the token policy `token_policy`, whose
+// table runs everything token-level.
+const Policy &policy_of(const kvp_config &cfg) {
+    return policy_by_enum(cfg.policy == KVP_POLICY_THINK ? cfg.token_policy : cfg.policy);
 }
 
 void scores_logical(const HeadStore &hs, const BlockPool &pool, float *out, uint32_t *slots) {

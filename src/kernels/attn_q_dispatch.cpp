@@ -1,0 +1,24 @@
+// Variant selection for the stored-format attention kernels (compiled at the baseline ISA).
+#include "kernels/attn_q.h"
+
+namespace kvp {
+namespace kern {
+
+const AttnQ *attn_q_simde() { return attn_q_simde_table(); }
+
+const AttnQ *attn_q_avx2() {
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return attn_q_avx2_table();
+#endif
+    return nullptr;
+}
+
+const AttnQ *attn_q_best() {
+    const AttnQ *a = attn_q_avx2();
+    return a ? a : attn_q_simde();
+}
+
+}  // namespace kern
+}  // namespace kvp

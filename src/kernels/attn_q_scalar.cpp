@@ -1,0 +1,103 @@
+// Scalar reference of the stored-format attention kernels (see attn_q.h): plain loops in the
+// documented order. Elements are decoded one at a time (f16 through format.h's exact
+// conversion, codes as small integers); nothing is cached.
+#include "kernels/attn_q.h"
+
+#include "quant/format.h"
+
+namespace kvp {
+namespace kern {
+namespace {
+
+enum Kind { kF16, kQ8, kQ4 };
+
+// Element c of a stored row of width w: the f16 value, or the code as a float.
+float elem(Kind kind, const uint8_t *row, uint32_t w, uint32_t c) {
+    if (kind == kF16) {
+        uint16_t h;
+        __builtin_memcpy(&h, row + 2 * c, 2);
+        return f32_from_f16(h);
+    }
+    if (kind == kQ8) return float(row[c]);
+    const uint32_t k = c / 32, m = w - 32 * k < 32 ? w - 32 * k : 32, i = c - 32 * k;
+    return i < m / 2 ? float(row[16 * k + i] & 15u) : float(row[16 * k + i - m / 2] >> 4);
+}
+
+void qk(Kind kind, const float *qs, size_t ldq, uint32_t rows, const float *bias, const uint8_t *k, size_t ldk,
+        uint32_t n, uint32_t w, float scale, float *logits, size_t ldl) {
+    for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t t = 0; t < n; ++t) {
+            const uint8_t *kt = k + (size_t)t * ldk;
+            float s = 0.0f;
+            for (uint32_t c = 0; c < w; ++c) s += qs[(size_t)r * ldq + c] * elem(kind, kt, w, c);
+            logits[(size_t)r * ldl + t] = (s + (bias ? bias[r] : 0.0f)) * scale;
+        }
+    }
+}
+
+void pv(Kind kind, const float *p, size_t ldp, uint32_t rows, const uint8_t *v, size_t ldv, const uint16_t *sz,
+        size_t ldsz, uint32_t n, uint32_t w, float *o, size_t ldo, float *zacc_all, size_t ldz) {
+    const uint32_t G = (w + 31) / 32;
+    for (uint32_t r = 0; r < rows; ++r) {
+        float *zacc = kind != kF16 ? zacc_all + (size_t)r * ldz : nullptr;
+        float *orow = o + (size_t)r * ldo;
+        for (uint32_t t = 0; t < n; ++t) {
+            const float pt = p[(size_t)r * ldp + t];
+            const uint8_t *vt = v + (size_t)t * ldv;
+            for (uint32_t c = 0; c < w; ++c) {
+                float wt = pt;
+                if (kind != kF16) wt = pt * f32_from_f16(sz[(size_t)t * ldsz + c / 32]);
+                orow[c] += wt * elem(kind, vt, w, c);
+            }
+            if (kind != kF16)
+                for (uint32_t g = 0; g < G; ++g) zacc[g] += pt * f32_from_f16(sz[(size_t)t * ldsz + G + g]);
+        }
+    }
+}
+
+void qk_f16(const float *qs, size_t ldq, uint32_t rows, const float *bias, const uint8_t *k, size_t ldk, uint32_t n,
+            uint32_t w, float scale, float *l, size_t ldl) {
+    qk(kF16, qs, ldq, rows, bias, k, ldk, n, w, scale, l, ldl);
+}
+void qk_q8(const float *qs, size_t ldq, uint32_t rows, const float *bias, const uint8_t *k, size_t ldk, uint32_t n,
+           uint32_t w, float scale, float *l, size_t ldl) {
+    qk(kQ8, qs, ldq, rows, bias, k, ldk, n, w, scale, l, ldl);
+}
+void qk_q4(const float *qs, size_t ldq, uint32_t rows, const float *bias, const uint8_t *k, size_t ldk, uint32_t n,
+           uint32_t w, float scale, float *l, size_t ldl) {
+    qk(kQ4, qs, ldq, rows, bias, k, ldk, n, w, scale, l, ldl);
+}
+void pv_f16(const float *p, size_t ldp, uint32_t rows, const uint8_t *v, size_t ldv, const uint16_t *sz, size_t ldsz,
+           uint32_t n, uint32_t w, float *o, size_t ldo, float *z, size_t ldz) {
+    pv(kF16, p, ldp, rows, v, ldv, sz, ldsz, n, w, o, ldo, z, ldz);
+}
+void pv_q8(const float *p, size_t ldp, uint32_t rows, const uint8_t *v, size_t ldv, const uint16_t *sz, size_t ldsz,
+           uint32_t n, uint32_t w, float *o, size_t ldo, float *z, size_t ldz) {
+    pv(kQ8, p, ldp, rows, v, ldv, sz, ldsz, n, w, o, ldo, z, ldz);
+}
+void pv_q4(const float *p, size_t ldp, uint32_t rows, const uint8_t *v, size_t ldv, const uint16_t *sz, size_t ldsz,
+           uint32_t n, uint32_t w, float *o, size_t ldo, float *z, size_t ldz) {
+    pv(kQ4, p, ldp, rows, v, ldv, sz, ldsz, n, w, o, ldo, z, ldz);
+}
+
+void prep(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w, float *qs,
+          size_t lds, float *bias) {
+    for (uint32_t r = 0; r < rows; ++r) {
+        float b = 0.0f;
+        for (uint32_t c = 0; c < w; ++c) {
+            const float s = dyadic_step(ge[c]), qc = q[(size_t)r * ldq + c];
+            qs[(size_t)r * lds + c] = qc * s;
+            b += qc * (float(gz[c]) * s);
+        }
+        bias[r] = b;
+    }
+}
+
+constexpr AttnQ kScalar = {"scalar", &qk_f16, &qk_q8, &qk_q4, &pv_f16, &pv_q8, &pv_q4, &prep};
+
+}  // namespace
+
+const AttnQ *attn_q_scalar() { return &kScalar; }
+
+}  // namespace kern
+}  // namespace kvp

@@ -1,0 +1,149 @@
+// Formatted stores (quant/format.h: f16/q8/q4 and/or ThinK reduced width): how tokens move from
+// the full-precision residual into the stored format, how attention reads a store whose tokens
+// live in three places, repacking after evictions, and live bytes.
+//
+// Where a token's K/V are (per (layer, KV head) store, storage.h):
+//   converted  in the pool slot, in the stored format (format.h)
+//   residual   f32, full width, in the store's side rows (FmtStore): the tokens of the last,
+//              incomplete body block from hs.nres on (KIVI's full-precision residual group), and
+//              the pinned tokens of the last incomplete pinned block (from hs.pconv on). A side
+//              row is indexed by the token's offset in its block.
+//   staged     prefill/append tokens of the current call: K (rotated) in the thread's staging
+//              rows, V read from the caller's array, until the call converts them.
+// A block is converted when it completes, after the step's attention and before the policy's
+// prune (KIVI order: the group that just filled is attended at full precision once). Prefill
+// attention therefore reads the new tokens at full precision and the older ones as stored.
+//
+// Evictions: front eviction (rings) moves nothing; a dead slot inside a block is masked (never
+// read) until the store's compaction, which repacks: survivors move down, each target block's
+// grid is recomputed over its tokens and its keys re-encoded (exact when the new grid is not
+// coarser, format.cpp), the residual keeps full precision unless its block completes.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/attn_q.h"
+#include "kvprune/kvprune.h"
+#include "pool.h"
+#include "quant/format.h"
+#include "storage.h"
+
+struct kvp_cache;
+
+namespace kvp {
+
+struct AttnIn;
+struct QueryPos;
+
+// Per (layer, KV head) state of a formatted store (in the arena). The store's body residual is
+// its last hs.nres slots (storage.h); the pinned tokens from pconv on are residual too.
+struct FmtStore {
+    float *side_k, *side_v;  // [side_rows][stride]: pinned residual rows, then pin_side + offset in block
+    uint16_t *kidx, *vidx;   // ThinK: kept key / value channels, ascending ([wk], [wv])
+    uint32_t selected;       // ThinK: the channel lists are set
+    uint32_t pconv;          // pinned tokens converted (a multiple of the block)
+    uint64_t bytes_after_append;  // live bytes after the step's appends (peak_live_bytes)
+};
+
+// One pool's formatted arrays: K rows, V rows, V scale pairs per slot, the dyadic key grid per
+// block, and the pool's repack scratch.
+struct FmtPool {
+    uint8_t *kq, *vq;
+    uint16_t *vsz;
+    int8_t *kge;
+    int16_t *kgz;
+    char *pscr;
+};
+
+// Arena plan of formatted storage (computed by arena_plan for sizes, again by cache_init).
+struct FmtPlan {
+    bool on;
+    StoreFormat f;
+    uint32_t pin_side, side_rows, obs_rows;
+    // One pool's data region (offsets from its base): K rows, V rows, V scale pairs, key grids,
+    // repack scratch; the slot metadata (pos, rot, score) follows at `end`.
+    size_t kq, vq, vsz, kge, kgz, pscr, end;
+    // Cache-wide region: FmtCache, FmtStore[stores], FmtPool[n_kv_heads], side rows, channel lists.
+    size_t bytes, o_stores, o_pools, o_side, o_kidx, o_vidx;
+    // One thread's scratch (offsets from its base): staging K rows, gathered / scaled queries,
+    // value accumulator, ThinK's selection buffers.
+    size_t scr_bytes, s_stage, s_qg, s_qs, s_bias, s_oacc, s_zacc, s_think;
+};
+
+// Cache-wide state of formatted storage (in the arena; kvp_cache::fx).
+struct FmtCache {
+    StoreFormat f;
+    FmtPlan fp;
+    const kern::AttnQ *q;
+    uint32_t stride;          // floats per side / staging row (plan.stride)
+    uint32_t pin_side;        // side rows before the body's (max pinned tokens of one block)
+    uint32_t side_rows;       // pin_side + block
+    FmtStore *stores;         // [layer * n_kv_heads + head], parallel to kvp_cache::heads
+    const HeadStore *heads;
+    FmtPool *fpools;          // [n_kv_heads], parallel to kvp_cache::pools
+    const BlockPool *pools;
+};
+inline FmtStore &fmt_store(const FmtCache &fc, const HeadStore &hs) { return fc.stores[&hs - fc.heads]; }
+inline const FmtPool &fmt_pool(const FmtCache &fc, const BlockPool &p) { return fc.fpools[&p - fc.pools]; }
+// Fills fp for a formatted config (fp->on false otherwise). max_pin: the largest pinned prefix
+// of a layer; rows: query rows of a prefill tile. False on size_t overflow.
+bool fmt_plan(const kvp_config &cfg, uint32_t stride, uint32_t block, uint32_t nblocks, uint32_t max_cap,
+              uint32_t max_pin, uint32_t tile_rows, FmtPlan *fp);
+// Wires the cache-wide region at `base` (cache_init), then each pool's arrays (its data region).
+FmtCache *fmt_init_cache(const kvp_config &cfg, const FmtPlan &fp, char *base, const HeadStore *heads,
+                         const BlockPool *pools);
+void fmt_init_pool(FmtCache *fc, char *data, BlockPool *pool);
+void fmt_reset_store(FmtStore &fs, const StoreFormat &f);
+
+// Run::src of a formatted store: where the run's rows are.
+enum : uint32_t {
+    kSrcPool = 0,      // converted, in the pool slots
+    kSrcPinSide = 1,   // residual pinned tokens: side row = slot % block
+    kSrcBodySide = 2,  // residual body tokens: side row = pin_side + slot % block
+    kSrcStaged = 3,    // this call's staged tokens: staging row = logical - L0
+};
+
+// The new tokens of the current call when they are staged (prefill / append): token i is at
+// logical L0 + i, K row k + i*ldk (rotated), V row v + i*ldv. n = 0: nothing staged.
+struct StagedNew {
+    uint32_t L0 = 0, n = 0;
+    const float *k = nullptr, *v = nullptr;
+    size_t ldk = 0, ldv = 0;
+};
+
+// Where a new token's K (and V, NULL when staged) rows go: its staging row, or its side row.
+void fmt_new_rows(const kvp_cache *c, HeadStore &hs, uint32_t slot, bool pinned, float *stage_row, float **kr,
+                  float **vr);
+// The runs of a formatted store (as store_runs, also split by where the rows are: Run::src).
+uint32_t fmt_runs(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool, bool realign, const StagedNew &nw,
+                  Run *out);
+// Full-precision rows of logical token j of a residual / staged run (src != kSrcPool): K at *k,
+// V at *v, successive tokens of the run ld[0] / ld[1] floats apart.
+void fmt_run_rows(const FmtCache &fc, const FmtStore &fs, const StagedNew &nw, const Run &run, uint32_t j,
+                  const float **k, const float **v, size_t *ld);
+
+// What ThinK's channel selection may use from the current call (quant/think.h).
+struct StepObs {
+    const AttnIn *a;          // the store's attention input (its runs are rebuilt by ThinK)
+    Run *runs;                // the thread's run buffer
+    bool realign;
+    char *scratch;            // the thread's formatted-storage scratch (FmtPlan::scr_bytes)
+    const float *q;           // this head's query rows (token i at q + i*tok_stride), NULL: none
+    float *out;               // this head's attention output rows (same layout), NULL: none
+    size_t tok_stride;
+    uint32_t n;               // tokens of the call
+    const QueryPos *qp;
+};
+// After the step's attention: converts every completed group (selecting ThinK's channels first
+// when none are set), moves staged residual rows to the side rows.
+void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &nw, const StepObs &obs);
+// store_compact of a formatted store with dead slots (storage.cpp).
+void fmt_compact(HeadStore &hs, BlockPool &pool);
+// Live bytes of a store in its storage format (no padding).
+uint64_t fmt_store_bytes(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool);
+
+// Tests and tools: the K and V of logical token j of (layer, head) as attention uses them,
+// full width (pruned channels 0, keys rotated as stored, at position *rot). False for a bad index.
+bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t j, float *k, float *v, int64_t *rot);
+
+}  // namespace kvp
