@@ -113,7 +113,9 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
                     reinterpret_cast<float *>(s.fmt + fp->s_qs),
                     reinterpret_cast<float *>(s.fmt + fp->s_bias),
                     reinterpret_cast<float *>(s.fmt + fp->s_oacc),
-                    reinterpret_cast<float *>(s.fmt + fp->s_zacc)};
+                    reinterpret_cast<float *>(s.fmt + fp->s_zacc),
+                    reinterpret_cast<int8_t *>(s.fmt + fp->s_qi),
+                    reinterpret_cast<float *>(s.fmt + fp->s_qsc)};
         a.fx = &fin;
     }
     const QueryPos qp{&pos, realign, L0};

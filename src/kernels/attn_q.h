@@ -4,7 +4,7 @@
 //
 // Like attn_f32.h: one scalar reference (attn_q_scalar.cpp) and SIMD variants from one SIMDe
 // source (attn_q_simd.inc) compiled per ISA (simde at the baseline ISA, avx2 = -mavx2 -mfma
-// -mf16c chosen at run time). tests/test_quant_kernels.cpp compares every variant with the
+// -mf16c and avx512 = that plus AVX-512 VL/BW/VNNI, chosen at run time). tests/test_quant_kernels.cpp compares every variant with the
 // reference and the reference with double precision.
 //
 // Widths w are padded row widths: a multiple of 8 channels (16 for q4). Query padding lanes
@@ -19,6 +19,11 @@
 //         zacc[g] in t order (the caller adds zacc to its group's channels once, after all
 //         calls, so results do not depend on how a range is split into calls).
 //   prep  qs[c] = q[c] * 2^e[c] (exact), bias = sum_c q[c] * (zi[c] * 2^e[c]) (8-lane, tree).
+//   q4    keys: integer dot products. prep4 quantizes the scaled query row to int8 with one step
+//         qsc = max|qs| / 127 per row (qi = floor(qs * (127 / max) + 1/2), the same float ops
+//         in every variant), the kernel sums qi * code exactly in int32 and returns
+//         (qsc * sum + bias) * scale: bit-identical across variants. qi is stored in code order
+//         (per 32 channels: 0-7, 16-23, 8-15, 24-31; a trailing 16: natural order).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -41,22 +46,42 @@ typedef void (*q_pv_fn)(const float *p, size_t ldp, uint32_t rows, const uint8_t
 // bias[r] = sum_c q[r*ldq + c] * gz[c] * 2^ge[c], c < w.
 typedef void (*q_prep_fn)(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w,
                           float *qs, size_t lds, float *bias);
+// q4 keys: logits[r*ldl + t] = scale * (qsc[r] * sum_c qi[r*ldq + c] * code_tc + bias[r]) (w a
+// multiple of 16; qi in code order, from prep4).
+typedef void (*q4_qk_fn)(const int8_t *qi, size_t ldq, uint32_t rows, const float *qsc, const float *bias,
+                         const uint8_t *k, size_t ldk, uint32_t n, uint32_t w, float scale, float *logits, size_t ldl);
+// prep, then the int8 query qi[r*ldi + ...] (code order) and its step qsc[r] for qk_q4; qs is
+// scratch of rows x lds floats.
+typedef void (*q_prep4_fn)(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w,
+                           float *qs, size_t lds, int8_t *qi, size_t ldi, float *qsc, float *bias);
 
 struct AttnQ {
     const char *name;  // "scalar", "simde", "avx2"
-    q_qk_fn qk_f16, qk_q8, qk_q4;
+    q_qk_fn qk_f16, qk_q8;
+    q4_qk_fn qk_q4;
     q_pv_fn pv_f16, pv_q8, pv_q4;
     q_prep_fn prep;
+    q_prep4_fn prep4;
 };
+
+// Channel of code-order position p of a q4 row of width w (a multiple of 16).
+inline uint32_t q4_code_channel(uint32_t p, uint32_t w) {
+    const uint32_t b = p / 32 * 32, i = p % 32;
+    if (b + 32 > w) return p;  // a trailing 16-channel chunk
+    const uint32_t g = i / 8;
+    return b + (g == 1 ? 16 : g == 2 ? 8 : 8 * g) + i % 8;
+}
 
 const AttnQ *attn_q_scalar();
 const AttnQ *attn_q_simde();
-const AttnQ *attn_q_avx2();  // nullptr where not compiled in or the CPU lacks AVX2/FMA/F16C
-const AttnQ *attn_q_best();
+const AttnQ *attn_q_avx2();    // nullptr where not compiled in or the CPU lacks AVX2/FMA/F16C
+const AttnQ *attn_q_avx512();  // the same source with AVX-512 VL/BW/VNNI (32 registers, dpbusd); same bits
+const AttnQ *attn_q_best();    // avx512, else avx2, else simde
 
 // Internal tables of attn_q_simd.inc (no CPU check; use the functions above).
 const AttnQ *attn_q_simde_table();
 const AttnQ *attn_q_avx2_table();
+const AttnQ *attn_q_avx512_table();
 
 }  // namespace kern
 }  // namespace kvp

@@ -15,8 +15,19 @@ const AttnQ *attn_q_avx2() {
     return nullptr;
 }
 
+const AttnQ *attn_q_avx512() {
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    if (attn_q_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"))
+        return attn_q_avx512_table();
+#endif
+    return nullptr;
+}
+
 const AttnQ *attn_q_best() {
-    const AttnQ *a = attn_q_avx2();
+    const AttnQ *a = attn_q_avx512();
+    if (!a) a = attn_q_avx2();
     return a ? a : attn_q_simde();
 }
 

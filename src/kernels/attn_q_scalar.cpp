@@ -3,6 +3,8 @@
 // conversion, codes as small integers); nothing is cached.
 #include "kernels/attn_q.h"
 
+#include <math.h>
+
 #include "quant/format.h"
 
 namespace kvp {
@@ -19,8 +21,9 @@ float elem(Kind kind, const uint8_t *row, uint32_t w, uint32_t c) {
         return f32_from_f16(h);
     }
     if (kind == kQ8) return float(row[c]);
-    const uint32_t k = c / 32, m = w - 32 * k < 32 ? w - 32 * k : 32, i = c - 32 * k;
-    return i < m / 2 ? float(row[16 * k + i] & 15u) : float(row[16 * k + i - m / 2] >> 4);
+    (void)w;
+    const uint32_t i = c % 16, b = row[8 * (c / 16) + (i & 7)];
+    return i < 8 ? float(b & 15u) : float(b >> 4);
 }
 
 void qk(Kind kind, const float *qs, size_t ldq, uint32_t rows, const float *bias, const uint8_t *k, size_t ldk,
@@ -63,9 +66,16 @@ void qk_q8(const float *qs, size_t ldq, uint32_t rows, const float *bias, const 
            uint32_t w, float scale, float *l, size_t ldl) {
     qk(kQ8, qs, ldq, rows, bias, k, ldk, n, w, scale, l, ldl);
 }
-void qk_q4(const float *qs, size_t ldq, uint32_t rows, const float *bias, const uint8_t *k, size_t ldk, uint32_t n,
-           uint32_t w, float scale, float *l, size_t ldl) {
-    qk(kQ4, qs, ldq, rows, bias, k, ldk, n, w, scale, l, ldl);
+void qk_q4(const int8_t *qi, size_t ldq, uint32_t rows, const float *qsc, const float *bias, const uint8_t *k,
+           size_t ldk, uint32_t n, uint32_t w, float scale, float *l, size_t ldl) {
+    for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t t = 0; t < n; ++t) {
+            int32_t s = 0;
+            for (uint32_t p = 0; p < w; ++p)
+                s += int32_t(qi[(size_t)r * ldq + p]) * int32_t(elem(kQ4, k + (size_t)t * ldk, w, q4_code_channel(p, w)));
+            l[(size_t)r * ldl + t] = (qsc[r] * float(s) + bias[r]) * scale;
+        }
+    }
 }
 void pv_f16(const float *p, size_t ldp, uint32_t rows, const uint8_t *v, size_t ldv, const uint16_t *sz, size_t ldsz,
            uint32_t n, uint32_t w, float *o, size_t ldo, float *z, size_t ldz) {
@@ -93,7 +103,24 @@ void prep(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int
     }
 }
 
-constexpr AttnQ kScalar = {"scalar", &qk_f16, &qk_q8, &qk_q4, &pv_f16, &pv_q8, &pv_q4, &prep};
+void prep4(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w, float *qs,
+           size_t lds, int8_t *qi, size_t ldi, float *qsc, float *bias) {
+    prep(q, ldq, rows, ge, gz, w, qs, lds, bias);
+    for (uint32_t r = 0; r < rows; ++r) {
+        const float *x = qs + (size_t)r * lds;
+        float mx = 0.0f;
+        for (uint32_t c = 0; c < w; ++c) mx = fabsf(x[c]) > mx ? fabsf(x[c]) : mx;
+        const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+        qsc[r] = mx / 127.0f;
+        for (uint32_t p = 0; p < w; ++p) {
+            float v = floorf(x[q4_code_channel(p, w)] * inv + 0.5f);
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            qi[(size_t)r * ldi + p] = int8_t(v);
+        }
+    }
+}
+
+constexpr AttnQ kScalar = {"scalar", &qk_f16, &qk_q8, &qk_q4, &pv_f16, &pv_q8, &pv_q4, &prep, &prep4};
 
 }  // namespace
 

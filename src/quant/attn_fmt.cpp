@@ -44,13 +44,20 @@ void fmt_qk(const AttnIn &a, const Run &run, uint32_t j0, uint32_t j1, const flo
                             ldl);
             return;
         default: {
-            const kern::q_qk_fn qk = f.dtype == KVP_DTYPE_Q8 ? x.fc->q->qk_q8 : x.fc->q->qk_q4;
+            const kern::AttnQ &Q = *x.fc->q;
             const uint32_t block = a.pool->block;
             for (uint32_t t = 0; t < n;) {  // one call per block: its own key grid
                 const uint32_t s = s0 + t, b = s / block, m = block - s % block < n - t ? block - s % block : n - t;
-                x.fc->q->prep(x.qg, f.wkp, rows, pool.kge + size_t(b) * f.wkp, pool.kgz + size_t(b) * f.wkp, f.wkp, x.qs,
-                              f.wkp, x.bias);
-                qk(x.qs, f.wkp, rows, x.bias, pool.kq + size_t(s) * f.k_row, f.k_row, m, f.wkp, c->scale, logits + t, ldl);
+                const int8_t *ge = pool.kge + size_t(b) * f.wkp;
+                const int16_t *gz = pool.kgz + size_t(b) * f.wkp;
+                const uint8_t *k = pool.kq + size_t(s) * f.k_row;
+                if (f.dtype == KVP_DTYPE_Q8) {
+                    Q.prep(x.qg, f.wkp, rows, ge, gz, f.wkp, x.qs, f.wkp, x.bias);
+                    Q.qk_q8(x.qs, f.wkp, rows, x.bias, k, f.k_row, m, f.wkp, c->scale, logits + t, ldl);
+                } else {
+                    Q.prep4(x.qg, f.wkp, rows, ge, gz, f.wkp, x.qs, f.wkp, x.qi, f.wkp, x.qsc, x.bias);
+                    Q.qk_q4(x.qi, f.wkp, rows, x.qsc, x.bias, k, f.k_row, m, f.wkp, c->scale, logits + t, ldl);
+                }
                 t += m;
             }
         }

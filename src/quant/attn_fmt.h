@@ -21,6 +21,8 @@ struct FmtIn {
     StagedNew nw;           // this call's staged tokens
     float *qg, *qs, *bias;  // [rows][wkp], [rows][wkp], [rows]
     float *oacc, *zacc;     // [rows][wvp], [rows][v_groups]
+    int8_t *qi;             // q4: [rows][wkp] int8 query (kern::AttnQ::prep4)
+    float *qsc;             // q4: [rows] its steps
 };
 
 // logits[r*ldl + (t - j0)] for logical keys t in [j0, j1) of run (q rows rotated for the run).

@@ -49,11 +49,11 @@ uint32_t row_bytes(kvp_dtype t, uint32_t wp) {
 
 uint32_t round_up(uint32_t x, uint32_t a) { return (x + a - 1) / a * a; }
 
-// Position of channel c of a q4 row of wp channels: byte index and whether it is the high nibble.
-void q4_where(uint32_t wp, uint32_t c, uint32_t *byte, bool *hi) {
-    const uint32_t k = c / 32, m = wp - 32 * k < 32 ? wp - 32 * k : 32, i = c - 32 * k;
-    *hi = i >= m / 2;
-    *byte = 16 * k + (*hi ? i - m / 2 : i);
+// Position of channel c of a q4 row: byte and whether it is the high nibble (format.h).
+void q4_where(uint32_t, uint32_t c, uint32_t *byte, bool *hi) {
+    const uint32_t i = c % 16;
+    *hi = i >= 8;
+    *byte = 8 * (c / 16) + (i & 7);
 }
 
 }  // namespace

@@ -17,9 +17,9 @@
 //     product; value contributions are scattered back through vidx.
 //   * Rows are padded to a multiple of 8 channels (16 for q4): padding codes are 0 and the
 //     gathered query is 0 there, so kernels run over whole chunks. Padding is arena, not live.
-//   * q4 nibbles: a row is cut into chunks of 32 channels (the last may be 16); in a chunk of m
-//     channels at byte offset b, byte b+i holds channel i in its low nibble and channel m/2+i in
-//     its high nibble (so one AND and one shift unpack a chunk in channel order).
+//   * q4 nibbles: a row is cut into chunks of 16 channels; chunk k is bytes 8k..8k+7, byte 8k+i
+//     holding channel 16k+i in its low nibble and 16k+8+i in its high nibble (one 8-byte load, an
+//     AND and a shift give the chunk's 16 codes in channel order).
 //   * Saturation: f16/q8/q4 storage clamps K and V elements to the f16 range, +-65504.
 #pragma once
 #include <stddef.h>

@@ -199,7 +199,9 @@ bool fmt_plan(const kvp_config &cfg, uint32_t stride, uint32_t block, uint32_t n
     fp->s_bias = z.add(fp->s_qs, z.al(z.mul(z.mul(tile_rows, f.wkp), sizeof(float))));
     fp->s_oacc = z.add(fp->s_bias, z.al(z.mul(tile_rows, sizeof(float))));
     fp->s_zacc = z.add(fp->s_oacc, z.al(z.mul(z.mul(tile_rows, f.wvp), sizeof(float))));
-    fp->s_think = z.add(fp->s_zacc, z.al(z.mul(z.mul(tile_rows, f.v_groups), sizeof(float))));
+    fp->s_qi = z.add(fp->s_zacc, z.al(z.mul(z.mul(tile_rows, f.v_groups), sizeof(float))));
+    fp->s_qsc = z.add(fp->s_qi, z.al(z.mul(tile_rows, f.wkp)));
+    fp->s_think = z.add(fp->s_qsc, z.al(z.mul(tile_rows, sizeof(float))));
     size_t think = 0;
     if (lists) {
         fp->obs_rows = cfg.obs_window < max_cap ? cfg.obs_window : max_cap;
