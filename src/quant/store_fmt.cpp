@@ -533,7 +533,8 @@ uint64_t fmt_store_bytes(const kvp_cache *c, const HeadStore &hs, const BlockPoo
            (fs.selected ? fmt_index_bytes(f) : 0);
 }
 
-bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t j, float *k, float *v, int64_t *rot) {
+bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t j, float *k, float *v, int64_t *rot,
+                    float *kstep) {
     if (!c->fx || layer >= c->cfg.model.n_layers || head >= c->cfg.model.n_kv_heads) return false;
     const HeadStore &hs = head_of(c, layer, head);
     const BlockPool &pool = c->pools[head];
@@ -559,6 +560,8 @@ bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t 
         side = fc.pin_side + (hs.roff + i) % block;
     }
     *rot = pool.rot[slot];
+    if (kstep)
+        for (uint32_t ch = 0; ch < f.d; ++ch) kstep[ch] = 0.0f;
     if (!conv) {
         memcpy(k, fs.side_k + size_t(side) * fc.stride, size_t(f.d) * sizeof(float));
         memcpy(v, fs.side_v + size_t(side) * fc.stride, size_t(f.d) * sizeof(float));
@@ -571,6 +574,8 @@ bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t 
     fmt_v_decode(f, fpo.vq + size_t(slot) * f.v_row, fpo.vsz + size_t(slot) * 2 * f.v_groups, vf);
     for (uint32_t ch = 0; ch < f.d; ++ch) k[ch] = v[ch] = 0.0f;
     for (uint32_t ch = 0; ch < f.wk; ++ch) k[f.thin_k ? fs.kidx[ch] : ch] = kf[ch];
+    if (kstep && f.quant())
+        for (uint32_t ch = 0; ch < f.wk; ++ch) kstep[f.thin_k ? fs.kidx[ch] : ch] = dyadic_step(fpo.kge[size_t(b) * f.wkp + ch]);
     for (uint32_t ch = 0; ch < f.wv; ++ch) v[f.thin_v ? fs.vidx[ch] : ch] = vf[ch];
     return true;
 }

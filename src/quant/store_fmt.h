@@ -143,7 +143,10 @@ void fmt_compact(HeadStore &hs, BlockPool &pool);
 uint64_t fmt_store_bytes(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool);
 
 // Tests and tools: the K and V of logical token j of (layer, head) as attention uses them,
-// full width (pruned channels 0, keys rotated as stored, at position *rot). False for a bad index.
-bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t j, float *k, float *v, int64_t *rot);
+// full width (pruned channels 0, keys rotated as stored, at position *rot), and when kstep is
+// not NULL each key channel's grid step (q8/q4 converted tokens; 0 otherwise). False for a bad
+// index.
+bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t j, float *k, float *v, int64_t *rot,
+                    float *kstep = nullptr);
 
 }  // namespace kvp
