@@ -87,7 +87,6 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
                     stage ? stage + size_t(i) * c->plan.stride : nullptr);
     }
     hs.len_after_append = hs.len();
-    if (c->fx) fmt_store(*c->fx, hs).bytes_after_append = store_bytes(c, hs, pool);
     StagedNew nw;
     if (stage) {
         nw.L0 = L0;
@@ -135,6 +134,8 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
         const StepObs so{&a,        s.runs, realign, s.fmt, q ? q + qoff : nullptr,
                          out ? out + qoff : nullptr, size_t(m.n_q_heads) * m.head_dim, n, &qp};
         fmt_convert(c, hs, pool, nw, so);
+        // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
+        fmt_store(*c->fx, hs).bytes_after_append = store_bytes(c, hs, pool);
     }
     if (pol.prune) pol.prune(ctx, hs, mode);
 }

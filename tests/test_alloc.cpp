@@ -129,6 +129,30 @@ TEST(NoAllocation, ScoredPolicyAndDryPool) {
     }
 }
 
+// Quantized storage and ThinK: staged prefill chunks, group conversion, ThinK's selection,
+// repacks after scored evictions, realign, the ring's front eviction and the shared pool.
+TEST(NoAllocation, QuantizedAndThinkStorage) {
+    for (const char *spec : {"policy=h2o budget=120 recent=16 capacity=260 kv_dtype=q4 threads=2",
+                             "policy=h2o budget=120 recent=16 capacity=260 kv_dtype=q8 positions=realign threads=1",
+                             "policy=think token_policy=h2o budget=120 recent=16 capacity=260 key_channel_ratio=0.4 "
+                             "value_channel_ratio=0.3 kv_dtype=q8 threads=2",
+                             "policy=think token_policy=streaming sinks=4 window=200 capacity=260 kv_dtype=f16 "
+                             "key_channel_ratio=0.5 threads=2",
+                             "policy=streaming sinks=4 window=120 compress_every=16 capacity=260 kv_dtype=q4 quant_group=8",
+                             "policy=think key_channel_ratio=0.4 capacity=600 kv_dtype=f32 threads=3",
+                             "policy=h2o budget=200 recent=16 capacity=260 total_capacity=420 kv_dtype=q8 threads=2"}) {
+        kvp_config cfg = config(spec);
+        const size_t bytes = kvp_arena_size(&cfg);
+        ASSERT_GT(bytes, 0u) << spec;
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
+        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+}
+
 TEST(NoAllocation, NullArenaAllocatesExactlyOnceInCreate) {
     kvp_config cfg = config("policy=window window=250 threads=1");
     kvp_cache *c = nullptr;
