@@ -110,6 +110,9 @@ pub struct kvp_config {
     // shared block pool
     pub block: u32,
     pub total_capacity: u32,
+    // ThinK token policy, quantization group
+    pub token_policy: kvp_policy,
+    pub quant_group: u32,
 }
 
 #[repr(C)]
