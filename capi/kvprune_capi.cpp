@@ -46,9 +46,10 @@ kvp_status check_finite(const char *name, const float *x, size_t n, Msg &m) {
     return KVP_ERR_NONFINITE;
 }
 
-// Shared validation of the token-adding calls. q == NULL skips the query checks.
+// Shared validation of the token-adding calls. q == NULL skips the query checks; `prefill`: a
+// kvp_prefill call (with q, staged policies take the chunk through their staging area).
 kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions,
-                        const float *q, const float *k, const float *v, Msg &m) {
+                        const float *q, const float *k, const float *v, bool prefill, Msg &m) {
     const kvp_model &md = c->cfg.model;
     if (layer >= md.n_layers) {
         m.s("layer ").u(layer).s(" out of range (n_layers=").u(md.n_layers).s(")");
@@ -74,7 +75,7 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     if (q && (st = check_finite("q", q, size_t(n) * md.n_q_heads * md.head_dim, m)) != KVP_OK) return st;
     if ((st = check_finite("k", k, nkv, m)) != KVP_OK) return st;
     if ((st = check_finite("v", v, nkv, m)) != KVP_OK) return st;
-    if ((st = kvp::cache_room_check(c, layer, n, m)) != KVP_OK) return st;
+    if ((st = kvp::cache_room_check(c, layer, n, prefill && q, m)) != KVP_OK) return st;  // q: read (see kvp_prefill)
     return KVP_OK;
 }
 
@@ -174,7 +175,10 @@ kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const in
         m.s("sel: struct_size must be sizeof(kvp_selection) and indices non-NULL when capacity > 0");
         return fail(c, KVP_ERR_ARG, m);
     }
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, out ? q : nullptr, k, v, m);
+    // q is read when outputs are asked for, and by policies that observe or stage the prompt
+    const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
+                                                                          c->layers[layer].geom.lp.staged_prefill)));
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, reads_q ? q : nullptr, k, v, true, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, q, k, v, out, kvp::StepMode::kPrefill);
     if (sel) { sel->n = 0; sel->selected = 0; }
@@ -187,7 +191,7 @@ kvp_status kvp_decode(kvp_cache *c, uint32_t layer, const float *q, const float 
     char buf[160];
     Msg m(buf, sizeof buf);
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
-    kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, m);
+    kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, 1, nullptr, q, k, v, out, kvp::StepMode::kDecode);
     return KVP_OK;
@@ -198,7 +202,7 @@ kvp_status kvp_append(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int
     if (!valid(c)) return not_live(c);
     char buf[160];
     Msg m(buf, sizeof buf);
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, m);
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, nullptr, k, v, nullptr, kvp::StepMode::kAppend);
     return KVP_OK;

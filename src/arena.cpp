@@ -51,8 +51,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     // Per-layer plans: block needs, table sizes, scratch needs.
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint32_t max_cap = 0;
-    size_t max_runs = 0, pol_scratch = 0;
-    bool any_obs = false;
+    size_t max_runs = 0;
+    bool any_obs = false, staged = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
@@ -63,9 +63,21 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (g.lp.cap > max_cap) max_cap = g.lp.cap;
         const size_t runs = store_max_runs(g.lp.cap, g.pin_blk_cap, g.blk_cap);
         if (runs > max_runs) max_runs = runs;
-        if (g.lp.scratch_bytes > pol_scratch) pol_scratch = g.lp.scratch_bytes;
         if (g.lp.obs_queries) any_obs = true;
+        if (g.lp.staged_prefill) staged = true;
     }
+    // Prompt staging (policy.h): prefill_stage, default max(1024, the largest capacity).
+    p->stage = !staged ? 0 : cfg.prefill_stage ? cfg.prefill_stage : max_cap > 1024 ? max_cap : 1024;
+    size_t pol_scratch = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+        LayerGeom g;
+        layer_geom(cfg, l, &g);
+        const size_t b = z.add(g.lp.scratch_bytes, z.mul(g.lp.scratch_per_token, uint64_t(g.lp.cap) + p->stage));
+        if (b > pol_scratch) pol_scratch = b;
+    }
+    if (staged) max_runs += 1;  // the staged tokens' run
+    const bool fixed = cfg.score == KVP_SCORE_FIXED;
+    p->kq_stride = fixed ? uint32_t(align_up(m.head_dim, kAlign / sizeof(int16_t))) : 0;
     p->sum_cap = sum_cap;
     p->max_cap = max_cap;
     p->max_runs = max_runs;
@@ -77,7 +89,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         return false;
     }
     p->nblocks = uint32_t(nblocks);
-    p->logit_ld = uint32_t(z.al16(max_cap));
+    p->logit_ld = uint32_t(z.al16(uint64_t(max_cap) + p->stage));
 
     size_t off = z.al(sizeof(kvp_cache));
     p->off_layers = off;
@@ -97,14 +109,22 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));
+    p->off_fixed_freqs = off;
+    if (fixed) off = z.add(off, z.al(sizeof(double) * pairs));
 
-    const size_t slots = z.mul(p->nblocks, p->block);
+    const size_t slots = z.add(z.mul(p->nblocks, p->block), p->stage);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));
     p->data_v = rows;
     p->data_pos = z.mul(rows, 2);
     p->data_rot = z.add(p->data_pos, z.al(z.mul(sizeof(int32_t), slots)));
     p->data_score = z.add(p->data_rot, z.al(z.mul(sizeof(int32_t), slots)));
     p->pool_data_bytes = z.add(p->data_score, z.al(z.mul(sizeof(float), slots)));
+    p->data_kq = p->data_kexp = 0;
+    if (fixed) {
+        p->data_kq = p->pool_data_bytes;
+        p->data_kexp = z.add(p->data_kq, z.al(z.mul(z.mul(slots, p->kq_stride), sizeof(int16_t))));
+        p->pool_data_bytes = z.add(p->data_kexp, z.al(z.mul(slots, sizeof(int16_t))));
+    }
     p->off_data = off;
     off = z.add(off, z.mul(p->pool_data_bytes, H));
 
@@ -121,7 +141,20 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));
     p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));
     p->scr_policy = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
-    p->scratch_bytes = z.add(p->scr_policy, z.al(pol_scratch));
+    size_t fx = z.add(p->scr_policy, z.al(pol_scratch));
+    p->fx_qx = p->fx_qr = p->fx_qe = p->fx_z = p->fx_cs = p->fx_y = p->fx_obs = 0;
+    if (fixed) {
+        const size_t qrow = z.al(z.mul(z.mul(G, p->kq_stride), sizeof(int16_t)));
+        p->fx_qx = fx;
+        p->fx_qr = z.add(p->fx_qx, qrow);
+        p->fx_qe = z.add(p->fx_qr, qrow);
+        p->fx_z = z.add(p->fx_qe, z.al(z.mul(G, sizeof(int32_t))));
+        p->fx_cs = z.add(p->fx_z, z.al(z.mul(G, sizeof(uint64_t))));
+        p->fx_y = z.add(p->fx_cs, z.al(z.mul(p->kq_stride, sizeof(int16_t))));
+        p->fx_obs = z.add(p->fx_y, z.al(z.mul(z.mul(G, ld), sizeof(int64_t))));
+        fx = z.add(p->fx_obs, z.al(z.mul(z.mul(G, ld), sizeof(uint32_t))));
+    }
+    p->scratch_bytes = fx;
     p->off_scratch = off;
     off = z.add(off, z.mul(p->scratch_bytes, cfg.threads));
     p->total = off;

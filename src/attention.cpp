@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/score_fixed.h"
+
 namespace kvp {
 namespace {
 
@@ -30,6 +32,65 @@ void rotate_tile(const AttnIn &a, const QueryPos &qp, const float *q, size_t tok
 
 // Key i of run r (slot index).
 inline uint32_t slot_at(const Run &r, uint32_t logical) { return r.slot + (logical - r.logical); }
+
+// score=fixed: quantizes the G query rows q[g*hd] (pre-RoPE) into w.qx / w.qe.
+void fixed_load_queries(const kvp_cache *c, const FixedWork &w, const float *q) {
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
+    for (uint32_t g = 0; g < G; ++g) w.qe[g] = fixed::quantize_row(q + size_t(g) * hd, hd, w.qx + size_t(g) * kst);
+}
+
+// score=fixed: rotates the quantized query rows to position p into w.qr.
+void fixed_rotate_queries(const kvp_cache *c, const FixedWork &w, int64_t p) {
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
+    if (c->rope.style != KVP_ROPE_NONE) fixed::rope_table(c->fixed_freqs, c->rope.pairs, p, w.cs);
+    for (uint32_t g = 0; g < G; ++g)
+        fixed::rotate(c->rope.style, c->rope.pairs, w.cs, w.qx + size_t(g) * kst, w.qr + size_t(g) * kst, hd);
+}
+
+// score=fixed: integer logits of the rotated queries (w.qr, w.qe) over the logical keys
+// [j0, j1) of run `run` into w.y[g * ld + j].
+void fixed_logits(const AttnIn &a, const FixedWork &w, const Run &run, uint32_t j0, uint32_t j1) {
+    const kvp_cache *c = a.c;
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
+    const size_t ld = c->plan.logit_ld;
+    for (uint32_t j = j0; j < j1; ++j) {
+        const uint32_t slot = slot_at(run, j);
+        const int16_t *kr = a.pool->kq_row(slot);
+        const int32_t ke = a.pool->kexp[slot];
+        for (uint32_t g = 0; g < G; ++g)
+            w.y[g * ld + j] = fixed::logit(fixed::dot(w.qr + size_t(g) * kst, kr, hd), c->fixed_K, w.qe[g] + ke);
+    }
+}
+
+// score=fixed, decode: each token's Q16 weight summed over the group, added to its slot score
+// (saturating).
+void fixed_decode_scores(const AttnIn &a, const float *q, int64_t qpos) {
+    const kvp_cache *c = a.c;
+    const FixedWork &w = *a.fx;
+    const uint32_t G = c->group;
+    const size_t ld = c->plan.logit_ld;
+    fixed_load_queries(c, w, q);
+    int64_t cur = INT64_MIN;
+    for (uint32_t r = 0; r < a.nr; ++r) {
+        const Run &run = a.runs[r];
+        if (qpos + run.delta != cur) {
+            cur = qpos + run.delta;
+            fixed_rotate_queries(c, w, cur);
+        }
+        fixed_logits(a, w, run, run.logical, run.logical + run.n);
+    }
+    for (uint32_t g = 0; g < G; ++g) w.z[g] = fixed::softmax_exps(w.y + g * ld, a.L);
+    BlockPool &pool = *const_cast<BlockPool *>(a.pool);
+    for (uint32_t r = 0; r < a.nr; ++r) {
+        const Run &run = a.runs[r];
+        for (uint32_t i = 0; i < run.n; ++i) {
+            const uint32_t j = run.logical + i;
+            uint64_t mass = 0;
+            for (uint32_t g = 0; g < G; ++g) mass += fixed::weight(uint64_t(w.y[g * ld + j]), w.z[g]);
+            score_set_u(pool, run.slot + i, fixed::sat_add(score_u(pool, run.slot + i), mass));
+        }
+    }
+}
 
 }  // namespace
 
@@ -67,7 +128,9 @@ float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, b
         for (uint32_t j = 0; j < hd; ++j) o[j] *= inv[g];
     }
     const kern::ScoreF32 &S = *c->skern;
-    if (scores) {
+    if (scores && a.fx) {
+        fixed_decode_scores(a, q, qpos);
+    } else if (scores) {
         for (uint32_t r = 0; r < a.nr; ++r) {
             const Run &run = a.runs[r];
             S.acc(logits + run.logical, ld, G, inv, run.n, a.pool->score + run.slot);
@@ -206,6 +269,37 @@ const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, co
         }
     }
     return obs;
+}
+
+const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q,
+                                      size_t tok_stride, uint32_t w) {
+    const kvp_cache *c = a.c;
+    const FixedWork &fw = *a.fx;
+    const uint32_t G = c->group;
+    const size_t ld = c->plan.logit_ld;
+    const uint32_t L = a.L, L0 = L - n;
+    for (uint32_t g = 0; g < G; ++g) memset(fw.obs + g * ld, 0, size_t(L) * sizeof(uint32_t));
+    for (uint32_t t = n - w; t < n; ++t) {
+        const uint32_t vis = L0 + t + 1;  // causal: keys 0..L0+t
+        fixed_load_queries(c, fw, q + t * tok_stride);
+        int64_t cur = INT64_MIN;
+        for (uint32_t r = 0; r < a.nr && a.runs[r].logical < vis; ++r) {
+            const Run &run = a.runs[r];
+            if (qp.at(t) + run.delta != cur) {
+                cur = qp.at(t) + run.delta;
+                fixed_rotate_queries(c, fw, cur);
+            }
+            const uint32_t j1 = run.logical + run.n < vis ? run.logical + run.n : vis;
+            fixed_logits(a, fw, run, run.logical, j1);
+        }
+        for (uint32_t g = 0; g < G; ++g) {
+            int64_t *y = fw.y + g * ld;
+            const uint64_t Z = fixed::softmax_exps(y, vis);
+            uint32_t *o = fw.obs + g * ld;
+            for (uint32_t j = 0; j < vis; ++j) o[j] = fixed::sat_add(o[j], fixed::weight(uint64_t(y[j]), Z));
+        }
+    }
+    return fw.obs;
 }
 
 }  // namespace kvp

@@ -6,6 +6,7 @@
 
 #include "attention.h"
 #include "config.h"
+#include "kernels/score_fixed.h"
 
 #if KVP_OPENMP
 #include <omp.h>
@@ -26,22 +27,50 @@ Scratch scratch_of(kvp_cache *c, size_t tid) {
                    base + c->plan.scr_policy};
 }
 
-// Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
-// position its mode gives (storage.h: rot).
-void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, const float *k,
-                 const float *v, RopeMemo &memo) {
+}  // namespace
+
+FixedWork fixed_work(kvp_cache *c, size_t tid) {
+    char *base = c->scratch + tid * c->plan.scratch_bytes;
+    const ArenaPlan &p = c->plan;
+    return FixedWork{reinterpret_cast<int16_t *>(base + p.fx_qx), reinterpret_cast<int16_t *>(base + p.fx_qr),
+                     reinterpret_cast<int32_t *>(base + p.fx_qe), reinterpret_cast<uint64_t *>(base + p.fx_z),
+                     reinterpret_cast<int16_t *>(base + p.fx_cs), reinterpret_cast<int64_t *>(base + p.fx_y),
+                     reinterpret_cast<uint32_t *>(base + p.fx_obs)};
+}
+
+void fixed_store_key(kvp_cache *c, const BlockPool &pool, uint32_t slot, const float *k, int64_t rot, size_t tid) {
+    const FixedWork w = fixed_work(c, tid);
     const uint32_t hd = c->cfg.model.head_dim;
-    uint32_t slot = 0;
-    store_reserve(hs, pool, layer, &slot);
-    const int64_t rot =
-        c->positions == KVP_POS_ORIGINAL ? orig : int64_t(hs.len()) + (hs.next_pinned() ? 0 : hs.shift);
+    pool.kexp[slot] = int16_t(fixed::quantize_row(k, hd, w.qx));
+    if (c->rope.style != KVP_ROPE_NONE) fixed::rope_table(c->fixed_freqs, c->rope.pairs, rot, w.cs);
+    fixed::rotate(c->rope.style, c->rope.pairs, w.cs, w.qx, pool.kq_row(slot), hd);
+}
+
+namespace {
+
+// Writes one token's K/V row into `slot`, K rotated at `rot` (storage.h), score 0.
+void write_token(kvp_cache *c, BlockPool &pool, uint32_t slot, int64_t orig, int64_t rot, const float *k,
+                 const float *v, RopeMemo &memo, size_t tid) {
+    const uint32_t hd = c->cfg.model.head_dim;
     float *kr = pool.k_row(slot);
     memcpy(kr, k, hd * sizeof(float));
     memcpy(pool.v_row(slot), v, hd * sizeof(float));
     if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rot), kr, 1, c->plan.stride);
     pool.pos[slot] = int32_t(orig);
     pool.rot[slot] = int32_t(rot);
-    pool.score[slot] = 0.0f;
+    memset(pool.score + slot, 0, sizeof(float));  // 0 as float and as fixed-point bits
+    if (pool.kq) fixed_store_key(c, pool, slot, k, rot, tid);
+}
+
+// Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
+// position its mode gives (storage.h: rot).
+void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, const float *k,
+                 const float *v, RopeMemo &memo, size_t tid) {
+    uint32_t slot = 0;
+    store_reserve(hs, pool, layer, &slot);
+    const int64_t rot =
+        c->positions == KVP_POS_ORIGINAL ? orig : int64_t(hs.len()) + (hs.next_pinned() ? 0 : hs.shift);
+    write_token(c, pool, slot, orig, rot, k, v, memo, tid);
     store_commit(hs);
 }
 
@@ -54,11 +83,13 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
     BlockPool &pool = c->pools[h];
     RopeMemo &memo = c->memos[tid];
     const Scratch s = scratch_of(c, tid);
-    PolicyCtx ctx{c, layer, h, &pool, s.policy};
+    PolicyCtx ctx{c, layer, h, &pool, s.policy, 0, 0};
+    // A prefill with queries of a staging policy: the chunk goes to the staging slots (policy.h).
+    const bool staged = mode == StepMode::kPrefill && q && lp.staged_prefill;
 
     // Room first: dead slots are compacted away, then a dry pool makes the policy evict by its
     // own ranking (cache_room_check said that suffices).
-    while (store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
+    while (!staged && store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
         if (hs.holes) {
             store_compact(hs, pool, layer);
             continue;
@@ -68,16 +99,31 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
         if (hs.len() == before) break;
     }
     const uint32_t L0 = hs.len();
-    for (uint32_t i = 0; i < n; ++i) {
-        const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
-        store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo);
-    }
-    hs.len_after_append = hs.len();
-
     const bool realign = c->positions == KVP_POS_REALIGN;
+    if (staged) {
+        ctx.staged = n;
+        ctx.stage_slot = pool.stage_slot;
+        for (uint32_t i = 0; i < n; ++i) {
+            const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
+            const int64_t rot = realign ? int64_t(L0) + i + hs.shift : pos.at(i);
+            write_token(c, pool, pool.stage_slot + i, pos.at(i), rot, k + kv_off, v + kv_off, memo, tid);
+        }
+    } else {
+        for (uint32_t i = 0; i < n; ++i) {
+            const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
+            store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo, tid);
+        }
+    }
+    const uint32_t L = hs.len() + ctx.staged;  // what the queries see
+    hs.len_after_append = L;
+
     const bool attends = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
     // The run list is O(blocks): built only when queries read the store.
-    const AttnIn a{c, &pool, s.runs, attends ? store_runs(hs, pool, realign, s.runs) : 0, hs.len(), &memo, s.work};
+    uint32_t nr = attends ? store_runs(hs, pool, realign, s.runs) : 0;
+    if (staged) s.runs[nr++] = Run{pool.stage_slot, n, L0, realign ? hs.shift : 0};
+    FixedWork fw;
+    if (pool.kq) fw = fixed_work(c, tid);
+    const AttnIn a{c, &pool, s.runs, nr, L, &memo, s.work, pool.kq ? &fw : nullptr};
     const QueryPos qp{&pos, realign, L0};
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (mode == StepMode::kDecode) {
@@ -87,11 +133,14 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
         if (out) attend_prefill(a, n, qp, q + qoff, out + qoff, tok_stride);
         if (lp.obs_queries && pol.observe) {
             const uint32_t w = lp.obs_queries < n ? lp.obs_queries : n;
-            const float *obs = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
-            pol.observe(ctx, hs, a.runs, a.nr, obs, c->plan.logit_ld);
+            Obs obs{nullptr, nullptr, c->plan.logit_ld};
+            if (a.fx) obs.u = observe_prefill_fixed(a, n, qp, q + qoff, tok_stride, w);
+            else obs.f = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
+            pol.observe(ctx, hs, a.runs, a.nr, obs);
         }
     }
     if (pol.prune) pol.prune(ctx, hs, mode);
+    if (ctx.staged) stage_commit(ctx, hs, nullptr, 0);  // a policy that selected nothing keeps what fits
 }
 
 }  // namespace
@@ -117,6 +166,12 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     c->rope.pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
     rope_init_freqs(m, freqs, c->rope.pairs);
     c->rope.inv_freq = freqs;
+    if (cfg.score == KVP_SCORE_FIXED) {
+        double *ff = reinterpret_cast<double *>(base + plan.off_fixed_freqs);
+        fixed::rope_freqs(m.rope_theta, c->rope.pairs, ff);
+        c->fixed_freqs = ff;
+        c->fixed_K = fixed::logit_scale(m.head_dim);
+    }
 
     c->layers = reinterpret_cast<LayerState *>(base + plan.off_layers);
     c->heads = reinterpret_cast<HeadStore *>(base + plan.off_heads);
@@ -172,6 +227,13 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         p->pos = reinterpret_cast<int32_t *>(data + plan.data_pos);
         p->rot = reinterpret_cast<int32_t *>(data + plan.data_rot);
         p->score = reinterpret_cast<float *>(data + plan.data_score);
+        if (plan.kq_stride) {
+            p->kq = reinterpret_cast<int16_t *>(data + plan.data_kq);
+            p->kexp = reinterpret_cast<int16_t *>(data + plan.data_kexp);
+            p->kq_stride = plan.kq_stride;
+        }
+        p->stage_slot = plan.nblocks * plan.block;
+        p->stage = plan.stage;
         p->n_layers = L;
         p->nblocks = plan.nblocks;
         p->block = plan.block;
@@ -203,7 +265,7 @@ void cache_reset(kvp_cache *c) {
         LayerState &ls = c->layers[l];
         ls.next_pos = 0;
         ls.rows = 0;
-        ls.evict_threshold = 0;
+        ls.evict_threshold = ls.geom.lp.evict_threshold;
         ls.sparsity = 0.0f;
         ls.lazy = -1;
         memset(ls.pstate, 0, sizeof ls.pstate);
@@ -228,7 +290,7 @@ bool pool_room(const kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, uint6
         *take = need;
         return true;
     }
-    PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr};
+    PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr, 0, 0};
     uint32_t e = c->policy->evictable(ctx, hs);
     if (e > hs.body_len()) e = hs.body_len();
     *ev = e;
@@ -239,8 +301,16 @@ bool pool_room(const kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, uint6
 
 }  // namespace
 
-kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m) {
+kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries, Msg &m) {
     const kvp_model &md = c->cfg.model;
+    if (queries && c->layers[layer].geom.lp.staged_prefill) {  // through the staging area (policy.h)
+        if (n > c->plan.stage) {
+            m.s("a prefill chunk of ").u(n).s(" tokens exceeds the prompt staging area (prefill_stage=").u(c->plan.stage)
+                .s("): chunk the prompt by kvp_prefill_room");
+            return KVP_ERR_FULL;
+        }
+        return KVP_OK;
+    }
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
         if (uint64_t(hs.len()) + n > hs.cap) {
@@ -287,6 +357,7 @@ bool chunk_fits(const kvp_cache *c, uint32_t n) {
 uint32_t cache_prefill_room(const kvp_cache *c) {
     uint32_t lo = 0, hi = UINT32_MAX;  // fits(lo); the answer is at most min(cap - len)
     const kvp_model &m = c->cfg.model;
+    if (c->plan.stage) return c->plan.stage;  // staged policies: any chunk up to the staging area
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             const uint32_t len = head_of(c, l, h).len(), cap = c->layers[l].geom.lp.cap;
@@ -309,6 +380,10 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     LayerState &ls = c->layers[layer];
     NewPositions pos{positions, ls.next_pos};
 
+    if (c->policy->layer_prepare) {
+        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
+        c->policy->layer_prepare(ctx, n, mode);
+    }
     const int nkv = int(m.n_kv_heads);
     auto run = [&](int h, size_t tid) { head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, tid); };
 #if KVP_OPENMP
@@ -329,7 +404,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     if (at_peak > c->peak_rows) c->peak_rows = at_peak;
 
     if (c->policy->layer_phase) {
-        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy};
+        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }
     if (mode == StepMode::kDecode) {  // heads reduced in fixed order

@@ -21,9 +21,11 @@ const char *const kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 constexpr uint32_t kPolicyImplemented = (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_WINDOW) |
-                                        (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O);
+                                        (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O) |
+                                        (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_PYRAMIDKV) |
+                                        (1u << KVP_POLICY_LETHE);
 constexpr uint32_t kDtypeImplemented = 1u << KVP_DTYPE_F32;
-constexpr uint32_t kScoreImplemented = 1u << KVP_SCORE_FLOAT;
+constexpr uint32_t kScoreImplemented = (1u << KVP_SCORE_FLOAT) | (1u << KVP_SCORE_FIXED);
 constexpr uint32_t kNonlazyAllowed =
     (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_H2O);
 
@@ -76,6 +78,8 @@ const Key kKeys[] = {
     KVP_ENUM(channel_score, kChannelScoreNames),
     KVP_U32(block, 1, kMaxBlock),
     KVP_U32(total_capacity, 0, 0xffffffffu),
+    KVP_U32(evict_threshold, 0, kMaxCapacity),
+    KVP_U32(prefill_stage, 0, kMaxCapacity),
 };
 
 #undef KVP_U32
@@ -290,6 +294,8 @@ kvp_status config_default(kvp_config *cfg, const kvp_model *model, Msg &m) {
     c.channel_score = 0;
     c.block = 16;
     c.total_capacity = 0;
+    c.evict_threshold = 0;
+    c.prefill_stage = 0;
     *cfg = c;
     return KVP_OK;
 }

@@ -107,19 +107,13 @@ void store_evict(HeadStore &hs, BlockPool &pool, uint32_t layer, const uint32_t 
 void store_compact(HeadStore &hs, BlockPool &pool, uint32_t layer) {
     if (hs.holes) {
         const uint32_t block = pool.block;
-        const size_t row = size_t(pool.stride) * sizeof(float);
         auto slot = [&](uint32_t v) { return hs.blk[(hs.bhead + (hs.roff + v) / block) % hs.blk_cap] * block + (hs.roff + v) % block; };
         uint32_t w = 0;
         while (pool.pos[slot(w)] != kDeadSlot) ++w;  // the first dead slot (there is one)
         for (uint32_t r = w + 1; r < hs.count; ++r) {
             const uint32_t from = slot(r);
             if (pool.pos[from] == kDeadSlot) continue;
-            const uint32_t to = slot(w++);
-            memcpy(pool.k_row(to), pool.k_row(from), row);
-            memcpy(pool.v_row(to), pool.v_row(from), row);
-            pool.pos[to] = pool.pos[from];
-            pool.rot[to] = pool.rot[from];
-            pool.score[to] = pool.score[from];
+            pool.copy_slot(slot(w++), from);
         }
         hs.count = w;
         hs.holes = 0;

@@ -157,6 +157,11 @@ typedef struct kvp_config {
     uint32_t total_capacity;     /* total_capacity=N: token slots per KV head summed over layers that the
                                     shared pool holds; 0 (default) or >= the sum of the per-layer
                                     capacities = no sharing */
+    /* appended in 0.3 (issue 8) */
+    uint32_t evict_threshold;    /* lethe: initial L_evict per layer; 0 = capacity/2 */
+    uint32_t prefill_stage;      /* snapkv/pyramidkv: prompt tokens one kvp_prefill call may take (staged
+                                    in the arena, shared by the layers, before selection); 0 = the
+                                    default max(1024, largest layer capacity) */
 } kvp_config;
 
 /** Counters of a cache (kvp_get_stats). Set struct_size = sizeof(kvp_stats) before the call. */

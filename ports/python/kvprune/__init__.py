@@ -69,6 +69,7 @@ class _Config(ctypes.Structure):
         ("asl_min_layer", _u32), ("asl_obs_layers", _u32), ("asl_tau", _f32),
         ("key_channel_ratio", _f32), ("value_channel_ratio", _f32), ("channel_score", _u32),
         ("block", _u32), ("total_capacity", _u32),
+        ("evict_threshold", _u32), ("prefill_stage", _u32),
     ]
 
 

@@ -110,6 +110,9 @@ pub struct kvp_config {
     // shared block pool
     pub block: u32,
     pub total_capacity: u32,
+    // appended in 0.3: lethe, prompt staging
+    pub evict_threshold: u32,
+    pub prefill_stage: u32,
 }
 
 #[repr(C)]
