@@ -137,11 +137,12 @@ void snapkv_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
     evict_lowest(ctx, hs, e, 0, to, ctx.scratch);
 }
 
-void snapkv_plan(const kvp_config &, uint32_t budget, uint32_t cap, LayerPlan *p) {
+void snapkv_plan(const kvp_config &cfg, uint32_t budget, uint32_t cap, LayerPlan *p) {
     *p = LayerPlan{};
     p->cap = cap;
     p->budget = budget;
     p->decode_scores = true;
+    p->obs_queries = cfg.obs_window;
     p->staged_prefill = true;
     p->scratch_per_token = kBytesPerToken;  // selection; also covers evict_lowest's 12 per stored token
     p->hole_cap = default_hole_cap(cap);
