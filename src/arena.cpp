@@ -52,7 +52,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint32_t max_cap = 0;
     size_t max_runs = 0, pol_scratch = 0;
-    bool any_obs = false;
+    bool any_obs = false, any_compacting = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
@@ -65,6 +65,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (runs > max_runs) max_runs = runs;
         if (g.lp.scratch_bytes > pol_scratch) pol_scratch = g.lp.scratch_bytes;
         if (g.lp.obs_queries) any_obs = true;
+        if (!g.lp.front_evict) any_compacting = true;
     }
     p->sum_cap = sum_cap;
     p->max_cap = max_cap;
@@ -97,6 +98,11 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));
+    // Realign over compacting stores rotates at positions < 2 * capacity (storage.h): precompute.
+    const bool full = pairs && any_compacting && config_positions(cfg) == KVP_POS_REALIGN;
+    p->rope_full_n = full ? 2 * max_cap : 0;
+    p->off_rope_full = off;
+    off = z.add(off, z.mul(z.mul(p->rope_full_n, rope_table_floats(pairs)), sizeof(float)));
 
     const size_t slots = z.mul(p->nblocks, p->block);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));

@@ -117,6 +117,11 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     c->rope.pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
     rope_init_freqs(m, freqs, c->rope.pairs);
     c->rope.inv_freq = freqs;
+    float *full = reinterpret_cast<float *>(base + plan.off_rope_full);
+    c->rope.full_floats = uint32_t(rope_table_floats(c->rope.pairs));
+    for (uint32_t pos = 0; pos < plan.rope_full_n; ++pos) rope_table(c->rope, pos, full + size_t(pos) * c->rope.full_floats);
+    c->rope.full = full;
+    c->rope.full_n = plan.rope_full_n;
 
     c->layers = reinterpret_cast<LayerState *>(base + plan.off_layers);
     c->heads = reinterpret_cast<HeadStore *>(base + plan.off_heads);
