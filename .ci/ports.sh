@@ -29,6 +29,9 @@ command -v g++ >/dev/null || need+=(g++)
 want go && ! command -v go >/dev/null && need+=(golang-go)
 want rust && ! command -v cargo >/dev/null && need+=(cargo)
 want python && ! command -v python3 >/dev/null && need+=(python3)
+# numpy (Debian's) covers the binding's numpy paths; venv for the README's `pip install` steps
+want python && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null && need+=(python3-numpy)
+want python && ! /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -76,6 +79,19 @@ if want go; then
   else
     status=1; summary+=("go: FAILED")
   fi
+  # Another module requires the binding by its module path; a go.work points at this checkout
+  # (the documented steps: no replace directive, nothing fetched).
+  log "go: a consumer module (go.work, GOPROXY=off)"
+  gw=$(mktemp -d)
+  cp ports/go/example/consumer/go.mod ports/go/example/consumer/main.go "$gw/"
+  printf 'go 1.19\n\nuse (\n\t.\n\t%s\n)\n' "$ROOT/ports/go" > "$gw/go.work"
+  if (cd "$gw" && GOFLAGS= go run . | tee "$BUILD_DIR/go-consumer.log"; exit "${PIPESTATUS[0]}") \
+      && grep -q "consumer: 1 token" "$BUILD_DIR/go-consumer.log"; then
+    summary+=("go consumer module: 1 passed, 0 failed")
+  else
+    status=1; summary+=("go consumer module: FAILED")
+  fi
+  rm -rf "$gw"
 fi
 
 # ---- Python ----

@@ -52,7 +52,7 @@ constexpr uint32_t kAllNames = 0xffffffffu;
 constexpr uint32_t kAll = KVP_POLICY_ALL;
 constexpr uint32_t kSnapLike = P(SNAPKV) | P(PYRAMIDKV) | P(ASL);  // budget, obs_window, pool, pool_kernel
 
-// The table. Which policies use a key holds for policies not implemented yet as well (DESIGN.md's
+// The table. Which policies use a key holds for policies not implemented yet as well (docs/design.md's
 // semantics); simlayerkv also uses the keys of its `nonlazy` policy (config_key_used).
 constexpr Key kKeys[] = {
     KVP_ENUM(policy, KVP_POLICY_FULL, kPolicyNames, kAllNames,

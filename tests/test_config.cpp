@@ -105,7 +105,7 @@ TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     EXPECT_EQ(kvp_config_key(0, &info), KVP_ERR_ARG);
 }
 
-// Which policy uses which key (DESIGN.md's semantics, also for policies not implemented yet).
+// Which policy uses which key (docs/design.md's semantics, also for policies not implemented yet).
 TEST(Keys, PolicyRelevanceLivesInTheTable) {
     const std::set<std::string> common = {"policy", "capacity", "positions", "threads",
                                           "kv_dtype", "score",  "block",     "total_capacity"};
