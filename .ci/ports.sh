@@ -4,8 +4,10 @@
 # pkg-config), Python (python3 -m unittest, ctypes over a shared object linked from the
 # static library). Standard libraries only; nothing is fetched but Debian packages.
 #
-#   bash .ci/ports.sh            # all three
+#   bash .ci/ports.sh            # all three, then the README's binding commands (readme)
 #   bash .ci/ports.sh rust go    # a subset
+#   bash .ci/ports.sh readme     # only: the README block under "<!-- readme-commands -->", run
+#                                # as written in a fresh clone of this checkout's HEAD
 #
 # Env: BUILD_DIR (default build-ports), PREFIX (default _install), JOBS (default 2).
 set -euo pipefail
@@ -15,7 +17,7 @@ BUILD_DIR=${BUILD_DIR:-$ROOT/build-ports}
 PREFIX=${PREFIX:-$ROOT/_install}
 JOBS=${JOBS:-2}
 PORTS=("$@")
-[ ${#PORTS[@]} -eq 0 ] && PORTS=(rust go python)
+[ ${#PORTS[@]} -eq 0 ] && PORTS=(rust go python readme)
 want() { local p; for p in "${PORTS[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
 log() { echo "== ports: $* (+$(( $(date +%s) - t0 ))s)"; }
@@ -40,6 +42,30 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
+
+# ---- the README's commands, in a fresh clone ----
+if want readme; then
+  log "readme: the README's binding commands in a fresh clone of HEAD"
+  fresh=$(mktemp -d)
+  git clone -q "$ROOT" "$fresh/kvprune"
+  awk '/^<!-- readme-commands -->$/ {on=1; next} on && /^```sh$/ {inblk=1; next} inblk && /^```$/ {exit} inblk {print}' \
+    "$fresh/kvprune/README.md" > "$fresh/commands.sh"
+  if [ ! -s "$fresh/commands.sh" ]; then echo "README has no readme-commands block" >&2; exit 1; fi
+  cat "$fresh/commands.sh"
+  if (cd "$fresh/kvprune" && env -u PKG_CONFIG_PATH -u KVPRUNE_LIB -u KVPRUNE_LIB_DIR -u CARGO_TARGET_DIR \
+        bash -euo pipefail "$fresh/commands.sh" > "$fresh/log" 2>&1); then
+    summary_readme="readme commands in a fresh clone: 1 passed, 0 failed"
+  else
+    tail -40 "$fresh/log"
+    summary_readme="readme commands in a fresh clone: FAILED"
+  fi
+  rm -rf "$fresh"
+  if [ "${PORTS[*]}" = readme ]; then
+    echo "$summary_readme"
+    case "$summary_readme" in *FAILED) exit 1 ;; esac
+    exit 0
+  fi
+fi
 
 # ---- library: build + install (static, PIC, OpenMP) ----
 log "build libkvprune.a -> $PREFIX"
@@ -117,5 +143,9 @@ if want python; then
 fi
 
 log "done"
+if [ -n "${summary_readme:-}" ]; then
+  summary+=("$summary_readme")
+  case "$summary_readme" in *FAILED) status=1 ;; esac
+fi
 for s in "${summary[@]}"; do echo "$s"; done
 exit $status
