@@ -7,8 +7,9 @@ cmake_minimum_required(VERSION 3.16)
 # `kvprune keys --markdown`, `kvprune report --in bench/harness/results/budgets-256.json`) or
 # `file <path> <lang>` (the file in a ```<lang> fence, e.g. the README's C example). tok_per_s=...
 # (wall-clock throughput) is masked when comparing.
-#   cmake -DSRC=<source dir> -DCLI=<kvprune binary> -DDOCS="README.md;docs/harness.md" [-DFIX=ON] -P doc_blocks.cmake
+#   cmake -DSRC=<source dir> -DCLI=<kvprune binary> -DDOCS=README.md,docs/harness.md [-DFIX=ON] -P doc_blocks.cmake
 # FIX=ON rewrites every block from its generator (the way to update the docs).
+string(REPLACE "," ";" DOCS "${DOCS}")  # a comma-separated list is accepted too
 set(failures "")
 set(count 0)
 foreach(doc ${DOCS})
