@@ -210,7 +210,7 @@ typedef struct kvp_layer_stats {
  * propagate; later layers receive only those tokens with their positions.
  */
 typedef struct kvp_selection {
-    uint32_t struct_size;  /* sizeof(kvp_selection) */
+    uint32_t struct_size;  /* sizeof(kvp_selection); larger than this library knows: KVP_ERR_ARG */
     uint32_t capacity;     /* in: entries `indices` can hold */
     int32_t *indices;      /* in: caller buffer; out: ascending token indices */
     uint32_t n;            /* out: entries written (0 when nothing was selected) */
@@ -363,9 +363,10 @@ kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_h
 kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s);
 
 /**
- * Fills *s (up to s->struct_size bytes) with the figures of one layer. KVP_ERR_ARG for NULL c/s or a
- * struct_size smaller than the first version of kvp_layer_stats, KVP_ERR_LAYER for a bad layer.
- * Never changes the cache.
+ * Fills *s (the fields within s->struct_size bytes; struct_size itself is left as given) with the
+ * figures of one layer. KVP_ERR_ARG for NULL c/s or a struct_size not accepted (see "Versioned
+ * structs"), KVP_ERR_LAYER for a bad layer; failures record a message for kvp_last_error.
+ * Never changes the cache otherwise.
  */
 kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_stats *s);
 
