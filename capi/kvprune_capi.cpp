@@ -108,14 +108,7 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     if (q && (st = check_finite("q", q, size_t(n) * md.n_q_heads * md.head_dim, m)) != KVP_OK) return st;
     if ((st = check_finite("k", k, nkv, m)) != KVP_OK) return st;
     if ((st = check_finite("v", v, nkv, m)) != KVP_OK) return st;
-    for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
-        const kvp::HeadStore &hs = kvp::head_of(c, layer, h);
-        if (hs.free_slots() < n) {
-            m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" of ").u(hs.cap).s(" slots; ").u(n)
-                .s(" more do not fit (full policy at capacity, or a prefill chunk larger than the free slots)");
-            return KVP_ERR_FULL;
-        }
-    }
+    if ((st = kvp::cache_room_check(c, layer, n, m)) != KVP_OK) return st;
     return KVP_OK;
 }
 
@@ -296,7 +289,7 @@ uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer) {
 
 uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer) {
     if (!valid(c) || layer >= c->cfg.model.n_layers) return 0;
-    return kvp::head_of(c, layer, 0).cap;
+    return c->layers[layer].geom.lp.cap;
 }
 
 kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_head, int32_t *out,
@@ -319,7 +312,7 @@ kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_h
         m.s("kvp_layer_positions: cap=").u(cap).s(" is below the ").u(hs.len()).s(" positions kept (*n is set)");
         return fail_const(c, KVP_ERR_BUFFER, m);
     }
-    hs.positions(out);
+    kvp::store_positions(hs, c->pools[kv_head], out);
     return KVP_OK;
 }
 
@@ -332,9 +325,8 @@ kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s) {
     memset(&r, 0, sizeof r);
     r.struct_size = sizeof(kvp_stats);
     r.arena_bytes = c->plan.total;
-    const uint64_t kv_row = 2 * kvp::row_bytes(c);
-    r.live_bytes = c->live_rows * kv_row;
-    r.peak_live_bytes = c->peak_rows * kv_row;
+    r.live_bytes = c->live_rows * kvp::token_bytes(c);
+    r.peak_live_bytes = c->peak_rows * kvp::token_bytes(c);
     r.tokens_seen = c->tokens_seen;
     for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l) {
         for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
@@ -355,14 +347,17 @@ kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_sta
     kvp_layer_stats r;
     memset(&r, 0, sizeof r);
     r.struct_size = sizeof r;
-    r.capacity = kvp::head_of(c, layer, 0).cap;
+    const kvp::LayerState &ls = c->layers[layer];
+    r.capacity = ls.geom.lp.cap;
     r.len = kvp_layer_len(c, layer);
-    r.live_bytes = c->layers[layer].rows * 2 * kvp::row_bytes(c);
+    r.live_bytes = ls.rows * kvp::token_bytes(c);
     for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
         r.prune_events += kvp::head_of(c, layer, h).prune_events;
         r.tokens_evicted += kvp::head_of(c, layer, h).evicted;
     }
-    r.lazy = -1;
+    r.evict_threshold = ls.evict_threshold;
+    r.sparsity = ls.sparsity;
+    r.lazy = ls.lazy;
     copy_out(s, r);
     return KVP_OK;
 }

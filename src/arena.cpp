@@ -7,59 +7,126 @@
 namespace kvp {
 namespace {
 
-// a + b with overflow detection into *ok.
-size_t add(size_t a, size_t b, bool *ok) {
-    if (a > SIZE_MAX - b) *ok = false;
-    return a + b;
-}
-size_t mul(size_t a, size_t b, bool *ok) {
-    if (b && a > SIZE_MAX / b) *ok = false;
-    return a * b;
-}
+// Overflow-checked size arithmetic: any overflow clears *ok (the plan is then rejected).
+struct Sz {
+    bool ok = true;
+    size_t add(size_t a, size_t b) {
+        if (a > SIZE_MAX - b) ok = false;
+        return a + b;
+    }
+    size_t mul(size_t a, size_t b) {
+        if (b && a > SIZE_MAX / b) ok = false;
+        return a * b;
+    }
+    size_t al(size_t x) {  // align_up to kAlign
+        if (x > SIZE_MAX - kAlign) ok = false;
+        return align_up(x, kAlign);
+    }
+    size_t al16(size_t floats) { return al(mul(floats, sizeof(float))) / sizeof(float); }
+};
+
+uint32_t ceil_div(uint64_t a, uint32_t b) { return uint32_t((a + b - 1) / b); }
 
 }  // namespace
 
-bool arena_plan(const kvp_config &cfg, ArenaPlan *p) {
-    bool ok = true;
+void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
+    policy_of(cfg).plan(cfg, layer, &g->lp);
+    const uint32_t block = cfg.block, cap = g->lp.cap;
+    const uint32_t pin = g->lp.pin_cap < cap ? g->lp.pin_cap : cap;
+    g->pin_blk_cap = ceil_div(pin, block);
+    const uint64_t body = uint64_t(cap) - pin + (g->lp.front_evict ? block - 1 : 0);
+    g->blk_cap = cap > pin ? ceil_div(body, block) : 0;
+    g->max_blocks = g->pin_blk_cap + g->blk_cap;
+    g->min_blocks = g->pin_blk_cap + (g->blk_cap ? 1 : 0);
+}
+
+bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
+    Sz z;
     const kvp_model &m = cfg.model;
-    const uint32_t group = m.n_q_heads / m.n_kv_heads;
+    const uint32_t L = m.n_layers, H = m.n_kv_heads, G = m.n_q_heads / m.n_kv_heads;
     const uint32_t pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
     p->stride = uint32_t(align_up(m.head_dim, kAlign / sizeof(float)));
-    p->cap = config_capacity(cfg);
-    p->logit_ld = uint32_t(align_up(p->cap, kAlign / sizeof(float)));
+    p->block = cfg.block;
 
-    size_t off = align_up(sizeof(kvp_cache), kAlign);
+    // Per-layer plans: block needs, table sizes, scratch needs.
+    uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
+    uint32_t max_cap = 0;
+    size_t max_runs = 0, pol_scratch = 0;
+    bool any_obs = false;
+    for (uint32_t l = 0; l < L; ++l) {
+        LayerGeom g;
+        layer_geom(cfg, l, &g);
+        sum_blocks += g.max_blocks;
+        sum_min += g.min_blocks;
+        sum_cap += g.lp.cap;
+        tables += uint64_t(g.max_blocks) * H;
+        if (g.lp.cap > max_cap) max_cap = g.lp.cap;
+        const size_t runs = store_max_runs(g.lp.cap, g.pin_blk_cap, g.blk_cap);
+        if (runs > max_runs) max_runs = runs;
+        if (g.lp.scratch_bytes > pol_scratch) pol_scratch = g.lp.scratch_bytes;
+        if (g.lp.obs_queries) any_obs = true;
+    }
+    p->sum_cap = sum_cap;
+    p->max_cap = max_cap;
+    p->max_runs = max_runs;
+    p->shared = cfg.total_capacity != 0 && cfg.total_capacity < sum_cap;
+    const uint64_t nblocks = p->shared ? ceil_div(cfg.total_capacity, cfg.block) : sum_blocks;
+    if (nblocks > 0x7fffffffu) { if (why) *why = "the pool needs more than 2^31-1 blocks"; return false; }
+    if (nblocks < sum_min) {
+        if (why) *why = "total_capacity is below what the layers need to make progress";
+        return false;
+    }
+    p->nblocks = uint32_t(nblocks);
+    p->logit_ld = uint32_t(z.al16(max_cap));
+
+    size_t off = z.al(sizeof(kvp_cache));
     p->off_layers = off;
-    off = add(off, align_up(sizeof(LayerState) * m.n_layers, kAlign), &ok);
+    off = z.add(off, z.al(z.mul(sizeof(LayerState), L)));
     p->off_heads = off;
-    off = add(off, align_up(mul(sizeof(HeadStore), size_t(m.n_layers) * m.n_kv_heads, &ok), kAlign), &ok);
+    off = z.add(off, z.al(z.mul(sizeof(HeadStore), z.mul(L, H))));
+    p->off_tables = off;
+    off = z.add(off, z.al(z.mul(sizeof(uint32_t), size_t(tables))));
+    p->off_home = off;
+    off = z.add(off, z.al(z.mul(sizeof(uint32_t), size_t(L) + 1)));
+    p->off_minb = off;
+    off = z.add(off, z.al(z.mul(sizeof(uint32_t), L)));
+    p->off_pools = off;
+    off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
+    p->off_pool_meta = off;
+    p->pool_meta_bytes = z.add(z.al(z.mul(sizeof(int32_t), p->nblocks)), z.al(z.mul(2 * sizeof(uint32_t), L)));
+    off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
-    off = add(off, align_up(sizeof(double) * pairs, kAlign), &ok);
-    p->off_rows = off;
+    off = z.add(off, z.al(sizeof(double) * pairs));
 
-    const size_t row_bytes = mul(p->stride, sizeof(float), &ok);
-    size_t hb = mul(mul(row_bytes, p->cap, &ok), 2, &ok);                       // K and V
-    hb = add(hb, align_up(mul(sizeof(int32_t), p->cap, &ok), kAlign), &ok);   // pos
-    hb = add(hb, align_up(mul(sizeof(float), p->cap, &ok), kAlign), &ok);     // score
-    p->head_bytes = hb;
-    off = add(off, mul(hb, size_t(m.n_layers) * m.n_kv_heads, &ok), &ok);
+    const size_t slots = z.mul(p->nblocks, p->block);
+    const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));
+    p->data_v = rows;
+    p->data_pos = z.mul(rows, 2);
+    p->data_rot = z.add(p->data_pos, z.al(z.mul(sizeof(int32_t), slots)));
+    p->data_score = z.add(p->data_rot, z.al(z.mul(sizeof(int32_t), slots)));
+    p->pool_data_bytes = z.add(p->data_score, z.al(z.mul(sizeof(float), slots)));
+    p->off_data = off;
+    off = z.add(off, z.mul(p->pool_data_bytes, H));
 
     p->off_memos = off;
-    off = add(off, align_up(mul(sizeof(RopeMemo), cfg.threads, &ok), kAlign), &ok);
+    off = z.add(off, z.al(z.mul(sizeof(RopeMemo), cfg.threads)));
 
-    // Per-thread scratch (floats, each part rounded to 16 floats).
-    const size_t r16 = kAlign / sizeof(float);
+    // Per-thread scratch (bytes; parts 64-aligned).
+    const size_t ld = p->logit_ld, st = p->stride, TR = size_t(kTileTokens) * G;
     p->memo_floats = rope_memo_floats(pairs);
-    const size_t dec = mul(group, p->logit_ld, &ok) + 2 * align_up(size_t(group) * p->stride, r16) +
-                       align_up(group, r16);
-    const size_t rows = size_t(kTileTokens) * group;
-    const size_t pre = 3 * align_up(rows * p->stride, r16) + align_up(rows * kKeyBlock, r16) +
-                       2 * align_up(rows, r16);
-    p->scratch_floats = p->memo_floats + align_up(dec > pre ? dec : pre, r16);
+    const size_t dec = z.add(z.add(z.mul(G, ld), z.al16(z.mul(G, st))), 2 * z.al16(G));
+    size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), 2 * z.al16(TR));
+    if (any_obs) pre = z.add(pre, z.add(z.add(z.al16(z.mul(TR, ld)), z.al16(z.mul(G, ld))), z.al16(TR)));
+    const size_t work = dec > pre ? dec : pre;
+    p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));
+    p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));
+    p->scr_policy = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
+    p->scratch_bytes = z.add(p->scr_policy, z.al(pol_scratch));
     p->off_scratch = off;
-    off = add(off, mul(mul(p->scratch_floats, sizeof(float), &ok), cfg.threads, &ok), &ok);
+    off = z.add(off, z.mul(p->scratch_bytes, cfg.threads));
     p->total = off;
-    return ok;
+    if (!z.ok && why) *why = "the arena size overflows size_t";
+    return z.ok;
 }
 
 }  // namespace kvp

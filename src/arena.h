@@ -1,22 +1,31 @@
 // Arena layout: every byte a cache uses, planned from the config alone (kvp_arena_size is exact).
 //
-//   [kvp_cache object]                                    one struct, 64-aligned
+//   [kvp_cache object]                                   one struct
 //   [LayerState x n_layers]
 //   [HeadStore  x n_layers*n_kv_heads]
-//   [inv_freq   x rope_dim/2 doubles]
-//   per (layer, kv head), for each of its `cap` slots:    (layer-major, then head)
-//     K rows [cap][stride] f32, V rows [cap][stride] f32, pos [cap] i32, score [cap] f32
+//   [block tables]        uint32 per (layer, head): pinned blocks then the circular body list
+//   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared)
+//   [BlockPool x n_kv_heads]
+//   [pool bookkeeping]    per pool: next[nblocks], top[L], held[L]
+//   [inv_freq x rope_dim/2 doubles]
+//   per KV head pool, nblocks*block slots:               (head-major)
+//     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32
 //   RopeMemo x threads
-//   scratch x threads: RoPE tables (memo), then decode logits [G][logit_ld] and rotated
-//                      queries, or prefill tiles
+//   scratch x threads:   RoPE tables | runs | attention work floats | policy scratch
 //
-// Every region starts on a 64-byte boundary; a row's stride is head_dim rounded up to 16
-// floats so every K/V row is 64-byte aligned. tests/test_capi.cpp pins the byte count.
+// Every region starts on a 64-byte boundary; a row's stride is head_dim rounded up to 16 floats,
+// so every K/V row is 64-byte aligned. Blocks: each layer needs at most
+//   ceil(pin_cap/block) + ceil((body_max [+ block-1 for a ring, whose front block is partly
+//   evicted]) / block)
+// blocks; the pool holds the sum over layers (default), or ceil(total_capacity/block) when
+// total_capacity is below the sum of the layers' capacities (sharing). tests/test_capi.cpp and
+// tests/test_pool.cpp pin the byte counts.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kvprune/kvprune.h"
+#include "policies/policy.h"
 
 namespace kvp {
 
@@ -26,18 +35,34 @@ constexpr uint32_t kKeyBlock = 128;   // prefill: keys per online-softmax block
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// A layer's plan and the block geometry derived from it.
+struct LayerGeom {
+    LayerPlan lp;
+    uint32_t pin_blk_cap;   // pinned blocks
+    uint32_t blk_cap;       // body block list entries
+    uint32_t max_blocks;    // pin_blk_cap + blk_cap: all the layer can ever hold per head
+    uint32_t min_blocks;    // reservation (pool.h)
+};
+void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g);
+
 struct ArenaPlan {
-    uint32_t stride;          // floats per K/V row
-    uint32_t cap;             // slots per (layer, head)
-    uint32_t logit_ld;        // decode logits row stride (floats)
-    size_t off_layers, off_heads, off_freqs, off_rows, head_bytes;
-    size_t off_memos;
-    size_t off_scratch, scratch_floats;  // per thread, of which the first memo_floats are RoPE tables
-    size_t memo_floats;
+    uint32_t stride;         // floats per K/V row
+    uint32_t block;          // slots per block
+    uint32_t nblocks;        // blocks per pool (per KV head index)
+    uint32_t max_cap;        // max layer capacity
+    uint32_t logit_ld;       // decode / observation logits row stride (floats)
+    bool shared;             // total_capacity below the sum of the layers' capacities
+    uint64_t sum_cap;        // sum of the layers' capacities (tokens per KV head)
+    size_t max_runs;
+    size_t off_layers, off_heads, off_tables, off_home, off_minb, off_pools, off_pool_meta, pool_meta_bytes;
+    size_t off_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
+    size_t off_memos, off_scratch, scratch_bytes;
+    size_t memo_floats, scr_runs, scr_work, scr_policy;
     size_t total;
 };
 
-// Plans the arena of a config that passed config_check; false on size overflow.
-bool arena_plan(const kvp_config &cfg, ArenaPlan *p);
+// Plans the arena of a config that passed the range and policy checks; false when a size
+// overflows size_t (or the pool is smaller than the layers' reservations: *why is set then).
+bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why = nullptr);
 
 }  // namespace kvp

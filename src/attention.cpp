@@ -17,137 +17,195 @@ void load_rotated(const kvp_cache *c, RopeMemo &memo, int64_t rpos, const float 
     rope_apply(c->rope, rope_table_memo(c->rope, memo, rpos), dst, rows, st);
 }
 
-// Rotation position of a query at logical index `logical` (original position `orig`) for the
-// pinned (ring=false) or ring runs.
-int64_t query_rot(const kvp_cache *c, const HeadStore &hs, uint32_t logical, int64_t orig, bool ring) {
-    if (c->positions == KVP_POS_ORIGINAL) return orig;
-    return int64_t(logical) + (ring ? hs.shift : 0);
+// Rotates the tile's query rows (tq tokens x G heads, token t at q + (i0+t)*tok_stride) for a
+// run of delta d, unless they already are (*cur).
+void rotate_tile(const AttnIn &a, const QueryPos &qp, const float *q, size_t tok_stride, uint32_t i0, uint32_t tq,
+                 int64_t d, int64_t *cur, float *qt) {
+    if (*cur == d) return;
+    const uint32_t G = a.c->group, hd = a.c->cfg.model.head_dim, st = a.c->plan.stride;
+    for (uint32_t t = 0; t < tq; ++t)
+        load_rotated(a.c, *a.memo, qp.at(i0 + t) + d, q + (i0 + t) * tok_stride, hd, G, qt + size_t(t) * G * st);
+    *cur = d;
 }
 
-bool ring_needs_own_rotation(const kvp_cache *c, const HeadStore &hs) {
-    return c->positions == KVP_POS_REALIGN && hs.shift != 0 && hs.count != 0;
-}
+// Key i of run r (slot index).
+inline uint32_t slot_at(const Run &r, uint32_t logical) { return r.slot + (logical - r.logical); }
 
 }  // namespace
 
-void attend_decode(const kvp_cache *c, const HeadStore &hs, const float *q, int64_t pos, float *out,
-                   RopeMemo &memo, float *scratch) {
+float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
+    const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
-    const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride, L = a.L;
     const size_t ld = c->plan.logit_ld;
-    float *logits = scratch;
-    float *qpin = logits + G * ld;
-    float *qring = qpin + align_up(size_t(G) * st, kR16);
-    float *sums = qring + align_up(size_t(G) * st, kR16);
+    float *logits = a.work;
+    float *qr = logits + G * ld;
+    float *sums = qr + align_up(size_t(G) * st, kR16);
+    float *inv = sums + align_up(G, kR16);
 
-    const uint32_t L = hs.len(), P = L - 1;
-    load_rotated(c, memo, query_rot(c, hs, P, pos, false), q, hd, G, qpin);
-    const float *qr = qpin;
-    if (ring_needs_own_rotation(c, hs)) {
-        load_rotated(c, memo, query_rot(c, hs, P, pos, true), q, hd, G, qring);
-        qr = qring;
+    int64_t cur = INT64_MIN;
+    for (uint32_t r = 0; r < a.nr; ++r) {
+        const Run &run = a.runs[r];
+        if (qpos + run.delta != cur) {
+            cur = qpos + run.delta;
+            load_rotated(c, *a.memo, cur, q, hd, G, qr);
+        }
+        K.qk(qr, st, G, a.pool->k_row(run.slot), st, run.n, hd, c->scale, logits + run.logical, ld);
     }
-    Segment seg[3];
-    const uint32_t ns = hs.segments(seg);
-    for (uint32_t s = 0; s < ns; ++s)
-        K.qk(seg[s].ring ? qr : qpin, st, G, hs.k + size_t(seg[s].slot) * st, st, seg[s].n, hd, c->scale,
-             logits + seg[s].logical, ld);
     for (uint32_t g = 0; g < G; ++g) {
         float *row = logits + g * ld;
         sums[g] = K.expsum(row, L, K.max(row, L));
+        inv[g] = 1.0f / sums[g];
     }
     for (uint32_t g = 0; g < G; ++g) memset(out + size_t(g) * hd, 0, hd * sizeof(float));
-    for (uint32_t s = 0; s < ns; ++s)
-        K.pv(logits + seg[s].logical, ld, G, hs.v + size_t(seg[s].slot) * st, st, seg[s].n, hd, out, hd);
-    for (uint32_t g = 0; g < G; ++g) {
-        const float inv = 1.0f / sums[g];
-        float *o = out + size_t(g) * hd;
-        for (uint32_t j = 0; j < hd; ++j) o[j] *= inv;
+    for (uint32_t r = 0; r < a.nr; ++r) {
+        const Run &run = a.runs[r];
+        K.pv(logits + run.logical, ld, G, a.pool->v_row(run.slot), st, run.n, hd, out, hd);
     }
+    for (uint32_t g = 0; g < G; ++g) {
+        float *o = out + size_t(g) * hd;
+        for (uint32_t j = 0; j < hd; ++j) o[j] *= inv[g];
+    }
+    const kern::ScoreF32 &S = *c->skern;
+    if (scores) {
+        for (uint32_t r = 0; r < a.nr; ++r) {
+            const Run &run = a.runs[r];
+            S.acc(logits + run.logical, ld, G, inv, run.n, a.pool->score + run.slot);
+        }
+    }
+    float hoyer = 0.0f;
+    if (L > 1) {
+        const double rl = sqrt(double(L));
+        for (uint32_t g = 0; g < G; ++g) {
+            const double l2 = sqrt(double(S.sumsq(logits + g * ld, L))) * double(inv[g]);  // |p|_2, |p|_1 = 1
+            double h = l2 > 0 ? (rl - 1.0 / l2) / (rl - 1.0) : 0.0;
+            h = h < 0 ? 0 : h > 1 ? 1 : h;
+            hoyer += float(h);
+        }
+    }
+    return hoyer;
 }
 
-void attend_prefill(const kvp_cache *c, const HeadStore &hs, uint32_t n, const NewPositions &pos,
-                    const float *q, float *out, size_t tok_stride, RopeMemo &memo, float *scratch) {
+void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out, size_t tok_stride) {
+    const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
     const size_t TR = size_t(kTileTokens) * G;
     const size_t KB = kKeyBlock;
-    float *qpin = scratch;
-    float *qring = qpin + align_up(TR * st, kR16);
-    float *O = qring + align_up(TR * st, kR16);
+    float *qt = a.work;
+    float *O = qt + align_up(TR * st, kR16);
     float *lg = O + align_up(TR * st, kR16);
     float *mrow = lg + align_up(TR * KB, kR16);
     float *lrow = mrow + align_up(TR, kR16);
 
-    const uint32_t L = hs.len(), L0 = L - n;
-    Segment seg[3];
-    const uint32_t ns = hs.segments(seg);
-    const bool own_ring = ring_needs_own_rotation(c, hs);
-
+    const uint32_t L = a.L, L0 = L - n;
     for (uint32_t i0 = 0; i0 < n; i0 += kTileTokens) {
         const uint32_t tq = n - i0 < kTileTokens ? n - i0 : kTileTokens;
         const uint32_t rows = tq * G;
-        for (uint32_t t = 0; t < tq; ++t) {
-            const uint32_t i = i0 + t;
-            const float *src = q + i * tok_stride;
-            load_rotated(c, memo, query_rot(c, hs, L0 + i, pos.at(i), false), src, hd, G, qpin + size_t(t) * G * st);
-            if (own_ring)
-                load_rotated(c, memo, query_rot(c, hs, L0 + i, pos.at(i), true), src, hd, G, qring + size_t(t) * G * st);
-        }
-        const float *qr = own_ring ? qring : qpin;
         for (uint32_t r = 0; r < rows; ++r) {
             mrow[r] = -INFINITY;
             lrow[r] = 0.0f;
         }
         memset(O, 0, size_t(rows) * st * sizeof(float));
         const uint32_t first_q = L0 + i0, last_q = L0 + i0 + tq - 1;
-
-        for (uint32_t s = 0; s < ns; ++s) {
-            for (uint32_t b = 0; b < seg[s].n; b += kKeyBlock) {
-                const uint32_t j0 = seg[s].logical + b;
-                if (j0 > last_q) break;
-                const uint32_t nb = seg[s].n - b < kKeyBlock ? seg[s].n - b : kKeyBlock;
-                const size_t slot = size_t(seg[s].slot) + b;
-                K.qk(seg[s].ring ? qr : qpin, st, rows, hs.k + slot * st, st, nb, hd, c->scale, lg, KB);
-                if (j0 + nb - 1 > first_q) {  // causal mask: key j visible to query token t iff j <= L0+i0+t
-                    for (uint32_t t = 0; t < tq; ++t) {
-                        const uint32_t lim = first_q + t;
-                        const uint32_t from = lim >= j0 ? lim - j0 + 1 : 0;
-                        for (uint32_t g = 0; g < G; ++g) {
-                            float *row = lg + (size_t(t) * G + g) * KB;
-                            for (uint32_t jj = from; jj < nb; ++jj) row[jj] = -INFINITY;
-                        }
+        int64_t cur = INT64_MIN;
+        uint32_t ri = 0;
+        for (uint32_t kb0 = 0; kb0 <= last_q; kb0 += kKeyBlock) {
+            const uint32_t kb1 = last_q + 1 - kb0 < kKeyBlock ? last_q + 1 : kb0 + kKeyBlock;
+            const uint32_t nb = kb1 - kb0;
+            while (a.runs[ri].logical + a.runs[ri].n <= kb0) ++ri;
+            for (uint32_t r = ri; r < a.nr && a.runs[r].logical < kb1; ++r) {
+                const Run &run = a.runs[r];
+                const uint32_t j0 = run.logical > kb0 ? run.logical : kb0;
+                const uint32_t j1 = run.logical + run.n < kb1 ? run.logical + run.n : kb1;
+                rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
+                K.qk(qt, st, rows, a.pool->k_row(slot_at(run, j0)), st, j1 - j0, hd, c->scale, lg + (j0 - kb0), KB);
+            }
+            if (kb1 - 1 > first_q) {  // causal mask: key j visible to query token t iff j <= L0+i0+t
+                for (uint32_t t = 0; t < tq; ++t) {
+                    const uint32_t lim = first_q + t;
+                    const uint32_t from = lim >= kb0 ? lim - kb0 + 1 : 0;
+                    for (uint32_t g = 0; g < G; ++g) {
+                        float *row = lg + (size_t(t) * G + g) * KB;
+                        for (uint32_t jj = from; jj < nb; ++jj) row[jj] = -INFINITY;
                     }
                 }
-                for (uint32_t r = 0; r < rows; ++r) {
-                    float *row = lg + r * KB;
-                    const float bm = K.max(row, nb);
-                    if (bm == -INFINITY) {  // fully masked for this query: contributes nothing
-                        memset(row, 0, nb * sizeof(float));
-                        continue;
-                    }
-                    const float mn = bm > mrow[r] ? bm : mrow[r];
-                    if (mn != mrow[r] && lrow[r] != 0.0f) {
-                        const float a = kern::exp_approx(mrow[r] - mn);
-                        float *o = O + r * st;
-                        for (uint32_t j = 0; j < hd; ++j) o[j] *= a;
-                        lrow[r] *= a;
-                    }
-                    lrow[r] += K.expsum(row, nb, mn);
-                    mrow[r] = mn;
+            }
+            for (uint32_t r = 0; r < rows; ++r) {
+                float *row = lg + r * KB;
+                const float bm = K.max(row, nb);
+                if (bm == -INFINITY) {  // fully masked for this query: contributes nothing
+                    memset(row, 0, nb * sizeof(float));
+                    continue;
                 }
-                K.pv(lg, KB, rows, hs.v + slot * st, st, nb, hd, O, st);
+                const float mn = bm > mrow[r] ? bm : mrow[r];
+                if (mn != mrow[r] && lrow[r] != 0.0f) {
+                    const float al = kern::exp_approx(mrow[r] - mn);
+                    float *o = O + r * st;
+                    for (uint32_t j = 0; j < hd; ++j) o[j] *= al;
+                    lrow[r] *= al;
+                }
+                lrow[r] += K.expsum(row, nb, mn);
+                mrow[r] = mn;
+            }
+            for (uint32_t r = ri; r < a.nr && a.runs[r].logical < kb1; ++r) {
+                const Run &run = a.runs[r];
+                const uint32_t j0 = run.logical > kb0 ? run.logical : kb0;
+                const uint32_t j1 = run.logical + run.n < kb1 ? run.logical + run.n : kb1;
+                K.pv(lg + (j0 - kb0), KB, rows, a.pool->v_row(slot_at(run, j0)), st, j1 - j0, hd, O, st);
             }
         }
         for (uint32_t t = 0; t < tq; ++t) {
             for (uint32_t g = 0; g < G; ++g) {
                 const size_t r = size_t(t) * G + g;
-                const float inv = 1.0f / lrow[r];
+                const float il = 1.0f / lrow[r];
                 float *o = out + (i0 + t) * tok_stride + size_t(g) * hd;
-                for (uint32_t j = 0; j < hd; ++j) o[j] = O[r * st + j] * inv;
+                for (uint32_t j = 0; j < hd; ++j) o[j] = O[r * st + j] * il;
             }
         }
     }
+}
+
+const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, size_t tok_stride,
+                             uint32_t w) {
+    const kvp_cache *c = a.c;
+    const kern::AttnF32 &K = *c->kern;
+    const kern::ScoreF32 &S = *c->skern;
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
+    const size_t TR = size_t(kTileTokens) * G, ld = c->plan.logit_ld;
+    // After attend_prefill's buffers (qt is shared: it is rebuilt per tile anyway).
+    float *qt = a.work;
+    float *lgf = qt + 2 * align_up(TR * st, kR16) + align_up(TR * kKeyBlock, kR16) + 2 * align_up(TR, kR16);
+    float *obs = lgf + align_up(TR * ld, kR16);
+    float *inv = obs + align_up(size_t(G) * ld, kR16);
+
+    const uint32_t L = a.L, L0 = L - n;
+    for (uint32_t g = 0; g < G; ++g) memset(obs + g * ld, 0, size_t(L) * sizeof(float));
+    for (uint32_t i0 = n - w; i0 < n; i0 += kTileTokens) {
+        const uint32_t tq = n - i0 < kTileTokens ? n - i0 : kTileTokens;
+        const uint32_t rows = tq * G, vis = L0 + i0 + tq;  // keys 0..vis-1 are seen by some row
+        int64_t cur = INT64_MIN;
+        for (uint32_t r = 0; r < a.nr && a.runs[r].logical < vis; ++r) {
+            const Run &run = a.runs[r];
+            const uint32_t j1 = run.logical + run.n < vis ? run.logical + run.n : vis;
+            rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
+            K.qk(qt, st, rows, a.pool->k_row(run.slot), st, j1 - run.logical, hd, c->scale, lgf + run.logical, ld);
+        }
+        for (uint32_t t = 0; t < tq; ++t) {
+            for (uint32_t g = 0; g < G; ++g) {
+                const size_t r = size_t(t) * G + g;
+                float *row = lgf + r * ld;
+                for (uint32_t j = L0 + i0 + t + 1; j < vis; ++j) row[j] = -INFINITY;
+                inv[r] = 1.0f / K.expsum(row, vis, K.max(row, vis));
+            }
+        }
+        for (uint32_t g = 0; g < G; ++g) {
+            float wg[kTileTokens];
+            for (uint32_t t = 0; t < tq; ++t) wg[t] = inv[size_t(t) * G + g];
+            S.acc(lgf + size_t(g) * ld, size_t(G) * ld, tq, wg, vis, obs + size_t(g) * ld);
+        }
+    }
+    return obs;
 }
 
 }  // namespace kvp

@@ -14,50 +14,79 @@
 namespace kvp {
 namespace {
 
-// Stores token i's K/V row for one head in the next slot, K rotated per the position mode.
-void store_token(kvp_cache *c, HeadStore &hs, uint32_t logical, int64_t orig, const float *k,
+struct Scratch {
+    float *work;
+    Run *runs;
+    void *policy;
+};
+
+Scratch scratch_of(kvp_cache *c, size_t tid) {
+    char *base = c->scratch + tid * c->plan.scratch_bytes;
+    return Scratch{reinterpret_cast<float *>(base + c->plan.scr_work), reinterpret_cast<Run *>(base + c->plan.scr_runs),
+                   base + c->plan.scr_policy};
+}
+
+// Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
+// position its mode gives (storage.h: rot).
+void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, const float *k,
                  const float *v, RopeMemo &memo) {
-    const uint32_t hd = c->cfg.model.head_dim, st = c->plan.stride;
-    bool ring;
-    const uint32_t slot = hs.next_slot(&ring);
-    float *kr = hs.k + size_t(slot) * st;
+    const uint32_t hd = c->cfg.model.head_dim;
+    uint32_t slot = 0;
+    store_reserve(hs, pool, layer, &slot);
+    const int64_t rot =
+        c->positions == KVP_POS_ORIGINAL ? orig : int64_t(hs.len()) + (hs.next_pinned() ? 0 : hs.shift);
+    float *kr = pool.k_row(slot);
     memcpy(kr, k, hd * sizeof(float));
-    memcpy(hs.v + size_t(slot) * st, v, hd * sizeof(float));
-    if (c->rope.style != KVP_ROPE_NONE) {
-        const int64_t rpos = c->positions == KVP_POS_ORIGINAL ? orig : int64_t(logical) + (ring ? hs.shift : 0);
-        rope_apply(c->rope, rope_table_memo(c->rope, memo, rpos), kr, 1, st);
-    }
-    hs.pos[slot] = int32_t(orig);
-    hs.score[slot] = 0.0f;
-    hs.commit_append();
+    memcpy(pool.v_row(slot), v, hd * sizeof(float));
+    if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rot), kr, 1, c->plan.stride);
+    pool.pos[slot] = int32_t(orig);
+    pool.rot[slot] = int32_t(rot);
+    pool.score[slot] = 0.0f;
+    store_commit(hs);
 }
 
-// The policy's pruning after tokens were appended to one head (prefill: once per chunk).
-void prune_head(kvp_cache *c, HeadStore &hs) {
-    if (!c->streaming) return;
-    const uint32_t L = hs.len();
-    const uint32_t target = streaming_target(c->rule, L);
-    if (target < L) hs.evict_ring_front(L - target, c->positions == KVP_POS_REALIGN);
-}
-
-void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos,
-               const float *q, const float *k, const float *v, float *out, StepMode mode, size_t tid) {
+void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *q,
+               const float *k, const float *v, float *out, StepMode mode, size_t tid) {
     const kvp_model &m = c->cfg.model;
+    const Policy &pol = *c->policy;
+    const LayerPlan &lp = c->layers[layer].geom.lp;
     HeadStore &hs = head_of(c, layer, h);
-    const uint32_t L0 = hs.len();
+    BlockPool &pool = c->pools[h];
     RopeMemo &memo = c->memos[tid];
-    float *scratch = scratch_of(c, tid);
+    const Scratch s = scratch_of(c, tid);
+    PolicyCtx ctx{c, layer, h, &pool, s.policy};
+
+    // Room first: a dry pool makes the policy evict by its own ranking (cache_room_check said it can).
+    while (store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
+        const uint32_t before = hs.len();
+        pol.self_prune(ctx, hs, n);
+        if (hs.len() == before) break;
+    }
+    const uint32_t L0 = hs.len();
     for (uint32_t i = 0; i < n; ++i) {
         const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
-        store_token(c, hs, L0 + i, pos.at(i), k + kv_off, v + kv_off, memo);
+        store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo);
     }
+    hs.len_after_append = hs.len();
+
+    const bool realign = c->positions == KVP_POS_REALIGN;
+    const bool attends = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
+    // The run list is O(blocks): built only when queries read the store.
+    const AttnIn a{c, &pool, s.runs, attends ? store_runs(hs, pool, realign, s.runs) : 0, hs.len(), &memo, s.work};
+    const QueryPos qp{&pos, realign, L0};
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (mode == StepMode::kDecode) {
-        attend_decode(c, hs, q + qoff, pos.at(0), out + qoff, memo, scratch);
-    } else if (mode == StepMode::kPrefill && out) {
-        attend_prefill(c, hs, n, pos, q + qoff, out + qoff, size_t(m.n_q_heads) * m.head_dim, memo, scratch);
+        hs.hoyer = attend_decode(a, q + qoff, qp.at(0), out + qoff, lp.decode_scores);
+    } else if (mode == StepMode::kPrefill && q) {
+        const size_t tok_stride = size_t(m.n_q_heads) * m.head_dim;
+        if (out) attend_prefill(a, n, qp, q + qoff, out + qoff, tok_stride);
+        if (lp.obs_queries && pol.observe) {
+            const uint32_t w = lp.obs_queries < n ? lp.obs_queries : n;
+            const float *obs = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
+            pol.observe(ctx, hs, a.runs, a.nr, obs, c->plan.logit_ld);
+        }
     }
-    prune_head(c, hs);
+    if (pol.prune) pol.prune(ctx, hs, mode);
 }
 
 }  // namespace
@@ -69,13 +98,14 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     c->magic = kMagic;
     c->cfg = cfg;
     c->plan = plan;
+    c->policy = &policy_of(cfg);
     const kvp_model &m = cfg.model;
+    const uint32_t L = m.n_layers, H = m.n_kv_heads;
     c->group = m.n_q_heads / m.n_kv_heads;
     c->positions = config_positions(cfg);
-    c->streaming = config_is_streaming(cfg);
-    if (c->streaming) c->rule = streaming_rule(cfg);
     c->scale = float(1.0 / sqrt(double(m.head_dim)));
     c->kern = kern::attn_f32_best();
+    c->skern = kern::score_f32_best();
 
     double *freqs = reinterpret_cast<double *>(base + plan.off_freqs);
     c->rope.style = m.rope;
@@ -85,28 +115,68 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
 
     c->layers = reinterpret_cast<LayerState *>(base + plan.off_layers);
     c->heads = reinterpret_cast<HeadStore *>(base + plan.off_heads);
-    const uint32_t pin = cfg.policy == KVP_POLICY_STREAMING ? cfg.sinks : 0;
-    const size_t rows_bytes = size_t(plan.cap) * plan.stride * sizeof(float);
-    for (uint32_t l = 0; l < m.n_layers; ++l) {
-        for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
-            char *p = base + plan.off_rows + (size_t(l) * m.n_kv_heads + h) * plan.head_bytes;
+    c->pools = reinterpret_cast<BlockPool *>(base + plan.off_pools);
+    uint32_t *tables = reinterpret_cast<uint32_t *>(base + plan.off_tables);
+    uint32_t *home_lo = reinterpret_cast<uint32_t *>(base + plan.off_home);
+    uint32_t *min_blocks = reinterpret_cast<uint32_t *>(base + plan.off_minb);
+
+    // Layers, their head stores and block tables; home ranges (pool.h) in proportion to what each
+    // layer can hold (exactly that without sharing).
+    uint64_t sum_max = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+        LayerState *ls = new (&c->layers[l]) LayerState;
+        memset(ls, 0, sizeof *ls);
+        layer_geom(cfg, l, &ls->geom);
+        sum_max += ls->geom.max_blocks;
+    }
+    uint64_t acc = 0;
+    size_t t = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+        const LayerGeom &g = c->layers[l].geom;
+        home_lo[l] = plan.shared ? uint32_t(acc * plan.nblocks / (sum_max ? sum_max : 1)) : uint32_t(acc);
+        acc += g.max_blocks;
+        min_blocks[l] = g.min_blocks;
+        for (uint32_t h = 0; h < H; ++h) {
             HeadStore *hs = new (&head_of(c, l, h)) HeadStore;
             memset(hs, 0, sizeof *hs);
-            hs->k = reinterpret_cast<float *>(p);
-            hs->v = reinterpret_cast<float *>(p + rows_bytes);
-            hs->pos = reinterpret_cast<int32_t *>(p + 2 * rows_bytes);
-            hs->score = reinterpret_cast<float *>(p + 2 * rows_bytes + align_up(plan.cap * sizeof(int32_t), kAlign));
-            hs->cap = plan.cap;
-            hs->pin_cap = pin;
+            hs->pin_blk = tables + t;
+            hs->blk = tables + t + g.pin_blk_cap;
+            t += g.max_blocks;
+            hs->cap = g.lp.cap;
+            hs->pin_cap = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
+            hs->pin_blk_cap = g.pin_blk_cap;
+            hs->blk_cap = g.blk_cap;
         }
     }
-    c->scratch = reinterpret_cast<float *>(base + plan.off_scratch);
+    home_lo[L] = plan.nblocks;
+
+    for (uint32_t h = 0; h < H; ++h) {
+        BlockPool *p = new (&c->pools[h]) BlockPool;
+        memset(p, 0, sizeof *p);
+        char *meta = base + plan.off_pool_meta + size_t(h) * plan.pool_meta_bytes;
+        char *data = base + plan.off_data + size_t(h) * plan.pool_data_bytes;
+        p->next = reinterpret_cast<int32_t *>(meta);
+        p->top = reinterpret_cast<int32_t *>(meta + align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->held = reinterpret_cast<uint32_t *>(p->top + L);
+        p->home_lo = home_lo;
+        p->min_blocks = min_blocks;
+        p->k = reinterpret_cast<float *>(data);
+        p->v = reinterpret_cast<float *>(data + plan.data_v);
+        p->pos = reinterpret_cast<int32_t *>(data + plan.data_pos);
+        p->rot = reinterpret_cast<int32_t *>(data + plan.data_rot);
+        p->score = reinterpret_cast<float *>(data + plan.data_score);
+        p->n_layers = L;
+        p->nblocks = plan.nblocks;
+        p->block = plan.block;
+        p->stride = plan.stride;
+    }
+
+    c->scratch = base + plan.off_scratch;
     c->memos = reinterpret_cast<RopeMemo *>(base + plan.off_memos);
-    for (uint32_t t = 0; t < cfg.threads; ++t) {
-        RopeMemo *rm = new (&c->memos[t]) RopeMemo;
-        memset(rm, 0, sizeof *rm);
-        rm->tables = c->scratch + size_t(t) * plan.scratch_floats;
-        rm->table_floats = uint32_t(plan.memo_floats / kRopeMemoEntries);
+    for (uint32_t i = 0; i < cfg.threads; ++i) {
+        RopeMemo *rm = new (&c->memos[i]) RopeMemo;
+        rope_memo_init(*rm, reinterpret_cast<float *>(c->scratch + size_t(i) * plan.scratch_bytes),
+                       uint32_t(plan.memo_floats / kRopeMemoEntries));
     }
     cache_reset(c);
 #if KVP_OPENMP
@@ -123,11 +193,49 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
 void cache_reset(kvp_cache *c) {
     const kvp_model &m = c->cfg.model;
     for (uint32_t l = 0; l < m.n_layers; ++l) {
-        c->layers[l].next_pos = 0;
-        c->layers[l].rows = 0;
-        for (uint32_t h = 0; h < m.n_kv_heads; ++h) head_of(c, l, h).clear();
+        LayerState &ls = c->layers[l];
+        ls.next_pos = 0;
+        ls.rows = 0;
+        ls.evict_threshold = 0;
+        ls.sparsity = 0.0f;
+        ls.lazy = -1;
+        memset(ls.pstate, 0, sizeof ls.pstate);
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) store_clear(head_of(c, l, h));
     }
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h) c->pools[h].reset();
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
+}
+
+kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m) {
+    const kvp_model &md = c->cfg.model;
+    const LayerGeom &g = c->layers[layer].geom;
+    for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
+        const HeadStore &hs = head_of(c, layer, h);
+        if (uint64_t(hs.len()) + n > hs.cap) {
+            m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" of ").u(hs.cap).s(" slots; ").u(n)
+                .s(" more do not fit (full policy at capacity, or a prefill chunk larger than the free slots)");
+            return KVP_ERR_FULL;
+        }
+        const BlockPool &pool = c->pools[h];
+        const uint32_t block = pool.block, allowed = pool.allowed(layer);
+        if (store_blocks_needed(hs, block, n) <= allowed) continue;
+        // Blocks the head would hold after its policy evicted all it may, plus the new tokens.
+        PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr};
+        const uint32_t ev = c->policy->evictable(ctx, hs);
+        const uint32_t count = hs.count - ev;
+        uint32_t to_pin = 0;
+        if (count == 0 && hs.npin < hs.pin_cap) to_pin = hs.pin_cap - hs.npin < n ? hs.pin_cap - hs.npin : n;
+        const uint64_t roff = count == 0 ? 0 : g.lp.front_evict ? (uint64_t(hs.roff) + ev) % block : hs.roff;
+        const uint64_t body = uint64_t(count) + (n - to_pin);
+        const uint64_t need = (uint64_t(hs.npin) + to_pin + block - 1) / block + (body ? (roff + body + block - 1) / block : 0);
+        if (need > uint64_t(hs.pnb) + hs.nb + allowed) {
+            m.s("layer ").u(layer).s(" KV head ").u(h).s(": the shared pool (total_capacity=").u(c->cfg.total_capacity)
+                .s(") has no free block for ").u(n).s(" more tokens and policy ").s(c->policy->name)
+                .s(ev ? " cannot free enough" : " cannot evict");
+            return KVP_ERR_FULL;
+        }
+    }
+    return KVP_OK;
 }
 
 void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q,
@@ -135,13 +243,9 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     const kvp_model &m = c->cfg.model;
     LayerState &ls = c->layers[layer];
     NewPositions pos{positions, ls.next_pos};
-    const uint64_t appended = uint64_t(n) * m.n_kv_heads;
-    if (c->live_rows + appended > c->peak_rows) c->peak_rows = c->live_rows + appended;
 
     const int nkv = int(m.n_kv_heads);
-    auto run = [&](int h, size_t tid) {
-        head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, tid);
-    };
+    auto run = [&](int h, size_t tid) { head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, tid); };
 #if KVP_OPENMP
     // threads == 1 never enters OpenMP: libgomp allocates a team even for an if(false) region.
     if (c->cfg.threads > 1) {
@@ -153,6 +257,21 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         for (int h = 0; h < nkv; ++h) run(h, 0);
     }
 
+    // Peak: after every head appended, before the policy's prunes.
+    uint64_t appended = 0;
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h) appended += head_of(c, layer, h).len_after_append;
+    const uint64_t at_peak = c->live_rows - ls.rows + appended;
+    if (at_peak > c->peak_rows) c->peak_rows = at_peak;
+
+    if (c->policy->layer_phase) {
+        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy};
+        c->policy->layer_phase(ctx, mode);
+    }
+    if (mode == StepMode::kDecode) {  // heads reduced in fixed order
+        float hoyer = 0.0f;
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) hoyer += head_of(c, layer, h).hoyer;
+        ls.sparsity = hoyer / float(m.n_q_heads);
+    }
     uint64_t rows = 0;
     for (uint32_t h = 0; h < m.n_kv_heads; ++h) rows += head_of(c, layer, h).len();
     c->live_rows = c->live_rows - ls.rows + rows;

@@ -4,7 +4,8 @@
 #include <stddef.h>
 #include <string.h>
 
-#include "policies/streaming.h"
+#include "arena.h"
+#include "policies/policy.h"
 
 namespace kvp {
 namespace {
@@ -21,7 +22,7 @@ constexpr const char *kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 // Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
 constexpr uint32_t kPolicyImplemented = (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_WINDOW) |
-                                        (1u << KVP_POLICY_STREAMING);
+                                        (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O);
 constexpr uint32_t kDtypeImplemented = 1u << KVP_DTYPE_F32;
 constexpr uint32_t kScoreImplemented = 1u << KVP_SCORE_FLOAT;
 
@@ -452,24 +453,9 @@ kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
     return KVP_OK;
 }
 
-uint32_t config_capacity(const kvp_config &c) {
-    if (c.capacity) return c.capacity;
-    if (c.policy == KVP_POLICY_FULL) return kFullDefaultCapacity;
-    if (config_is_streaming(c)) {
-        uint64_t need = streaming_min_capacity(streaming_rule(c));
-        if (c.policy == KVP_POLICY_WINDOW) need = uint64_t(c.window) + 1;
-        return need > kMaxCapacity ? kMaxCapacity : uint32_t(need);
-    }
-    return kFullDefaultCapacity;
-}
-
 kvp_positions config_positions(const kvp_config &c) {
     if (c.positions != KVP_POS_DEFAULT) return c.positions;
-    return config_is_streaming(c) ? KVP_POS_REALIGN : KVP_POS_ORIGINAL;
-}
-
-bool config_is_streaming(const kvp_config &c) {
-    return c.policy == KVP_POLICY_STREAMING || c.policy == KVP_POLICY_WINDOW;
+    return policy_of(c).default_positions;
 }
 
 kvp_status config_check(const kvp_config &c, Msg &m) {
@@ -496,24 +482,23 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
             .s(" (or 4294967295 = floor(n_layers/3))");
         return KVP_ERR_CONFIG;
     }
-    const uint32_t cap = config_capacity(c);
-    if (cap == 0) { m.s("capacity must be >= 1"); return KVP_ERR_CONFIG; }
-    if (c.policy == KVP_POLICY_WINDOW) {
-        if (c.window == 0) { m.s("window must be >= 1"); return KVP_ERR_CONFIG; }
-        if (uint64_t(c.window) + 1 > cap) {
-            m.s("window=").u(c.window).s(" needs capacity >= window+1 (the new token is appended before the oldest is evicted), capacity=").u(cap);
+    const Policy &pol = policy_of(c);
+    if (pol.check && (st = pol.check(c, m)) != KVP_OK) return st;
+    for (uint32_t l = 0; l < c.model.n_layers; ++l) {
+        LayerGeom g;
+        layer_geom(c, l, &g);
+        if (g.lp.cap == 0 || g.lp.cap > kMaxCapacity) {
+            m.s("layer ").u(l).s(": capacity ").u(g.lp.cap).s(" must be in 1..").u(kMaxCapacity);
             return KVP_ERR_CONFIG;
         }
     }
-    if (c.policy == KVP_POLICY_STREAMING) {
-        StreamingRule r = streaming_rule(c);
-        if (r.C == 0) { m.s("streaming: sinks+window+extra must be >= 1"); return KVP_ERR_CONFIG; }
-        uint64_t need = streaming_min_capacity(r);
-        if (need > cap) {
-            m.s("streaming: capacity=").u(cap).s(" is below max(C+R, H)=").u(need).s(" (C=sinks+window+extra=")
-                .u(r.C).s(", R=compress_every=").u(r.R).s(", H=C+slack=").u(r.H).s(")");
-            return KVP_ERR_CONFIG;
-        }
+    // The shared pool: the layers' capacities and the blocks they need (arena.h).
+    ArenaPlan plan = {};
+    const char *why = nullptr;
+    if (!arena_plan(c, &plan, &why)) {
+        m.s(why ? why : "the arena size overflows");
+        if (plan.shared) m.s(" (total_capacity=").u(c.total_capacity).s(", block=").u(c.block).s(")");
+        return KVP_ERR_CONFIG;
     }
     return KVP_OK;
 }

@@ -36,9 +36,7 @@ bool struct_size_ok(uint32_t size, size_t first_layout, size_t known);
 constexpr size_t kConfigFirstSize = KVP_CONFIG_SIZE_0_1;
 
 // Derived values of a config that passed config_check.
-uint32_t config_capacity(const kvp_config &cfg);       // capacity, or the policy's minimum when 0
 kvp_positions config_positions(const kvp_config &cfg);  // ORIGINAL or REALIGN (never DEFAULT)
-bool config_is_streaming(const kvp_config &cfg);        // streaming or window rule applies
 
 // Limits (documented in the header and docs/DECISIONS.md).
 constexpr uint32_t kMaxHeadDim = 1024;

@@ -1,6 +1,7 @@
 #include "rope.h"
 
 #include <math.h>
+#include <stdint.h>
 
 namespace kvp {
 
@@ -21,14 +22,19 @@ size_t rope_memo_floats(uint32_t pairs) {
     return size_t(kRopeMemoEntries) * ((2 * size_t(pairs) + 15) / 16 * 16);
 }
 
+void rope_memo_init(RopeMemo &m, float *tables, uint32_t table_floats) {
+    for (uint32_t i = 0; i < kRopeMemoEntries; ++i) m.pos[i] = INT64_MIN;
+    m.tables = tables;
+    m.table_floats = table_floats;
+}
+
 const float *rope_table_memo(const Rope &r, RopeMemo &m, int64_t pos) {
-    for (uint32_t i = 0; i < m.used; ++i)
-        if (m.pos[i] == pos) return m.tables + size_t(i) * m.table_floats;
-    const uint32_t i = m.used < kRopeMemoEntries ? m.used++ : m.next;
-    m.next = (i + 1) % kRopeMemoEntries;
-    m.pos[i] = pos;
+    const uint32_t i = uint32_t(uint64_t(pos) % kRopeMemoEntries);
     float *t = m.tables + size_t(i) * m.table_floats;
-    rope_table(r, pos, t);
+    if (m.pos[i] != pos) {
+        rope_table(r, pos, t);
+        m.pos[i] = pos;
+    }
     return t;
 }
 

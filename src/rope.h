@@ -25,20 +25,22 @@ void rope_table(const Rope &r, int64_t pos, float *cs);
 // Rotates `n` vectors x[j*ld + 0..head_dim) in place with the table cs.
 void rope_apply(const Rope &r, const float *cs, float *x, uint32_t n, uint32_t ld);
 
-// The last few tables one thread computed, keyed by position. A table depends only on the
-// position, so entries never go stale; a decode step needs one or two positions for all KV
-// heads, so each thread computes them once per step instead of once per head.
-constexpr uint32_t kRopeMemoEntries = 4;
+// Tables one thread computed, direct-mapped by position (entry pos % kRopeMemoEntries). A
+// table depends only on the position, so entries never go stale. A decode step needs the same
+// few positions for all KV heads (streaming: two), and a realign store after scattered
+// evictions needs one per run of equal delta, mostly the same set from step to step (h2o's
+// recent window: P..P+recent-1), so each thread computes a table once, not once per head/step.
+constexpr uint32_t kRopeMemoEntries = 32;
 struct RopeMemo {
-    int64_t pos[kRopeMemoEntries];
-    uint32_t used;   // entries filled
-    uint32_t next;   // entry replaced next (round robin)
+    int64_t pos[kRopeMemoEntries];  // INT64_MIN: empty
     float *tables;   // [kRopeMemoEntries][table_floats], in the arena
     uint32_t table_floats;
 };
+// Empties a memo whose tables live at `tables`.
+void rope_memo_init(RopeMemo &m, float *tables, uint32_t table_floats);
 // Floats of one memo's tables for `pairs` rotation pairs (each table 64-byte aligned).
 size_t rope_memo_floats(uint32_t pairs);
-// The table for pos, computed on a miss.
+// The table for pos, computed on a miss. Valid until the next lookup that maps to its entry.
 const float *rope_table_memo(const Rope &r, RopeMemo &m, int64_t pos);
 
 }  // namespace kvp

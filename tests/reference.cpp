@@ -4,7 +4,6 @@
 #include <math.h>
 
 namespace ref {
-namespace {
 
 void rotate(const kvp_model &m, std::vector<double> &x, int64_t pos) {
     if (m.rope == KVP_ROPE_NONE) return;
@@ -20,7 +19,27 @@ void rotate(const kvp_model &m, std::vector<double> &x, int64_t pos) {
     }
 }
 
-}  // namespace
+std::vector<double> weights(const kvp_model &m, uint32_t h, const float *q_row, int64_t qpos, const float *k_all,
+                            const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos) {
+    const uint32_t hd = m.head_dim, kvh = h / (m.n_q_heads / m.n_kv_heads);
+    std::vector<double> qr(q_row, q_row + hd);
+    rotate(m, qr, qpos);
+    std::vector<double> w(idx.size());
+    double mx = -INFINITY;
+    for (size_t j = 0; j < idx.size(); ++j) {
+        const float *kr = k_all + (size_t(idx[j]) * m.n_kv_heads + kvh) * hd;
+        std::vector<double> kk(kr, kr + hd);
+        rotate(m, kk, kpos[j]);
+        double d = 0;
+        for (uint32_t i = 0; i < hd; ++i) d += qr[i] * kk[i];
+        w[j] = d / sqrt(double(hd));
+        mx = std::max(mx, w[j]);
+    }
+    double sum = 0;
+    for (double &x : w) sum += (x = exp(x - mx));
+    for (double &x : w) x /= sum;
+    return w;
+}
 
 void attend(const kvp_model &m, const float *q, int64_t qpos, const float *k_all, const float *v_all,
             const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos, std::vector<double> &out) {

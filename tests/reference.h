@@ -37,6 +37,14 @@ struct Rng {
 void attend(const kvp_model &m, const float *q, int64_t qpos, const float *k_all, const float *v_all,
             const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos, std::vector<double> &out);
 
+// RoPE in double: rotates x[0..head_dim) to position pos as the model's style says.
+void rotate(const kvp_model &m, std::vector<double> &x, int64_t pos);
+
+// Softmax weights, in double, of query head h (pre-RoPE q row, rotated at qpos) over the keys
+// k_all[idx[j]] of its KV head (rotated at kpos[j]): w[j], summing to 1.
+std::vector<double> weights(const kvp_model &m, uint32_t h, const float *q_row, int64_t qpos, const float *k_all,
+                            const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos);
+
 // A cache in its own 64-byte-aligned arena.
 struct Cache {
     kvp_cache *c = nullptr;

@@ -109,6 +109,26 @@ TEST(NoAllocation, AfterCreateInCallerMemory) {
     __libc_free(arena);
 }
 
+// Scored policies (h2o: fused decode scores, prefill observation, nth_element/sort victim
+// selection, compaction) and a dry shared pool (self-prune) allocate nothing either, with
+// original and realign positions and on 1 and 2 threads.
+TEST(NoAllocation, ScoredPolicyAndDryPool) {
+    for (const char *spec : {"policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2",
+                             "policy=h2o budget=120 recent=16 capacity=260 positions=realign threads=1",
+                             "policy=h2o budget=200 recent=16 capacity=260 total_capacity=420 threads=2",
+                             "policy=streaming sinks=4 window=200 capacity=260 total_capacity=460 threads=1"}) {
+        kvp_config cfg = config(spec);
+        const size_t bytes = kvp_arena_size(&cfg);
+        ASSERT_GT(bytes, 0u) << spec;
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
+        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;  // its 200-token prefill prunes (or self-prunes)
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+}
+
 TEST(NoAllocation, NullArenaAllocatesExactlyOnceInCreate) {
     kvp_config cfg = config("policy=window window=250 threads=1");
     kvp_cache *c = nullptr;

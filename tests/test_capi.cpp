@@ -83,7 +83,7 @@ TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
         {"sinks", KVP_ERR_CONFIG, "sinks"},
         {"=4", KVP_ERR_CONFIG, "=4"},
         {"nonlazy=window", KVP_ERR_CONFIG, "nonlazy"},
-        {"sinks=1 policy=h2o", KVP_ERR_UNSUPPORTED, "h2o"},
+        {"sinks=1 policy=lethe", KVP_ERR_UNSUPPORTED, "lethe"},
         {"policy=snapkv", KVP_ERR_UNSUPPORTED, "snapkv"},
         {"policy=think", KVP_ERR_UNSUPPORTED, "think"},
         {"kv_dtype=q8", KVP_ERR_UNSUPPORTED, "q8"},
@@ -153,17 +153,24 @@ TEST(Config, CheckCatchesContradictions) {
 }
 
 // tflite-micro style: the arena's size is pinned, so a layout change is a visible decision.
-// 2 layers x 2 KV heads x 100 slots x (K+V: 2 x 32 floats + pos + score, each array 64-aligned)
-// = 105984 B, plus the cache object, layer/head tables, one RoPE memo and one thread's scratch (at this
-// capacity the prefill tile scratch, 8 rows, outweighs the decode logits).
+// 2 layers x 2 KV heads, head_dim 32 (stride 32), full policy, capacity 100, block 16:
+//   each (layer, head) needs ceil(100/16) = 7 blocks, so each KV head's pool has 14 blocks = 224
+//   slots: K+V 224 x 2 x 128 B = 57344, pos/rot/score 3 x 896 -> 60032 B per pool, 120064 for 2;
+//   fixed part: cache object 832, layer states 256, head stores 384, block tables 128, home
+//   ranges + reservations 128, pool structs 256, pool free lists 256, RoPE frequencies 128,
+//   one RoPE memo 320: 2688;
+//   one thread's scratch: RoPE tables 32 x 32 floats = 4096, runs (100+7+1) x 24 -> 2624,
+//   attention work = the prefill tile (8 rows: 2 x 256 + 1024 + 2 x 16 floats) 6272: 12992.
+//   Total 120064 + 2688 + 12992 = 135744.
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);
-    EXPECT_EQ(n, 115072u);
+    EXPECT_EQ(n, 135744u);
     kvp_config cfg2 = base_config("capacity=164");
-    // 64 more slots per (layer, head): 4 x 64 x (256 B of K+V + 4 B pos + 4 B score); the scratch
-    // is unchanged (decode logits, 2 x 176 floats, still below the prefill tile).
-    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 8));
+    // 4 more blocks (64 slots) per (layer, head): 4 x 64 x (256 B of K+V + 4 B each of pos, rot,
+    // score); the block tables (+64), the pools' free lists (+2 x 64) and the run list
+    // (+66 runs x 24 -> +1600) grow with them; the attention scratch is unchanged.
+    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 128 + 1600);
     kvp_config cfg3 = base_config("capacity=100 threads=3");
     EXPECT_GT(kvp_arena_size(&cfg3), n);
 

@@ -60,7 +60,7 @@ TEST_P(StreamingRule, LengthAndPositionsAfterEveryToken) {
     EXPECT_EQ(s.tokens_seen, 300u);
     EXPECT_EQ(s.prune_events, 2u * prunes);
     EXPECT_EQ(s.tokens_evicted, 2u * (300u - kept.size()));
-    EXPECT_EQ(s.live_bytes, 2u * kept.size() * 2 * 16 * sizeof(float));  // 2 layers, K+V, stride 16
+    EXPECT_EQ(s.live_bytes, 2u * kept.size() * 2 * 8 * sizeof(float));  // 2 layers, K+V, head_dim 8 (no padding)
     EXPECT_GE(s.peak_live_bytes, s.live_bytes);
 }
 

@@ -1,17 +1,12 @@
 #include "policies/streaming.h"
 
+#include "cache.h"
+#include "config.h"
+
 namespace kvp {
 
 StreamingRule streaming_rule(const kvp_config &cfg) {
     StreamingRule r;
-    if (cfg.policy == KVP_POLICY_WINDOW) {
-        r.sinks = 0;
-        r.C = cfg.window;
-        r.R = 1;
-        r.H = cfg.window;
-        r.max_drop = 0;
-        return r;
-    }
     r.sinks = cfg.sinks;
     r.C = uint64_t(cfg.sinks) + cfg.window + cfg.extra;
     r.R = cfg.compress_every;
@@ -33,5 +28,49 @@ uint32_t streaming_target(const StreamingRule &r, uint32_t L) {
     if (t > r.H) t = r.H;
     return uint32_t(t);
 }
+
+void streaming_apply(PolicyCtx &ctx, HeadStore &hs, const StreamingRule &r) {
+    const uint32_t L = hs.len(), target = streaming_target(r, L);
+    if (target < L) store_evict_front(hs, *ctx.pool, ctx.layer, L - target, ctx.c->positions == KVP_POS_REALIGN);
+}
+
+uint32_t ring_evictable(const PolicyCtx &, const HeadStore &hs) { return hs.count; }
+
+void ring_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t) {
+    // the tokens of the front block: evicting them returns that block to the pool
+    const uint32_t block = ctx.pool->block;
+    uint32_t e = block - hs.roff;
+    if (e > hs.count) e = hs.count;
+    store_evict_front(hs, *ctx.pool, ctx.layer, e, ctx.c->positions == KVP_POS_REALIGN);
+}
+
+namespace {
+
+kvp_status check(const kvp_config &cfg, Msg &m) {
+    const StreamingRule r = streaming_rule(cfg);
+    if (r.C == 0) { m.s("streaming: sinks+window+extra must be >= 1"); return KVP_ERR_CONFIG; }
+    const uint64_t need = streaming_min_capacity(r);
+    if (cfg.capacity && need > cfg.capacity) {
+        m.s("streaming: capacity=").u(cfg.capacity).s(" is below max(C+R, H)=").u(need).s(" (C=sinks+window+extra=")
+            .u(r.C).s(", R=compress_every=").u(r.R).s(", H=C+slack=").u(r.H).s(")");
+        return KVP_ERR_CONFIG;
+    }
+    if (!cfg.capacity && need > kMaxCapacity) { m.s("streaming: max(C+R, H) exceeds the capacity limit"); return KVP_ERR_CONFIG; }
+    return KVP_OK;
+}
+
+void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
+    *p = LayerPlan{};
+    p->cap = cfg.capacity ? cfg.capacity : uint32_t(streaming_min_capacity(streaming_rule(cfg)));
+    p->pin_cap = cfg.sinks;
+    p->front_evict = true;
+}
+
+void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, streaming_rule(ctx.c->cfg)); }
+
+}  // namespace
+
+const Policy kStreamingPolicy = {"streaming", KVP_POS_REALIGN, &check, &plan, nullptr, &prune, nullptr,
+                                 &ring_evictable, &ring_self_prune};
 
 }  // namespace kvp

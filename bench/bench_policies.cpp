@@ -1,0 +1,179 @@
+// Policy costs (issue "scoring core"), all in one run so that ratios are measured side by side:
+//
+//   BM_DecodeStep/<policy>/N:<N>/threads:<T>   one kvp_decode of a 32 q-head / 8 kv-head / d 128
+//                                              fp32 layer attending N+1 tokens:
+//        window   policy=window window=N: ring, no scoring (the attention-only baseline)
+//        h2o      policy=h2o budget=N: fused score accumulation, victim scan, compaction
+//        full     policy=full: N..N+255 tokens (the cache is refilled every 256 steps, untimed)
+//   BM_PruneEvent/L:<kept>/moved:<m>/cap:<C>   one arbitrary eviction (store_compact) in a
+//                                              (layer, head) of capacity C holding L tokens,
+//                                              the victim m tokens before the end, so m-1 rows
+//                                              move; then one kvp_append restores L
+//   BM_RingEvict/L:<kept>/cap:<C>               one streaming front eviction + append (O(1))
+//
+// Run (random interleaving and repetitions make the decode ratios robust on a shared machine):
+//   build/bench/bench_policies --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+//       --benchmark_report_aggregates_only=true        (one command line)
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cache.h"
+#include "kvprune/kvprune.h"
+
+namespace {
+
+constexpr uint32_t kQ = 32, kKv = 8, kD = 128;
+
+struct Rng {  // splitmix64
+    uint64_t s;
+    float uni() {
+        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        return float((z >> 40) * (2.0 / 16777216.0) - 1.0);
+    }
+};
+
+struct Owned {
+    kvp_cache *c = nullptr;
+    void *arena = nullptr;
+    std::string error;
+    Owned(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t d, const std::string &spec) {
+        const kvp_model m = {layers, nq, nkv, d, KVP_ROPE_NEOX, 0, 10000.0f};
+        kvp_config cfg;
+        char err[256] = "";
+        if (kvp_config_default(&cfg, &m) != KVP_OK || kvp_config_apply(&cfg, spec.c_str(), err, sizeof err) != KVP_OK) {
+            error = spec + ": " + err;
+            return;
+        }
+        const size_t n = kvp_arena_size(&cfg);
+        arena = std::aligned_alloc(64, (n + 63) / 64 * 64);
+        if (!arena || kvp_create(&cfg, arena, n, &c) != KVP_OK) error = spec + ": create failed";
+    }
+    ~Owned() {
+        kvp_destroy(c);
+        std::free(arena);
+    }
+};
+
+// Appends n random tokens (no attention) to layer 0.
+bool fill(kvp_cache *c, uint32_t n, uint32_t nkv, uint32_t d, uint64_t seed) {
+    Rng r{seed};
+    std::vector<float> k(size_t(1024) * nkv * d), v(k.size());
+    for (float &x : k) x = r.uni();
+    for (float &x : v) x = r.uni();
+    for (uint32_t done = 0; done < n;) {
+        const uint32_t m = n - done < 1024 ? n - done : 1024;
+        if (kvp_append(c, 0, m, nullptr, k.data(), v.data()) != KVP_OK) return false;
+        done += m;
+    }
+    return true;
+}
+
+void BM_DecodeStep(benchmark::State &state, const char *policy, uint32_t N, int threads) {
+    std::string spec;
+    const std::string p = policy;
+    if (p == "window") spec = "policy=window window=" + std::to_string(N);
+    else if (p == "h2o") spec = "policy=h2o recent=32 budget=" + std::to_string(N);
+    else spec = "policy=full capacity=" + std::to_string(N + 256);
+    spec += " threads=" + std::to_string(threads);
+    Owned o(1, kQ, kKv, kD, spec);
+    if (!o.error.empty() || !fill(o.c, N, kKv, kD, 1)) {
+        state.SkipWithError(("setup: " + o.error).c_str());
+        return;
+    }
+    Rng r{9};
+    std::vector<float> q(kQ * kD), k(kKv * kD), v(kKv * kD), out(kQ * kD);
+    for (float &x : q) x = r.uni();
+    for (float &x : k) x = r.uni();
+    for (float &x : v) x = r.uni();
+    uint32_t since = 0;
+    for (auto _ : state) {
+        if (p == "full" && since == 256) {
+            state.PauseTiming();
+            kvp_reset(o.c);
+            fill(o.c, N, kKv, kD, 1);
+            since = 0;
+            state.ResumeTiming();
+        }
+        if (kvp_decode(o.c, 0, q.data(), k.data(), v.data(), out.data()) != KVP_OK) {
+            state.SkipWithError(kvp_last_error(o.c));
+            return;
+        }
+        ++since;
+        benchmark::DoNotOptimize(out.data());
+    }
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(N + 1) * kKv * kD * 2 * sizeof(float));
+}
+
+void BM_PruneEvent(benchmark::State &state) {
+    const uint32_t L = uint32_t(state.range(0)), moved = uint32_t(state.range(1)), cap = uint32_t(state.range(2));
+    Owned o(1, 1, 1, kD, "policy=full capacity=" + std::to_string(cap));
+    if (!o.error.empty() || !fill(o.c, L, 1, kD, 2)) {
+        state.SkipWithError("setup");
+        return;
+    }
+    kvp::HeadStore &hs = kvp::head_of(o.c, 0, 0);
+    kvp::BlockPool &pool = o.c->pools[0];
+    std::vector<float> k(kD, 0.5f), v(kD, 0.25f);
+    const uint32_t victim = L - moved;
+    for (auto _ : state) {
+        kvp::store_compact(hs, pool, 0, &victim, 1, kD);
+        if (kvp_append(o.c, 0, 1, nullptr, k.data(), v.data()) != KVP_OK) {
+            state.SkipWithError(kvp_last_error(o.c));
+            return;
+        }
+    }
+    state.counters["rows_moved"] = double(moved - 1);
+    state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(moved - 1) * kD * 2 * sizeof(float));
+}
+
+void BM_RingEvict(benchmark::State &state) {
+    const uint32_t L = uint32_t(state.range(0)), cap = uint32_t(state.range(1));
+    Owned o(1, 1, 1, kD, "policy=streaming sinks=4 window=" + std::to_string(L - 4) + " capacity=" + std::to_string(cap));
+    if (!o.error.empty() || !fill(o.c, L, 1, kD, 3)) {
+        state.SkipWithError("setup");
+        return;
+    }
+    std::vector<float> k(kD, 0.5f), v(kD, 0.25f);
+    for (auto _ : state)
+        if (kvp_append(o.c, 0, 1, nullptr, k.data(), v.data()) != KVP_OK) {  // append + evict the oldest
+            state.SkipWithError(kvp_last_error(o.c));
+            return;
+        }
+}
+
+void register_all() {
+    for (int t : {1, 2})
+        for (const char *p : {"window", "h2o", "full"}) {
+            const std::string name = std::string("BM_DecodeStep/") + p + "/N:4096/threads:" + std::to_string(t);
+            benchmark::RegisterBenchmark(name.c_str(), BM_DecodeStep, p, 4096u, t)->Unit(benchmark::kMicrosecond)->UseRealTime();
+        }
+    auto *pe = benchmark::RegisterBenchmark("BM_PruneEvent", BM_PruneEvent);
+    pe->ArgNames({"L", "moved", "cap"})->Unit(benchmark::kMicrosecond);
+    for (int64_t cap : {16384, 262144})
+        for (int64_t L : {1024, 16384})
+            for (int64_t m : {32, 1024})
+                if (L <= cap - 16) pe->Args({L, m, cap});
+    pe->Args({16384, 8192, 262144});
+    auto *re = benchmark::RegisterBenchmark("BM_RingEvict", BM_RingEvict);
+    re->ArgNames({"L", "cap"})->Unit(benchmark::kMicrosecond);
+    for (int64_t L : {1024, 16384}) re->Args({L, 262144});
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+    register_all();
+    benchmark::Initialize(&argc, argv);
+    if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+    benchmark::RunSpecifiedBenchmarks();
+    benchmark::Shutdown();
+    return 0;
+}

@@ -1,0 +1,22 @@
+#include "policies/full.h"
+
+#include "config.h"
+
+namespace kvp {
+namespace {
+
+void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
+    *p = LayerPlan{};
+    p->cap = cfg.capacity ? cfg.capacity : kFullDefaultCapacity;
+}
+
+uint32_t evictable(const PolicyCtx &, const HeadStore &) { return 0; }
+
+void self_prune(PolicyCtx &, HeadStore &, uint32_t) {}  // never called: evictable() is 0
+
+}  // namespace
+
+const Policy kFullPolicy = {"full", KVP_POS_ORIGINAL, nullptr, &plan, nullptr, nullptr, nullptr, &evictable,
+                            &self_prune};
+
+}  // namespace kvp

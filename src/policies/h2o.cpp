@@ -1,0 +1,73 @@
+#include "policies/h2o.h"
+
+#include "cache.h"
+#include "config.h"
+
+namespace kvp {
+
+uint32_t dense_self_prune_count(const PolicyCtx &ctx, const HeadStore &hs, uint32_t n) {
+    const BlockPool &pool = *ctx.pool;
+    const uint64_t room = (uint64_t(hs.nb) + pool.allowed(ctx.layer)) * pool.block;
+    const uint64_t want = uint64_t(hs.roff) + hs.count + n;
+    const uint64_t e = want > room ? want - room : 1;
+    return e > hs.count ? hs.count : uint32_t(e);
+}
+
+namespace {
+
+kvp_status check(const kvp_config &cfg, Msg &m) {
+    if (cfg.recent > cfg.budget) {
+        m.s("h2o: recent=").u(cfg.recent).s(" must be <= budget=").u(cfg.budget);
+        return KVP_ERR_CONFIG;
+    }
+    if (cfg.capacity && cfg.capacity <= cfg.budget) {
+        m.s("h2o: capacity=").u(cfg.capacity).s(" must be >= budget+1=").u(uint64_t(cfg.budget) + 1)
+            .s(" (the new token is appended before the eviction)");
+        return KVP_ERR_CONFIG;
+    }
+    if (!cfg.capacity && cfg.budget >= kMaxCapacity) { m.s("h2o: budget exceeds the capacity limit"); return KVP_ERR_CONFIG; }
+    return KVP_OK;
+}
+
+void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
+    *p = LayerPlan{};
+    p->cap = cfg.capacity ? cfg.capacity : cfg.budget + 1;
+    p->decode_scores = true;
+    p->obs_queries = cfg.obs_window;
+    p->scratch_bytes = size_t(p->cap) * 8;  // evict_lowest
+}
+
+void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const float *obs, size_t ld) {
+    const uint32_t G = ctx.c->group;
+    float *score = ctx.pool->score;
+    for (uint32_t r = 0; r < nr; ++r) {
+        for (uint32_t i = 0; i < runs[r].n; ++i) {
+            const uint32_t j = runs[r].logical + i;
+            float a = obs[j];
+            for (uint32_t g = 1; g < G; ++g) a += obs[g * ld + j];
+            score[runs[r].slot + i] += a;
+        }
+    }
+}
+
+void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
+    const kvp_config &cfg = ctx.c->cfg;
+    const uint32_t L = hs.len();
+    if (L <= cfg.budget) return;
+    evict_lowest(ctx, hs, L - cfg.budget, 0, L - cfg.recent, ctx.scratch);
+}
+
+uint32_t evictable(const PolicyCtx &, const HeadStore &hs) { return hs.count; }
+
+void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
+    const uint32_t e = dense_self_prune_count(ctx, hs, n), L = hs.len(), recent = ctx.c->cfg.recent;
+    const uint32_t to = L >= recent && L - recent >= e ? L - recent : L;
+    evict_lowest(ctx, hs, e, 0, to, ctx.scratch);
+}
+
+}  // namespace
+
+const Policy kH2oPolicy = {"h2o", KVP_POS_ORIGINAL, &check, &plan, &observe, &prune, nullptr, &evictable,
+                           &self_prune};
+
+}  // namespace kvp

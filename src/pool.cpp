@@ -1,0 +1,48 @@
+#include "pool.h"
+
+namespace kvp {
+
+int32_t BlockPool::alloc(uint32_t layer) {
+    if (allowed(layer) == 0) return -1;
+    uint32_t home = layer;
+    for (uint32_t i = 0; i < n_layers && top[home] < 0; ++i) home = (layer + 1 + i) % n_layers;
+    const int32_t b = top[home];
+    if (b < 0) return -1;  // unreachable while nfree > 0
+    top[home] = next[b];
+    next[b] = -1;
+    if (held[layer] < min_blocks[layer]) --deficit;
+    ++held[layer];
+    --nfree;
+    return b;
+}
+
+void BlockPool::release(uint32_t layer, uint32_t b) {
+    // home of b: the last layer whose range starts at or before b (binary search)
+    uint32_t lo = 0, hi = n_layers;
+    while (hi - lo > 1) {
+        const uint32_t mid = (lo + hi) / 2;
+        if (home_lo[mid] <= b) lo = mid;
+        else hi = mid;
+    }
+    next[b] = top[lo];
+    top[lo] = int32_t(b);
+    --held[layer];
+    if (held[layer] < min_blocks[layer]) ++deficit;
+    ++nfree;
+}
+
+void BlockPool::reset() {
+    deficit = 0;
+    for (uint32_t l = 0; l < n_layers; ++l) {
+        top[l] = -1;
+        for (uint32_t b = home_lo[l + 1]; b > home_lo[l]; --b) {  // pushed descending: pops ascending
+            next[b - 1] = top[l];
+            top[l] = int32_t(b - 1);
+        }
+        held[l] = 0;
+        deficit += min_blocks[l];
+    }
+    nfree = nblocks;
+}
+
+}  // namespace kvp

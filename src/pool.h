@@ -1,0 +1,59 @@
+// Shared block pool (DESIGN.md "Shared block pool"): token slots come in blocks of `block`
+// slots; for each KV head index there is one pool shared by all layers. Threads split KV heads,
+// so a pool is only ever touched by one thread, and every allocation decision is deterministic.
+//
+// Slot arrays (one entry per slot, slot = block id * block + offset), all in the arena:
+//   k, v   [slots][stride] floats, post-RoPE keys and values (rows 64-byte aligned)
+//   pos    original position of the token
+//   rot    position its key was rotated at (original mode: = pos; realign: see storage.h)
+//   score  the policy's per-token score (32 bits)
+//
+// Home ranges: the blocks are split into one contiguous home range per layer (with the default
+// total_capacity each layer's home is exactly what it can ever hold). A layer takes blocks from
+// its own home first, lowest id first, so its rows stay physically contiguous and attention
+// reads them as few runs; only when its home is empty does it borrow from the other layers'
+// homes (scanning layer+1, layer+2, ... in that fixed order). A freed block returns to its home.
+//
+// Reservation: each layer may always reach `min_blocks` blocks (what its policy needs to make
+// progress), so a layer is never starved by the others: a layer at or above its minimum may take
+// a block only while the free blocks exceed the other layers' unmet minimums. When it may not,
+// the pool is "dry" for it and it frees room by its own policy's ranking (policy.h self_prune).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+namespace kvp {
+
+struct BlockPool {
+    float *k, *v;
+    int32_t *pos, *rot;
+    float *score;
+    int32_t *next;               // [nblocks] free-stack links, -1 ends a stack
+    int32_t *top;                // [n_layers] top of each home's free stack, -1 when empty
+    uint32_t *held;              // [n_layers] blocks each layer holds
+    const uint32_t *home_lo;     // [n_layers + 1] home of layer l = [home_lo[l], home_lo[l+1])
+    const uint32_t *min_blocks;  // [n_layers]
+    uint32_t n_layers, nblocks, block, stride;
+    uint32_t nfree;
+    uint32_t deficit;            // sum over layers of max(0, min_blocks - held)
+
+    uint32_t deficit_of(uint32_t layer) const {
+        return held[layer] < min_blocks[layer] ? min_blocks[layer] - held[layer] : 0;
+    }
+    // Blocks `layer` may take now, one after another, without breaking the other layers' reservations.
+    uint32_t allowed(uint32_t layer) const {
+        const uint32_t others = deficit - deficit_of(layer);
+        return nfree > others ? nfree - others : 0;
+    }
+    // Takes a block for `layer` (home first); -1 when allowed(layer) == 0.
+    int32_t alloc(uint32_t layer);
+    // Returns block b, held by `layer`, to its home.
+    void release(uint32_t layer, uint32_t b);
+    // All blocks free, in ascending order within each home.
+    void reset();
+
+    float *k_row(uint32_t slot) const { return k + size_t(slot) * stride; }
+    float *v_row(uint32_t slot) const { return v + size_t(slot) * stride; }
+};
+
+}  // namespace kvp
