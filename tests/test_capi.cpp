@@ -107,7 +107,9 @@ TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
 
 TEST(Config, CheckCatchesContradictions) {
     char err[256];
-    kvp_config cfg = base_config("policy=window window=64 capacity=64");  // needs window+1
+    // Contradictions are set field by field: kvp_config_apply refuses to produce them.
+    kvp_config cfg = base_config("policy=window window=64");
+    cfg.capacity = 64;  // needs window+1
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "window"), nullptr) << err;
     EXPECT_EQ(kvp_arena_size(&cfg), 0u);
@@ -115,15 +117,19 @@ TEST(Config, CheckCatchesContradictions) {
     EXPECT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_ERR_CONFIG);
     EXPECT_EQ(c, nullptr);
 
-    cfg = base_config("policy=window window=100 capacity=50");  // window > capacity
+    cfg = base_config("policy=window window=100");
+    cfg.capacity = 50;  // window > capacity
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
 
-    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 capacity=70");  // < C+R = 72
+    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8");
+    cfg.capacity = 70;  // < C+R = 72
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "72"), nullptr) << err;
-    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 slack=20 capacity=80");  // < H = 84
+    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 slack=20");
+    cfg.capacity = 80;  // < H = 84
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
-    cfg = base_config("policy=streaming sinks=0 window=0 extra=0");
+    cfg = base_config("policy=streaming");
+    cfg.sinks = cfg.window = cfg.extra = 0;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
 
     cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8");  // auto capacity = 72
@@ -258,7 +264,7 @@ TEST(BadInput, FailedCallsLeaveTheCacheUnchanged) {
         {"positions bad layer", [&] { return kvp_layer_positions(a.c, 9, 0, pos_buf, 64, &n); }, KVP_ERR_LAYER, nullptr},
         {"positions NULL n", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 64, nullptr); }, KVP_ERR_ARG, nullptr},
         {"positions NULL out", [&] { return kvp_layer_positions(a.c, 0, 0, nullptr, 4, &n); }, KVP_ERR_ARG, nullptr},
-        {"positions small buffer", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 2, &n); }, KVP_ERR_FULL, nullptr},
+        {"positions small buffer", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 2, &n); }, KVP_ERR_BUFFER, "cap=2"},
         {"stats small struct", [&] { return kvp_get_stats(a.c, &st); }, KVP_ERR_ARG, nullptr},
         {"stats NULL", [&] { return kvp_get_stats(a.c, nullptr); }, KVP_ERR_ARG, nullptr},
         {"reset NULL", [&] { return kvp_reset(nullptr); }, KVP_ERR_ARG, nullptr},

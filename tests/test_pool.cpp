@@ -356,8 +356,13 @@ TEST(Pool, TotalCapacityBelowTheReservationsIsAConfigError) {
     kvp_config cfg;
     ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
     char err[256];
-    ASSERT_EQ(kvp_config_apply(&cfg, "policy=streaming sinks=20 window=100 total_capacity=200", err, sizeof err), KVP_OK);
     // each layer needs its 2 sink blocks + 1 window block = 3 x 8 = 24 blocks; 200 slots = 13
+    // (kvp_config_apply checks the result, so it refuses the spec; set directly, check refuses it)
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=streaming sinks=20 window=100 total_capacity=200", err, sizeof err),
+              KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(err, "total_capacity"), nullptr) << err;
+    ASSERT_EQ(kvp_config_apply(&cfg, "policy=streaming sinks=20 window=100", err, sizeof err), KVP_OK) << err;
+    cfg.total_capacity = 200;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "total_capacity"), nullptr) << err;
     EXPECT_EQ(kvp_arena_size(&cfg), 0u);
