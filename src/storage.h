@@ -64,6 +64,8 @@ struct HeadStore {
     uint32_t roff;       // evicted slots before the first body slot in its block
     uint32_t count;      // body slots in use, live and dead
     uint32_t holes;      // dead body slots
+    uint32_t first_hole; // a lower bound of the first dead body slot's index (from roff), when holes > 0
+    uint32_t seq_head;   // sequence number of the first body block (pool.bseq)
     int64_t shift;       // realign: tokens removed by evict_front so far
     bool scattered;      // a compaction happened since the last clear
     uint64_t prune_events, evicted;
