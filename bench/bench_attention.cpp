@@ -13,6 +13,9 @@
 //   bw_frac  = its bytes/s divided by the best BM_ReadBandwidth run (over repetitions) at the
 //              same byte size and thread count
 //   bw_GBps  = that bandwidth, GB/s (1e9 bytes; bytes_per_second prints in 2^30 units)
+// Sweep mode (--sweep, see "sweep mode" below) prints one table of decode over N = 256..65536
+// and prefill against the FMA peak, and writes it as CSV for bench/results/.
+//
 // The bandwidth runs are registered first; if a filter skips them, the attention benchmark
 // measures the bandwidth itself before its timed loop.
 //
@@ -22,17 +25,20 @@
 // the 2-thread runs wait for time slices (milliseconds per step); OMP_WAIT_POLICY=passive
 // gives stable figures there.
 #include "kernels/attn_f32.h"
+#include "fma_peak.h"
 #include "kvprune/kvprune.h"
 
 #include <benchmark/benchmark.h>
 #include <simde/x86/avx.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -325,9 +331,409 @@ void BM_Decode(benchmark::State &state, uint32_t n, int threads) {
     state.counters["threads_used"] = effective_threads(threads);
 }
 
+
+// ---- sweep mode -----------------------------------------------------------------------------
+//
+// bench_attention --sweep [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2]
+//                         [--no-prefill] [--label L] [--csv PATH]
+//
+// One table (stdout) and the same rows as CSV (--csv, with the CPU model, date, kernel, load
+// average and OMP_WAIT_POLICY as '#' comment lines):
+//   decode  rows: kvp_decode of one token over N cached tokens (32 q / 8 kv heads, d 128, f32,
+//           policy=window window=N), N = nmin..nmax in powers of 2, threads 1 and 2. bytes = the
+//           K+V rows one step reads; frac = (bytes/s of decode) / (bytes/s of a plain SIMD read of
+//           a warm buffer of the same size with the same thread count). Each repetition measures
+//           the read and then the decode back to back (each for --time seconds after a warm-up),
+//           so a ratio compares figures taken within a fraction of a second of each other; the
+//           table gives medians over repetitions (frac: median of the per-repetition ratios, with
+//           their min and max).
+//   prefill rows: kvp_prefill of a causal chunk of 512 tokens over P = 0 and 4096 cached tokens
+//           (same geometry). GFLOPS counts 4*d flops per (query head, visible key) pair (qk and
+//           pv multiply-adds; exp, max and masked key blocks are not counted); peak = the FMA
+//           peak of the kernel's ISA measured in the same run with the same thread count
+//           (fma_peak.h), frac_peak = GFLOPS / peak.
+//
+// Run on an otherwise idle machine with OMP_WAIT_POLICY=passive (see the note at the top).
+
+struct SweepOpts {
+    int reps = 5;
+    double time_s = 0.15;
+    uint32_t nmin = 256, nmax = 65536;
+    std::vector<int> threads{1, 2};
+    bool prefill = true;
+    std::string label = "run";
+    std::string csv;
+};
+
+struct SweepRow {
+    std::string kind;  // decode | prefill
+    uint32_t n;        // cached tokens (decode: attends over n + 1)
+    int threads;
+    double bytes;      // K+V bytes read per step
+    double ms;         // median ms per step
+    double gbps;       // bytes / median time, 1e9
+    double bw_gbps;    // median read bandwidth of the same size (decode)
+    double frac, frac_lo, frac_hi;
+    double gflops, peak_gflops, frac_peak;
+};
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+std::string cpu_model() {
+    std::FILE *f = std::fopen("/proc/cpuinfo", "r");
+    if (!f) return "unknown";
+    char line[512];
+    std::string model = "unknown", family, modelno;
+    while (std::fgets(line, sizeof line, f)) {
+        std::string s(line);
+        const size_t colon = s.find(':');
+        if (colon == std::string::npos) continue;
+        std::string key = s.substr(0, colon), val = s.substr(colon + 1);
+        while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+        while (!val.empty() && (val.front() == ' ')) val.erase(0, 1);
+        while (!val.empty() && (val.back() == '\n' || val.back() == ' ')) val.pop_back();
+        if (key == "model name" && model == "unknown") model = val;
+        if (key == "cpu family" && family.empty()) family = val;
+        if (key == "model" && modelno.empty()) modelno = val;
+        if (key == "processor" && val != "0") break;
+    }
+    std::fclose(f);
+    if (!family.empty()) model += " (family " + family + " model " + modelno + ")";
+    return model;
+}
+
+std::string load_average() {
+    std::FILE *f = std::fopen("/proc/loadavg", "r");
+    if (!f) return "unknown";
+    char buf[128] = "";
+    if (!std::fgets(buf, sizeof buf, f)) buf[0] = 0;
+    std::fclose(f);
+    std::string s(buf);
+    // first three fields
+    size_t pos = 0;
+    for (int i = 0; i < 3 && pos != std::string::npos; ++i) pos = s.find(' ', pos + 1);
+    return pos == std::string::npos ? s : s.substr(0, pos);
+}
+
+// Read bandwidth (bytes/s) of a warm buffer, measured for about `secs` after one warm-up pass.
+double read_bw_once(const AlignedBuf &buf, size_t n, int threads, double secs) {
+    benchmark::DoNotOptimize(read_all(buf.p, n, threads));
+    size_t reps = 0;
+    const double t0 = now_s();
+    double t1 = t0;
+    while (reps < 2 || t1 - t0 < secs) {
+        benchmark::DoNotOptimize(read_all(buf.p, n, threads));
+        ++reps;
+        t1 = now_s();
+    }
+    return (double)(reps * n * sizeof(float)) / (t1 - t0);
+}
+
+double fma_peak_gflops(int threads, double secs) {
+    const bool avx2 = std::strcmp(kvp::kern::attn_f32_best()->name, "avx2") == 0;
+    float (*fn)(uint64_t) = &kvpbench::fma_peak_simde;
+#ifdef KVP_BENCH_AVX2
+    if (avx2) fn = &kvpbench::fma_peak_avx2;
+#else
+    (void)avx2;
+#endif
+    const uint64_t iters = 1u << 22;
+    double best = 0.0;
+    const double t_end = now_s() + secs;
+    do {
+        const double t0 = now_s();
+        float sink = 0.0f;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+#endif
+        sink += fn(iters);
+        const double t = now_s() - t0;
+        benchmark::DoNotOptimize(sink);
+        const double gf = (double)threads * (double)iters * (double)kvpbench::kFmaFlopsPerIter / t / 1e9;
+        if (gf > best) best = gf;
+    } while (now_s() < t_end);
+#ifndef _OPENMP
+    best /= threads;  // no OpenMP: one thread ran the loop once
+#endif
+    return best;
+}
+
+kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err) {
+    kvp_model model;
+    std::memset(&model, 0, sizeof model);
+    model.n_layers = 1;
+    model.n_q_heads = kQHeads;
+    model.n_kv_heads = kKvHeads;
+    model.head_dim = kHeadDim;
+    model.rope = KVP_ROPE_NEOX;
+    model.rope_theta = 10000.0f;
+    kvp_config cfg;
+    char e[256] = "";
+    if (kvp_config_default(&cfg, &model) != KVP_OK || kvp_config_apply(&cfg, spec.c_str(), e, sizeof e) != KVP_OK) {
+        *err = "config (" + spec + "): " + e;
+        return nullptr;
+    }
+    const size_t len = kvp_arena_size(&cfg);
+    *arena = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
+    kvp_cache *c = nullptr;
+    if (!*arena || kvp_create(&cfg, *arena, len, &c) != KVP_OK) {
+        *err = "kvp_create (" + spec + ") failed";
+        std::free(*arena);
+        *arena = nullptr;
+        return nullptr;
+    }
+    return c;
+}
+
+bool append_random(kvp_cache *c, uint32_t n, std::string *err) {
+    const uint32_t chunk = 1024;
+    const size_t row = (size_t)kKvHeads * kHeadDim;
+    std::vector<float> k((size_t)chunk * row), v((size_t)chunk * row);
+    for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
+        const uint32_t m = n - t0 < chunk ? n - t0 : chunk;
+        fill_random(k.data(), m * row, 100 + t0);
+        fill_random(v.data(), m * row, 200 + t0);
+        if (kvp_append(c, 0, m, nullptr, k.data(), v.data()) != KVP_OK) {
+            *err = std::string("kvp_append: ") + kvp_last_error(c);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, SweepRow *row, std::string *err) {
+    void *arena = nullptr;
+    kvp_cache *c = make_cache("policy=window window=" + std::to_string(n) + " threads=" + std::to_string(threads) +
+                                  " kv_dtype=f32",
+                              &arena, err);
+    if (!c) return false;
+    bool ok = append_random(c, n, err);
+    const size_t bytes = decode_bytes(n);
+    const size_t nf = (bytes / sizeof(float) + kReadChunk - 1) / kReadChunk * kReadChunk;
+    AlignedBuf buf(nf);
+    for (size_t i = 0; i < nf; ++i) buf.p[i] = 1.0f;
+    std::vector<float> q((size_t)kQHeads * kHeadDim), k((size_t)kKvHeads * kHeadDim),
+        v((size_t)kKvHeads * kHeadDim), out((size_t)kQHeads * kHeadDim);
+    fill_random(q.data(), q.size(), 7);
+    fill_random(k.data(), k.size(), 8);
+    fill_random(v.data(), v.size(), 9);
+    std::vector<double> ms, bw, frac;
+    for (int r = 0; ok && r < o.reps; ++r) {
+        const double bps = read_bw_once(buf, nf, threads, o.time_s);
+        for (int w = 0; w < 2 && ok; ++w) ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+        size_t steps = 0;
+        const double t0 = now_s();
+        double t1 = t0;
+        while (ok && (steps < 3 || t1 - t0 < o.time_s)) {
+            ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+            benchmark::DoNotOptimize(out[0]);
+            ++steps;
+            t1 = now_s();
+        }
+        const double step_s = (t1 - t0) / (double)steps;
+        ms.push_back(step_s * 1e3);
+        bw.push_back(bps);
+        frac.push_back((double)bytes / step_s / bps);
+    }
+    if (!ok && err->empty()) *err = std::string("kvp_decode: ") + kvp_last_error(c);
+    if (ok && kvp_layer_len(c, 0) != n) {
+        ok = false;
+        *err = "window did not keep the layer at N tokens";
+    }
+    kvp_destroy(c);
+    std::free(arena);
+    if (!ok) return false;
+    row->kind = "decode";
+    row->n = n;
+    row->threads = threads;
+    row->bytes = (double)bytes;
+    row->ms = median(ms);
+    row->gbps = (double)bytes / (row->ms * 1e-3) / 1e9;
+    row->bw_gbps = median(bw) / 1e9;
+    row->frac = median(frac);
+    row->frac_lo = *std::min_element(frac.begin(), frac.end());
+    row->frac_hi = *std::max_element(frac.begin(), frac.end());
+    row->gflops = 4.0 * kHeadDim * kQHeads * (double)(n + 1) / (row->ms * 1e-3) / 1e9;
+    row->peak_gflops = 0.0;
+    row->frac_peak = 0.0;
+    return true;
+}
+
+bool sweep_prefill(const SweepOpts &o, uint32_t cached, int threads, double peak, SweepRow *row, std::string *err) {
+    const uint32_t chunk = 512;
+    void *arena = nullptr;
+    kvp_cache *c = make_cache("policy=window window=" + std::to_string(cached + chunk) +
+                                  " threads=" + std::to_string(threads) + " kv_dtype=f32",
+                              &arena, err);
+    if (!c) return false;
+    std::vector<float> q((size_t)chunk * kQHeads * kHeadDim), k((size_t)chunk * kKvHeads * kHeadDim),
+        v((size_t)chunk * kKvHeads * kHeadDim), out((size_t)chunk * kQHeads * kHeadDim);
+    fill_random(q.data(), q.size(), 17);
+    fill_random(k.data(), k.size(), 18);
+    fill_random(v.data(), v.size(), 19);
+    double visible = 0;  // (query token, key) pairs under the causal mask
+    for (uint32_t i = 0; i < chunk; ++i) visible += (double)cached + i + 1;
+    const double flops = 4.0 * kHeadDim * kQHeads * visible;
+    std::vector<double> ms;
+    bool ok = true;
+    for (int r = 0; ok && r < o.reps + 1; ++r) {  // the first one warms up
+        ok = kvp_reset(c) == KVP_OK && append_random(c, cached, err);
+        const double t0 = now_s();
+        ok = ok && kvp_prefill(c, 0, chunk, nullptr, q.data(), k.data(), v.data(), out.data(), nullptr) == KVP_OK;
+        const double t = now_s() - t0;
+        benchmark::DoNotOptimize(out[0]);
+        if (r > 0) ms.push_back(t * 1e3);
+    }
+    if (!ok && err->empty()) *err = std::string("kvp_prefill: ") + kvp_last_error(c);
+    kvp_destroy(c);
+    std::free(arena);
+    if (!ok) return false;
+    row->kind = "prefill";
+    row->n = cached;
+    row->threads = threads;
+    row->bytes = (double)(cached + chunk) * kKvHeads * kHeadDim * sizeof(float) * 2;
+    row->ms = median(ms);
+    row->gbps = row->bytes / (row->ms * 1e-3) / 1e9;
+    row->bw_gbps = 0.0;
+    row->frac = row->frac_lo = row->frac_hi = 0.0;
+    row->gflops = flops / (row->ms * 1e-3) / 1e9;
+    row->peak_gflops = peak;
+    row->frac_peak = row->gflops / peak;
+    return true;
+}
+
+std::vector<std::string> split(const std::string &s, char sep) {
+    std::vector<std::string> out;
+    size_t a = 0;
+    while (a <= s.size()) {
+        const size_t b = s.find(sep, a);
+        out.push_back(s.substr(a, b == std::string::npos ? std::string::npos : b - a));
+        if (b == std::string::npos) break;
+        a = b + 1;
+    }
+    return out;
+}
+
+int run_sweep(int argc, char **argv) {
+    SweepOpts o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "%s needs a value\n", a.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--sweep") continue;
+        else if (a == "--reps") o.reps = std::atoi(next().c_str());
+        else if (a == "--time") o.time_s = std::atof(next().c_str());
+        else if (a == "--nmin") o.nmin = (uint32_t)std::atol(next().c_str());
+        else if (a == "--nmax") o.nmax = (uint32_t)std::atol(next().c_str());
+        else if (a == "--threads") {
+            o.threads.clear();
+            for (const std::string &t : split(next(), ',')) o.threads.push_back(std::atoi(t.c_str()));
+        } else if (a == "--no-prefill") o.prefill = false;
+        else if (a == "--label") o.label = next();
+        else if (a == "--csv") o.csv = next();
+        else {
+            std::fprintf(stderr,
+                         "usage: %s --sweep [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2] "
+                         "[--no-prefill] [--label L] [--csv PATH]\n",
+                         argv[0]);
+            return 2;
+        }
+    }
+    if (o.reps < 1 || o.nmin < 1 || o.nmax < o.nmin || o.threads.empty()) {
+        std::fprintf(stderr, "bad sweep options\n");
+        return 2;
+    }
+    char date[64] = "";
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
+    const char *wait = std::getenv("OMP_WAIT_POLICY");
+    std::vector<std::string> header;
+    header.push_back("label: " + o.label);
+    header.push_back("cpu: " + cpu_model());
+    header.push_back(std::string("date: ") + date);
+    header.push_back(std::string("kernel: ") + kvp::kern::attn_f32_best()->name);
+    header.push_back(std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"));
+    header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128, f32; decode policy=window window=N");
+    header.push_back("reps: " + std::to_string(o.reps) + ", seconds per measurement: " + std::to_string(o.time_s));
+    header.push_back("loadavg before: " + load_average());
+    for (const std::string &h : header) std::printf("# %s\n", h.c_str());
+    std::printf("%-8s %7s %3s %10s %9s %7s %7s %6s %13s %8s %8s %6s\n", "kind", "N", "thr", "bytes", "ms/step",
+                "GB/s", "readGB/s", "frac", "frac[min,max]", "GFLOPS", "peak", "f_peak");
+    std::fflush(stdout);
+    std::vector<SweepRow> rows;
+    auto print = [](const SweepRow &r) {
+        if (r.kind == "decode")
+            std::printf("%-8s %7u %3d %10.0f %9.3f %7.2f %7.2f %6.3f [%5.3f,%5.3f] %8.2f %8s %6s\n", r.kind.c_str(),
+                        r.n, r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo, r.frac_hi, r.gflops, "-",
+                        "-");
+        else
+            std::printf("%-8s %7u %3d %10.0f %9.3f %7.2f %7s %6s %13s %8.2f %8.2f %6.3f\n", r.kind.c_str(), r.n,
+                        r.threads, r.bytes, r.ms, r.gbps, "-", "-", "-", r.gflops, r.peak_gflops, r.frac_peak);
+        std::fflush(stdout);
+    };
+    for (uint32_t n = o.nmin; n <= o.nmax; n *= 2) {
+        for (int t : o.threads) {
+            SweepRow r;
+            std::string err;
+            if (!sweep_decode(o, n, t, &r, &err)) {
+                std::fprintf(stderr, "decode N=%u threads=%d: %s\n", n, t, err.c_str());
+                return 1;
+            }
+            print(r);
+            rows.push_back(r);
+        }
+        if (n > 0x7fffffffu) break;
+    }
+    if (o.prefill)
+        for (int t : o.threads) {
+            const double peak = fma_peak_gflops(t, 0.3);
+            for (uint32_t cached : {0u, 4096u}) {
+                SweepRow r;
+                std::string err;
+                if (!sweep_prefill(o, cached, t, peak, &r, &err)) {
+                    std::fprintf(stderr, "prefill P=%u threads=%d: %s\n", cached, t, err.c_str());
+                    return 1;
+                }
+                print(r);
+                rows.push_back(r);
+            }
+        }
+    header.push_back("loadavg after: " + load_average());
+    std::printf("# %s\n", header.back().c_str());
+    if (!o.csv.empty()) {
+        std::FILE *f = std::fopen(o.csv.c_str(), "w");
+        if (!f) {
+            std::fprintf(stderr, "cannot write %s\n", o.csv.c_str());
+            return 1;
+        }
+        for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
+        std::fprintf(f, "kind,N,threads,bytes,ms_per_step,GBps,read_GBps,frac_bw,frac_bw_min,frac_bw_max,GFLOPS,"
+                        "peak_GFLOPS,frac_peak\n");
+        for (const SweepRow &r : rows)
+            std::fprintf(f, "%s,%u,%d,%.0f,%.4f,%.3f,%.3f,%.4f,%.4f,%.4f,%.3f,%.3f,%.4f\n", r.kind.c_str(), r.n,
+                         r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo, r.frac_hi, r.gflops,
+                         r.peak_gflops, r.frac_peak);
+        std::fclose(f);
+        std::printf("# wrote %s\n", o.csv.c_str());
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "--sweep") == 0) return run_sweep(argc, argv);
     const uint32_t sizes[] = {512, 4096, 32768};
     const int thread_counts[] = {1, 2};
     using kvp::kern::AttnF32;
