@@ -25,7 +25,7 @@
 // the 2-thread runs wait for time slices (milliseconds per step); OMP_WAIT_POLICY=passive
 // gives stable figures there.
 #include "kernels/attn_f32.h"
-#include "fma_peak.h"
+#include "isa.h"
 #include "kvprune/kvprune.h"
 
 #include <benchmark/benchmark.h>
@@ -85,18 +85,15 @@ double now_s() {
 
 // ---- read bandwidth -------------------------------------------------------------------------
 
-// Sum of x[0..n), n a multiple of 32: four independent 8-lane accumulators.
+// Sum of x[0..n), n a multiple of 32: four independent 8-lane accumulators, compiled for the
+// ISA of the best attention kernel (isa.h: at the baseline ISA the loop is add-bound far below
+// the cache's bandwidth).
 float read_block(const float *x, size_t n) {
-    simde__m256 a0 = simde_mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 32) {
-        a0 = simde_mm256_add_ps(a0, simde_mm256_load_ps(x + i));
-        a1 = simde_mm256_add_ps(a1, simde_mm256_load_ps(x + i + 8));
-        a2 = simde_mm256_add_ps(a2, simde_mm256_load_ps(x + i + 16));
-        a3 = simde_mm256_add_ps(a3, simde_mm256_load_ps(x + i + 24));
-    }
-    float b[8];
-    simde_mm256_storeu_ps(b, simde_mm256_add_ps(simde_mm256_add_ps(a0, a1), simde_mm256_add_ps(a2, a3)));
-    return ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+#ifdef KVP_BENCH_AVX2
+    static const bool avx2 = std::strcmp(kvp::kern::attn_f32_best()->name, "avx2") == 0;
+    if (avx2) return kvpbench::read_avx2(x, n);
+#endif
+    return kvpbench::read_simde(x, n);
 }
 
 const size_t kReadChunk = 16384;  // floats (64 KiB) per OpenMP work item
@@ -351,7 +348,12 @@ void BM_Decode(benchmark::State &state, uint32_t n, int threads) {
 //           (same geometry). GFLOPS counts 4*d flops per (query head, visible key) pair (qk and
 //           pv multiply-adds; exp, max and masked key blocks are not counted); peak = the FMA
 //           peak of the kernel's ISA measured in the same run with the same thread count
-//           (fma_peak.h), frac_peak = GFLOPS / peak.
+//           (isa.h), frac_peak = GFLOPS / peak.
+//   Decode rows also give the roofline: decode does flops_per_byte = 2 * n_q_heads / (2 *
+//   n_kv_heads) = 2 fused multiply-add flops per byte of K+V, so it cannot run faster than
+//   roof = min(read GB/s, FMA peak / flops_per_byte); frac_roof = GB/s / roof. Where the read
+//   bandwidth exceeds the FMA bound (cache-resident N), frac = frac_roof * roof / read GB/s
+//   is capped below 1 by the core's FMA throughput, not by the kernel.
 //
 // Run on an otherwise idle machine with OMP_WAIT_POLICY=passive (see the note at the top).
 
@@ -375,6 +377,7 @@ struct SweepRow {
     double bw_gbps;    // median read bandwidth of the same size (decode)
     double frac, frac_lo, frac_hi;
     double gflops, peak_gflops, frac_peak;
+    double roof_gbps, frac_roof;  // decode: min(read, FMA peak / flops per byte), GB/s over it
 };
 
 double median(std::vector<double> v) {
@@ -506,7 +509,7 @@ bool append_random(kvp_cache *c, uint32_t n, std::string *err) {
     return true;
 }
 
-bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, SweepRow *row, std::string *err) {
+bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, double peak, SweepRow *row, std::string *err) {
     void *arena = nullptr;
     kvp_cache *c = make_cache("policy=window window=" + std::to_string(n) + " threads=" + std::to_string(threads) +
                                   " kv_dtype=f32",
@@ -559,8 +562,11 @@ bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, SweepRow *row, st
     row->frac_lo = *std::min_element(frac.begin(), frac.end());
     row->frac_hi = *std::max_element(frac.begin(), frac.end());
     row->gflops = 4.0 * kHeadDim * kQHeads * (double)(n + 1) / (row->ms * 1e-3) / 1e9;
-    row->peak_gflops = 0.0;
-    row->frac_peak = 0.0;
+    row->peak_gflops = peak;
+    row->frac_peak = row->gflops / peak;
+    const double flops_per_byte = 4.0 * kHeadDim * kQHeads / (2.0 * kKvHeads * kHeadDim * sizeof(float));
+    row->roof_gbps = std::min(row->bw_gbps, peak / flops_per_byte);
+    row->frac_roof = row->gbps / row->roof_gbps;
     return true;
 }
 
@@ -604,6 +610,7 @@ bool sweep_prefill(const SweepOpts &o, uint32_t cached, int threads, double peak
     row->gflops = flops / (row->ms * 1e-3) / 1e9;
     row->peak_gflops = peak;
     row->frac_peak = row->gflops / peak;
+    row->roof_gbps = row->frac_roof = 0.0;
     return true;
 }
 
@@ -667,25 +674,34 @@ int run_sweep(int argc, char **argv) {
     header.push_back("reps: " + std::to_string(o.reps) + ", seconds per measurement: " + std::to_string(o.time_s));
     header.push_back("loadavg before: " + load_average());
     for (const std::string &h : header) std::printf("# %s\n", h.c_str());
-    std::printf("%-8s %7s %3s %10s %9s %7s %7s %6s %13s %8s %8s %6s\n", "kind", "N", "thr", "bytes", "ms/step",
-                "GB/s", "readGB/s", "frac", "frac[min,max]", "GFLOPS", "peak", "f_peak");
+    std::vector<double> peaks;  // FMA peak GFLOPS per entry of o.threads
+    for (int t : o.threads) peaks.push_back(fma_peak_gflops(t, 0.3));
+    for (size_t i = 0; i < peaks.size(); ++i)
+        header.push_back("FMA peak, " + std::to_string(o.threads[i]) + " thread(s): " + std::to_string(peaks[i]) +
+                         " GFLOPS");
+    for (size_t i = 0; i < peaks.size(); ++i) std::printf("# %s\n", header[header.size() - peaks.size() + i].c_str());
+    std::printf("%-8s %6s %3s %10s %9s %7s %7s %6s %13s %7s %6s %8s %8s %6s\n", "kind", "N", "thr", "bytes",
+                "ms/step", "GB/s", "readGB/s", "frac", "frac[min,max]", "roofGB/s", "f_roof", "GFLOPS", "peak",
+                "f_peak");
     std::fflush(stdout);
     std::vector<SweepRow> rows;
     auto print = [](const SweepRow &r) {
         if (r.kind == "decode")
-            std::printf("%-8s %7u %3d %10.0f %9.3f %7.2f %7.2f %6.3f [%5.3f,%5.3f] %8.2f %8s %6s\n", r.kind.c_str(),
-                        r.n, r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo, r.frac_hi, r.gflops, "-",
-                        "-");
+            std::printf("%-8s %6u %3d %10.0f %9.3f %7.2f %7.2f %6.3f [%5.3f,%5.3f] %8.2f %6.3f %8.2f %8.2f %6.3f\n",
+                        r.kind.c_str(), r.n, r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo,
+                        r.frac_hi, r.roof_gbps, r.frac_roof, r.gflops, r.peak_gflops, r.frac_peak);
         else
-            std::printf("%-8s %7u %3d %10.0f %9.3f %7.2f %7s %6s %13s %8.2f %8.2f %6.3f\n", r.kind.c_str(), r.n,
-                        r.threads, r.bytes, r.ms, r.gbps, "-", "-", "-", r.gflops, r.peak_gflops, r.frac_peak);
+            std::printf("%-8s %6u %3d %10.0f %9.3f %7.2f %7s %6s %13s %8s %6s %8.2f %8.2f %6.3f\n", r.kind.c_str(),
+                        r.n, r.threads, r.bytes, r.ms, r.gbps, "-", "-", "-", "-", "-", r.gflops, r.peak_gflops,
+                        r.frac_peak);
         std::fflush(stdout);
     };
     for (uint32_t n = o.nmin; n <= o.nmax; n *= 2) {
-        for (int t : o.threads) {
+        for (size_t ti = 0; ti < o.threads.size(); ++ti) {
+            const int t = o.threads[ti];
             SweepRow r;
             std::string err;
-            if (!sweep_decode(o, n, t, &r, &err)) {
+            if (!sweep_decode(o, n, t, peaks[ti], &r, &err)) {
                 std::fprintf(stderr, "decode N=%u threads=%d: %s\n", n, t, err.c_str());
                 return 1;
             }
@@ -695,8 +711,9 @@ int run_sweep(int argc, char **argv) {
         if (n > 0x7fffffffu) break;
     }
     if (o.prefill)
-        for (int t : o.threads) {
-            const double peak = fma_peak_gflops(t, 0.3);
+        for (size_t ti = 0; ti < o.threads.size(); ++ti) {
+            const int t = o.threads[ti];
+            const double peak = peaks[ti];
             for (uint32_t cached : {0u, 4096u}) {
                 SweepRow r;
                 std::string err;
@@ -718,11 +735,11 @@ int run_sweep(int argc, char **argv) {
         }
         for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
         std::fprintf(f, "kind,N,threads,bytes,ms_per_step,GBps,read_GBps,frac_bw,frac_bw_min,frac_bw_max,GFLOPS,"
-                        "peak_GFLOPS,frac_peak\n");
+                        "peak_GFLOPS,frac_peak,roof_GBps,frac_roof\n");
         for (const SweepRow &r : rows)
-            std::fprintf(f, "%s,%u,%d,%.0f,%.4f,%.3f,%.3f,%.4f,%.4f,%.4f,%.3f,%.3f,%.4f\n", r.kind.c_str(), r.n,
-                         r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo, r.frac_hi, r.gflops,
-                         r.peak_gflops, r.frac_peak);
+            std::fprintf(f, "%s,%u,%d,%.0f,%.4f,%.3f,%.3f,%.4f,%.4f,%.4f,%.3f,%.3f,%.4f,%.3f,%.4f\n", r.kind.c_str(),
+                         r.n, r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo, r.frac_hi, r.gflops,
+                         r.peak_gflops, r.frac_peak, r.roof_gbps, r.frac_roof);
         std::fclose(f);
         std::printf("# wrote %s\n", o.csv.c_str());
     }
