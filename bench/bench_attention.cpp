@@ -89,9 +89,12 @@ double now_s() {
 // ISA of the best attention kernel (isa.h: at the baseline ISA the loop is add-bound far below
 // the cache's bandwidth).
 float read_block(const float *x, size_t n) {
+    static const std::string isa = kvp::kern::attn_f32_best()->name;
+#ifdef KVP_BENCH_AVX512
+    if (isa == "avx512") return kvpbench::read_avx512(x, n);
+#endif
 #ifdef KVP_BENCH_AVX2
-    static const bool avx2 = std::strcmp(kvp::kern::attn_f32_best()->name, "avx2") == 0;
-    if (avx2) return kvpbench::read_avx2(x, n);
+    if (isa == "avx2") return kvpbench::read_avx2(x, n);
 #endif
     return kvpbench::read_simde(x, n);
 }
@@ -438,12 +441,13 @@ double read_bw_once(const AlignedBuf &buf, size_t n, int threads, double secs) {
 }
 
 double fma_peak_gflops(int threads, double secs) {
-    const bool avx2 = std::strcmp(kvp::kern::attn_f32_best()->name, "avx2") == 0;
+    const std::string isa = kvp::kern::attn_f32_best()->name;
     float (*fn)(uint64_t) = &kvpbench::fma_peak_simde;
 #ifdef KVP_BENCH_AVX2
-    if (avx2) fn = &kvpbench::fma_peak_avx2;
-#else
-    (void)avx2;
+    if (isa == "avx2") fn = &kvpbench::fma_peak_avx2;
+#endif
+#ifdef KVP_BENCH_AVX512
+    if (isa == "avx512") fn = &kvpbench::fma_peak_avx512;
 #endif
     const uint64_t iters = 1u << 22;
     double best = 0.0;
@@ -755,7 +759,7 @@ int main(int argc, char **argv) {
     const int thread_counts[] = {1, 2};
     using kvp::kern::AttnF32;
     const AttnF32 *variants[] = {kvp::kern::attn_f32_scalar(), kvp::kern::attn_f32_simde(),
-                                 kvp::kern::attn_f32_avx2()};
+                                 kvp::kern::attn_f32_avx2(), kvp::kern::attn_f32_avx512()};
 
     // bandwidth first (the attention benchmarks read their results)
     for (uint32_t n : sizes)

@@ -2,6 +2,8 @@
 // attention kernels are compared with what the same instruction set can do:
 //   simde  baseline ISA (SSE2 on x86-64: 256-bit SIMDe ops run as two 128-bit halves)
 //   avx2   -mavx2 -mfma (x86-64 only; call only where the CPU has AVX2+FMA)
+//   avx512 -mavx512f -mavx512vl as well: 16-lane FMAs and 64-byte loads (x86-64 only; call only
+//          where attn_f32_avx512() is available)
 //
 // fma_peak_<isa>(iters): `iters` rounds of 12 independent 8-lane fused multiply-adds
 //   (simde_mm256_fmadd_ps, the instruction the kernels use; 12 chains hide the FMA latency on
@@ -26,6 +28,10 @@ float read_simde(const float *x, size_t n);
 #ifdef KVP_BENCH_AVX2
 float fma_peak_avx2(uint64_t iters);
 float read_avx2(const float *x, size_t n);
+#endif
+#ifdef KVP_BENCH_AVX512
+float fma_peak_avx512(uint64_t iters);
+float read_avx512(const float *x, size_t n);
 #endif
 
 }  // namespace kvpbench
