@@ -759,7 +759,13 @@ int main(int argc, char **argv) {
     const int thread_counts[] = {1, 2};
     using kvp::kern::AttnF32;
     const AttnF32 *variants[] = {kvp::kern::attn_f32_scalar(), kvp::kern::attn_f32_simde(),
-                                 kvp::kern::attn_f32_avx2(), kvp::kern::attn_f32_avx512()};
+                                 kvp::kern::attn_f32_avx2(),
+#ifdef KVP_BENCH_AVX512
+                                 kvp::kern::attn_f32_avx512()
+#else
+                                 nullptr
+#endif
+    };
 
     // bandwidth first (the attention benchmarks read their results)
     for (uint32_t n : sizes)
