@@ -14,7 +14,8 @@
 //              same byte size and thread count
 //   bw_GBps  = that bandwidth, GB/s (1e9 bytes; bytes_per_second prints in 2^30 units)
 // Sweep mode (--sweep, see "sweep mode" below) prints one table of decode over N = 256..65536
-// and prefill against the FMA peak, and writes it as CSV for bench/results/.
+// and prefill against the FMA peak, and writes it as CSV for bench/results/. Crossover mode
+// (--crossover, see "thread crossover mode") measures when a second thread pays for itself.
 //
 // The bandwidth runs are registered first; if a filter skips them, the attention benchmark
 // measures the bandwidth itself before its timed loop.
@@ -110,6 +111,21 @@ float read_all(const float *x, size_t n, int threads) {
     for (long c = 0; c < chunks; ++c) total += read_block(x + (size_t)c * kReadChunk, kReadChunk);
     (void)threads;
     return total + read_block(x + (size_t)chunks * kReadChunk, n - (size_t)chunks * kReadChunk);
+}
+
+// Sum of x[0..n) split into `threads` equal contiguous parts, one per thread (n a multiple of
+// 32 * threads); threads == 1 runs without entering OpenMP, as the library does.
+float read_split(const float *x, size_t n, int threads) {
+    if (threads <= 1) return read_block(x, n);
+    float total = 0.0f;
+    const size_t part = n / (size_t)threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    total += read_block(x + (size_t)omp_get_thread_num() * part, part);
+#else
+    for (int t = 0; t < threads; ++t) total += read_block(x + (size_t)t * part, part);
+#endif
+    return total;
 }
 
 int effective_threads(int threads) {
@@ -750,9 +766,184 @@ int run_sweep(int argc, char **argv) {
     return 0;
 }
 
+// ---- thread crossover mode ------------------------------------------------------------------
+//
+// bench_attention --crossover [--reps R] [--time S] [--csv PATH]
+//
+// When do 2 threads pay for themselves? Two measurements, each 1 thread vs 2 threads, with
+// repetitions alternating between the two so that both see the same machine:
+//   region  the bare cost of an OpenMP parallel region (fork + join of an empty body) with 2
+//           threads, and a plain read of B bytes with 1 thread vs split over 2 threads, B from
+//           16 KiB to 32 MiB: the smallest B where 2 threads are >= 10% faster is the machine's
+//           crossover for bandwidth-bound work.
+//   decode  kvp_decode through the C API, threads=1 vs threads=2 caches, for the small
+//           model (4 q / 2 kv heads, head_dim 32; 2 layers per step) and the sweep's geometry
+//           (32 q / 8 kv, head_dim 128), N tokens: bytes = K+V bytes one step reads.
+// The wait policy matters (OMP_WAIT_POLICY=passive: sleeping workers must be woken per region;
+// active/unset: they spin, which is fast on an idle machine and ruinous on a busy one); the
+// header records it. Table to stdout, CSV with --csv.
+
+double omp_region_us(int threads, double secs) {
+    std::vector<double> best;
+    size_t reps = 0;
+    const double t0 = now_s();
+    double t1 = t0;
+    while (reps < 100 || t1 - t0 < secs) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+        { benchmark::ClobberMemory(); }
+#endif
+        ++reps;
+        t1 = now_s();
+    }
+    (void)threads;
+    return (t1 - t0) / (double)reps * 1e6;
+}
+
+struct XRow {
+    std::string what;
+    double bytes, t1_us, t2_us;
+};
+
+// Time per call (us) of f(), median over `reps` windows of `secs` each, alternating with g().
+template <class F, class G>
+void alternate(int reps, double secs, F f, G g, double *tf, double *tg) {
+    std::vector<double> a, b;
+    auto window = [&](auto fn) {
+        fn();
+        size_t n = 0;
+        const double t0 = now_s();
+        double t1 = t0;
+        while (n < 3 || t1 - t0 < secs) {
+            fn();
+            ++n;
+            t1 = now_s();
+        }
+        return (t1 - t0) / (double)n * 1e6;
+    };
+    for (int r = 0; r < reps; ++r) {
+        a.push_back(window(f));
+        b.push_back(window(g));
+    }
+    *tf = median(a);
+    *tg = median(b);
+}
+
+int run_crossover(int argc, char **argv) {
+    int reps = 7;
+    double secs = 0.03;
+    std::string csv;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--crossover") continue;
+        if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+        else if (a == "--time" && i + 1 < argc) secs = std::atof(argv[++i]);
+        else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: %s --crossover [--reps R] [--time S] [--csv PATH]\n", argv[0]);
+            return 2;
+        }
+    }
+    const char *wait = std::getenv("OMP_WAIT_POLICY");
+    char date[64] = "";
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
+    std::vector<std::string> header{"cpu: " + cpu_model(), std::string("date: ") + date,
+                                    std::string("kernel: ") + kvp::kern::attn_f32_best()->name,
+                                    std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"),
+                                    "loadavg before: " + load_average()};
+    for (const std::string &h : header) std::printf("# %s\n", h.c_str());
+    std::vector<XRow> rows;
+    double r1 = 0, r2 = 0;
+    alternate(reps, secs, [] { benchmark::DoNotOptimize(omp_region_us(1, 0.0)); },
+              [] { benchmark::DoNotOptimize(omp_region_us(2, 0.0)); }, &r1, &r2);
+    // the lambdas above time 100 regions each; report per region
+    rows.push_back(XRow{"omp_region(empty, x100)", 0.0, r1 / 100.0, r2 / 100.0});
+    for (size_t bytes = 16384; bytes <= ((size_t)32 << 20); bytes *= 2) {
+        const size_t n = bytes / sizeof(float);
+        AlignedBuf buf(n);
+        for (size_t i = 0; i < n; ++i) buf.p[i] = 1.0f;
+        double t1 = 0, t2 = 0;
+        alternate(reps, secs, [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 1)); },
+                  [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 2)); }, &t1, &t2);
+        rows.push_back(XRow{"read", (double)bytes, t1, t2});
+    }
+    struct Geo {
+        const char *name;
+        uint32_t layers, nq, nkv, hd;
+    };
+    const Geo geos[] = {{"decode 2L 4q/2kv d32", 2, 4, 2, 32}, {"decode 1L 32q/8kv d128", 1, 32, 8, 128}};
+    for (const Geo &g : geos)
+        for (uint32_t n = 16; n <= 8192; n *= 2) {
+            if (g.hd == 32 && n > 4096) break;
+            kvp_cache *c[2] = {nullptr, nullptr};
+            void *arena[2] = {nullptr, nullptr};
+            bool ok = true;
+            for (int t = 0; t < 2 && ok; ++t) {
+                kvp_model model;
+                std::memset(&model, 0, sizeof model);
+                model.n_layers = g.layers;
+                model.n_q_heads = g.nq;
+                model.n_kv_heads = g.nkv;
+                model.head_dim = g.hd;
+                model.rope = KVP_ROPE_NEOX;
+                model.rope_theta = 10000.0f;
+                kvp_config cfg;
+                char e[256] = "";
+                const std::string spec = "policy=window window=" + std::to_string(n) + " threads=" + std::to_string(t + 1);
+                ok = kvp_config_default(&cfg, &model) == KVP_OK && kvp_config_apply(&cfg, spec.c_str(), e, sizeof e) == KVP_OK;
+                const size_t len = ok ? kvp_arena_size(&cfg) : 0;
+                arena[t] = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
+                ok = ok && arena[t] && kvp_create(&cfg, arena[t], len, &c[t]) == KVP_OK;
+                const size_t row = (size_t)g.nkv * g.hd;
+                std::vector<float> k((size_t)n * row), v((size_t)n * row);
+                fill_random(k.data(), k.size(), 3);
+                fill_random(v.data(), v.size(), 4);
+                for (uint32_t l = 0; ok && l < g.layers; ++l) ok = kvp_append(c[t], l, n, nullptr, k.data(), v.data()) == KVP_OK;
+            }
+            if (!ok) {
+                std::fprintf(stderr, "crossover: cache setup failed (%s)\n", g.name);
+                return 1;
+            }
+            std::vector<float> q((size_t)g.nq * g.hd), k1((size_t)g.nkv * g.hd), v1((size_t)g.nkv * g.hd),
+                out((size_t)g.nq * g.hd);
+            fill_random(q.data(), q.size(), 5);
+            fill_random(k1.data(), k1.size(), 6);
+            fill_random(v1.data(), v1.size(), 7);
+            auto step = [&](kvp_cache *cc) {
+                for (uint32_t l = 0; l < g.layers; ++l) kvp_decode(cc, l, q.data(), k1.data(), v1.data(), out.data());
+                benchmark::DoNotOptimize(out[0]);
+            };
+            double t1 = 0, t2 = 0;
+            alternate(reps, secs, [&] { step(c[0]); }, [&] { step(c[1]); }, &t1, &t2);
+            rows.push_back(XRow{g.name, (double)g.layers * (n + 1) * g.nkv * g.hd * sizeof(float) * 2, t1, t2});
+            for (int t = 0; t < 2; ++t) {
+                kvp_destroy(c[t]);
+                std::free(arena[t]);
+            }
+        }
+    header.push_back("loadavg after: " + load_average());
+    std::printf("%-26s %10s %10s %10s %8s\n", "what", "bytes", "1thr_us", "2thr_us", "t1/t2");
+    for (const XRow &r : rows)
+        std::printf("%-26s %10.0f %10.2f %10.2f %8.3f\n", r.what.c_str(), r.bytes, r.t1_us, r.t2_us, r.t1_us / r.t2_us);
+    std::printf("# %s\n", header.back().c_str());
+    if (!csv.empty()) {
+        std::FILE *f = std::fopen(csv.c_str(), "w");
+        if (!f) return 1;
+        for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
+        std::fprintf(f, "what,bytes,t1_us,t2_us,speedup\n");
+        for (const XRow &r : rows)
+            std::fprintf(f, "%s,%.0f,%.3f,%.3f,%.4f\n", r.what.c_str(), r.bytes, r.t1_us, r.t2_us, r.t1_us / r.t2_us);
+        std::fclose(f);
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "--crossover") == 0) return run_crossover(argc, argv);
     for (int i = 1; i < argc; ++i)
         if (std::strcmp(argv[i], "--sweep") == 0) return run_sweep(argc, argv);
     const uint32_t sizes[] = {512, 4096, 32768};
