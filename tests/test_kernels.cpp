@@ -459,7 +459,9 @@ TEST(Kernels, Avx512BitIdenticalToAvx2) {
         std::vector<float> e2 = x, e5 = x;
         const float s2 = a2->expsum(e2.data(), n, 5.0f), s5 = a5->expsum(e5.data(), n, 5.0f);
         EXPECT_EQ(std::memcmp(&s2, &s5, sizeof s2), 0) << "n=" << n;
-        EXPECT_EQ(std::memcmp(e2.data(), e5.data(), n * sizeof(float)), 0) << "n=" << n;
+        if (n) {
+            EXPECT_EQ(std::memcmp(e2.data(), e5.data(), n * sizeof(float)), 0) << "n=" << n;
+        }
     }
 }
 
