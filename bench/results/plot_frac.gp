@@ -1,7 +1,7 @@
 # Fraction of the same-size warm read bandwidth reached by decode attention, against N, from
 # the CSVs that `bench_attention --sweep --csv FILE` writes. One line per (file, threads).
-#   gnuplot -e "files='bench/results/sweep-before.csv bench/results/sweep-after.csv'; out='bench/results/frac-vs-n.png'" bench/results/plot_frac.gp
-if (!exists("files")) files = 'bench/results/sweep-before.csv bench/results/sweep-after.csv'
+#   gnuplot -e "files='A.csv B.csv'; out='bench/results/frac-vs-n.png'" bench/results/plot_frac.gp
+if (!exists("files")) files = 'bench/results/sweep-before-5runs.csv bench/results/sweep-after-avx512-5runs.csv'
 if (!exists("out")) out = 'bench/results/frac-vs-n.png'
 # ycol: 8 = fraction of the same-size read bandwidth (bars: min..max), 15 = fraction of the
 # roofline min(read, FMA peak / 2 flop per byte)
