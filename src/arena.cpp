@@ -52,7 +52,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint32_t max_cap = 0;
     size_t max_runs = 0;
-    bool any_obs = false, staged = false;
+    bool any_obs = false, staged = false, any_compacting = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
@@ -65,6 +65,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (runs > max_runs) max_runs = runs;
         if (g.lp.obs_queries) any_obs = true;
         if (g.lp.staged_prefill) staged = true;
+        if (!g.lp.front_evict) any_compacting = true;
     }
     // Prompt staging (policy.h): prefill_stage, default max(1024, the largest capacity).
     p->stage = !staged ? 0 : cfg.prefill_stage ? cfg.prefill_stage : max_cap > 1024 ? max_cap : 1024;
@@ -105,12 +106,17 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_pools = off;
     off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
     p->off_pool_meta = off;
-    p->pool_meta_bytes = z.add(z.mul(2, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
+    p->pool_meta_bytes = z.add(z.mul(3, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));
     p->off_fixed_freqs = off;
     if (fixed) off = z.add(off, z.al(sizeof(double) * pairs));
+    // Realign over compacting stores rotates at positions < 2 * capacity (storage.h): precompute.
+    const bool full = pairs && any_compacting && config_positions(cfg) == KVP_POS_REALIGN;
+    p->rope_full_n = full ? 2 * max_cap : 0;
+    p->off_rope_full = off;
+    off = z.add(off, z.mul(z.mul(p->rope_full_n, rope_table_floats(pairs)), sizeof(float)));
 
     const size_t slots = z.add(z.mul(p->nblocks, p->block), p->stage);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));

@@ -6,8 +6,9 @@
 //   [block tables]        uint32 per (layer, head): pinned blocks then the circular body list
 //   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared)
 //   [BlockPool x n_kv_heads]
-//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], top[L], held[L]
+//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], bseq[nblocks], top[L], held[L]
 //   [inv_freq x rope_dim/2 doubles]  (and score=fixed: its deterministic copy, score_fixed.h)
+//   [RoPE tables for positions 0..2*max_cap-1]          realign with a compacting policy only
 //   per KV head pool, nblocks*block + stage slots:       (head-major)
 //     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32
 //     score=fixed: kq [slots][kq_stride] i16, kexp [slots] i16
@@ -59,6 +60,8 @@ struct ArenaPlan {
     uint64_t sum_cap;        // sum of the layers' capacities (tokens per KV head)
     size_t max_runs;
     size_t off_layers, off_heads, off_tables, off_home, off_minb, off_pools, off_pool_meta, pool_meta_bytes;
+    uint32_t rope_full_n;    // precomputed RoPE positions (0: none)
+    size_t off_rope_full;
     size_t off_freqs, off_fixed_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
     size_t data_kq, data_kexp;  // score=fixed (pool data offsets; 0 otherwise)
     size_t off_memos, off_scratch, scratch_bytes;

@@ -172,6 +172,11 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         c->fixed_freqs = ff;
         c->fixed_K = fixed::logit_scale(m.head_dim);
     }
+    float *full = reinterpret_cast<float *>(base + plan.off_rope_full);
+    c->rope.full_floats = uint32_t(rope_table_floats(c->rope.pairs));
+    for (uint32_t pos = 0; pos < plan.rope_full_n; ++pos) rope_table(c->rope, pos, full + size_t(pos) * c->rope.full_floats);
+    c->rope.full = full;
+    c->rope.full_n = plan.rope_full_n;
 
     c->layers = reinterpret_cast<LayerState *>(base + plan.off_layers);
     c->heads = reinterpret_cast<HeadStore *>(base + plan.off_heads);
@@ -218,7 +223,8 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         char *data = base + plan.off_data + size_t(h) * plan.pool_data_bytes;
         p->next = reinterpret_cast<int32_t *>(meta);
         p->dead = reinterpret_cast<uint32_t *>(meta + align_up(sizeof(int32_t) * plan.nblocks, kAlign));
-        p->top = reinterpret_cast<int32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->bseq = reinterpret_cast<uint32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->top = reinterpret_cast<int32_t *>(meta + 3 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
         p->held = reinterpret_cast<uint32_t *>(p->top + L);
         p->home_lo = home_lo;
         p->min_blocks = min_blocks;

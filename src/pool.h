@@ -39,6 +39,7 @@ struct BlockPool {
     uint32_t stage_slot, stage;  // prompt staging slots (0 when the policy does not stage)
     int32_t *next;               // [nblocks] free-stack links, -1 ends a stack
     uint32_t *dead;              // [nblocks] dead (evicted, not yet compacted) slots per block
+    uint32_t *bseq;              // [nblocks] a body block's sequence number in its store (storage.h)
     int32_t *top;                // [n_layers] top of each home's free stack, -1 when empty
     uint32_t *held;              // [n_layers] blocks each layer holds
     const uint32_t *home_lo;     // [n_layers + 1] home of layer l = [home_lo[l], home_lo[l+1])
