@@ -81,7 +81,7 @@ constexpr Key kKeys[] = {
             "observation window: the last prefill queries that score (snapkv: vote; the window is kept)"),
     KVP_U32(pool_kernel, 7, 1, 255, kSnapLike, "pooling kernel width of the votes (odd)"),
     KVP_ENUM(pool, KVP_POOL_MAX, kPoolNames, kAllNames, "avg|max", kSnapLike, "pooling of the votes"),
-    KVP_F32(beta, 20.0, 1e-6, 1e6, P(PYRAMIDKV), "pyramid steepness: min budget = (max_cap - obs_window) / beta"),
+    KVP_F32(beta, 20.0, 1e-6, 1e6, P(PYRAMIDKV), "pyramid steepness (>= 1): the last layer keeps (budget - obs_window) / beta + obs_window"),
     KVP_F32(sparse_ratio, 400.0, 1.0, 1e12, P(LETHE), "tau: breakpoint at the first cut where top[0]/top[c] >= sparse_ratio"),
     KVP_F32(recent_ratio, 0.3, 0.0, 1.0, P(LETHE), "fraction of the layer length kept as recent tokens"),
     KVP_U32(segments, 10, 2, 1u << 16, P(LETHE), "D: cut points floor(K*d/D), d = 1..D-1"),

@@ -46,6 +46,7 @@ public:
     kvp_stats stats() const;
     // Largest resolved per-layer capacity (kvp_layer_capacity), in token slots.
     uint32_t max_layer_capacity() const;
+    const kvp_cache *cache() const { return cache_; }  // per-layer figures (kvp_get_layer_stats)
     const kvp_config &config() const { return cfg_; }
     const ModelConfig &model() const { return ck_->cfg; }
     int64_t tokens_fed() const { return fed_; }

@@ -143,17 +143,17 @@ typedef struct kvp_config {
     uint32_t slack;              /* sigma: H = C + sigma */
     uint32_t max_drop;           /* delta: target min(max(L - delta, C), H); 0 = prune to C */
     /* h2o / snapkv / pyramidkv / asl */
-    uint32_t budget;             /* tokens kept per layer/head */
-    uint32_t recent;             /* most recent tokens always kept (h2o, lethe) */
-    uint32_t obs_window;         /* observation window of queries */
-    uint32_t pool_kernel;        /* pooling kernel width (odd) */
+    uint32_t budget;             /* tokens kept per layer/head (pyramidkv: the mean; lethe: capacity 0 = 2*budget) */
+    uint32_t recent;             /* most recent tokens never evicted by decode eviction (h2o, snapkv, pyramidkv) */
+    uint32_t obs_window;         /* observation window of queries (snapkv: the voting window, kept) */
+    uint32_t pool_kernel;        /* pooling kernel width of the votes (odd) */
     kvp_pool pool;               /* pool=avg|max */
-    float    beta;               /* pyramidkv steepness */
-    /* lethe */
-    float    sparse_ratio;       /* tau */
-    float    recent_ratio;
-    uint32_t segments;           /* D */
-    float    decay;
+    float    beta;               /* pyramidkv steepness (>= 1): min budget = (budget - obs_window) / beta */
+    /* lethe (also `sinks`) */
+    float    sparse_ratio;       /* tau: breakpoint where scores have fallen by this factor */
+    float    recent_ratio;       /* fraction of the layer length always kept as recent tokens */
+    uint32_t segments;           /* D: cut points floor(K d / D) */
+    float    decay;              /* RASR score decay per step */
     /* simlayerkv */
     float    lazy_threshold;
     uint32_t lazy_last;
@@ -319,7 +319,9 @@ kvp_status kvp_reset(kvp_cache *c);
  * increasing and after the layer's last position. out may be NULL (attention skipped).
  * sel may be NULL; it is written only by the ASL policy (n = 0 otherwise).
  * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions), KVP_ERR_LAYER,
- * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity: callers chunk long prompts).
+ * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv with q
+ * exceeds `prefill_stage`: callers chunk long prompts by kvp_prefill_room). q is read (and checked)
+ * when out is given or the policy observes the prompt (h2o, snapkv, pyramidkv, lethe).
  */
 kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                        const float *q, const float *k, const float *v, float *out, kvp_selection *sel);
@@ -355,7 +357,10 @@ uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer);
  * then the last layer succeeds from the cache's current state (capacity and, with a shared pool,
  * the blocks the earlier layers of the same chunk take first). A lower bound: the prunes those
  * calls make and self-prunes are not counted. Without a shared pool it is the minimum over layers
- * of kvp_layer_capacity - kvp_layer_len. 0 for NULL c.
+ * of kvp_layer_capacity - kvp_layer_len. Policies that stage the prompt (snapkv, pyramidkv: a
+ * prefill with q goes through a staging area in the arena and only the selected tokens enter the
+ * layer) take any chunk up to `prefill_stage` tokens, whatever the layer holds: that is returned.
+ * 0 for NULL c.
  */
 uint32_t kvp_prefill_room(const kvp_cache *c);
 
