@@ -117,6 +117,10 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->rope_full_n = full ? 2 * max_cap : 0;
     p->off_rope_full = off;
     off = z.add(off, z.mul(z.mul(p->rope_full_n, rope_table_floats(pairs)), sizeof(float)));
+    // score=fixed rotates the int16 rows at the same positions (queries also at staged ones).
+    p->fixed_rope_n = full && fixed ? 2 * (max_cap + p->stage) : 0;
+    p->off_fixed_rope = off;
+    off = z.add(off, z.al(z.mul(z.mul(p->fixed_rope_n, 2 * size_t(pairs)), sizeof(int16_t))));
 
     const size_t slots = z.add(z.mul(p->nblocks, p->block), p->stage);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));

@@ -9,6 +9,7 @@
 //   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], bseq[nblocks], top[L], held[L]
 //   [inv_freq x rope_dim/2 doubles]  (and score=fixed: its deterministic copy, score_fixed.h)
 //   [RoPE tables for positions 0..2*max_cap-1]          realign with a compacting policy only
+//   [score=fixed: Q14 RoPE tables for positions 0..2*(max_cap+stage)-1]  same condition
 //   per KV head pool, nblocks*block + stage slots:       (head-major)
 //     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32
 //     score=fixed: kq [slots][kq_stride] i16, kexp [slots] i16
@@ -62,6 +63,8 @@ struct ArenaPlan {
     size_t off_layers, off_heads, off_tables, off_home, off_minb, off_pools, off_pool_meta, pool_meta_bytes;
     uint32_t rope_full_n;    // precomputed RoPE positions (0: none)
     size_t off_rope_full;
+    uint32_t fixed_rope_n;   // score=fixed: precomputed Q14 RoPE tables (positions 0..n-1), like rope_full_n
+    size_t off_fixed_rope;
     size_t off_freqs, off_fixed_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
     size_t data_kq, data_kexp;  // score=fixed (pool data offsets; 0 otherwise)
     size_t off_memos, off_scratch, scratch_bytes;

@@ -42,9 +42,9 @@ void fixed_load_queries(const kvp_cache *c, const FixedWork &w, const float *q) 
 // score=fixed: rotates the quantized query rows to position p into w.qr.
 void fixed_rotate_queries(const kvp_cache *c, const FixedWork &w, int64_t p) {
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
-    if (c->rope.style != KVP_ROPE_NONE) fixed::rope_table(c->fixed_freqs, c->rope.pairs, p, w.cs);
+    const int16_t *cs = fixed_rope_table(c, w, p);
     for (uint32_t g = 0; g < G; ++g)
-        fixed::rotate(c->rope.style, c->rope.pairs, w.cs, w.qx + size_t(g) * kst, w.qr + size_t(g) * kst, hd);
+        fixed::rotate(c->rope.style, c->rope.pairs, cs, w.qx + size_t(g) * kst, w.qr + size_t(g) * kst, hd);
 }
 
 // score=fixed: integer logits of the rotated queries (w.qr, w.qe) over the logical keys

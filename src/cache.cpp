@@ -38,12 +38,18 @@ FixedWork fixed_work(kvp_cache *c, size_t tid) {
                      reinterpret_cast<uint32_t *>(base + p.fx_obs)};
 }
 
+const int16_t *fixed_rope_table(const kvp_cache *c, const FixedWork &w, int64_t pos) {
+    if (c->rope.style == KVP_ROPE_NONE) return w.cs;  // unused by fixed::rotate
+    if (pos >= 0 && pos < int64_t(c->fixed_rope_n)) return c->fixed_rope + size_t(pos) * 2 * c->rope.pairs;
+    fixed::rope_table(c->fixed_freqs, c->rope.pairs, pos, w.cs);
+    return w.cs;
+}
+
 void fixed_store_key(kvp_cache *c, const BlockPool &pool, uint32_t slot, const float *k, int64_t rot, size_t tid) {
     const FixedWork w = fixed_work(c, tid);
     const uint32_t hd = c->cfg.model.head_dim;
     pool.kexp[slot] = int16_t(fixed::quantize_row(k, hd, w.qx));
-    if (c->rope.style != KVP_ROPE_NONE) fixed::rope_table(c->fixed_freqs, c->rope.pairs, rot, w.cs);
-    fixed::rotate(c->rope.style, c->rope.pairs, w.cs, w.qx, pool.kq_row(slot), hd);
+    fixed::rotate(c->rope.style, c->rope.pairs, fixed_rope_table(c, w, rot), w.qx, pool.kq_row(slot), hd);
 }
 
 namespace {
@@ -171,6 +177,11 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         fixed::rope_freqs(m.rope_theta, c->rope.pairs, ff);
         c->fixed_freqs = ff;
         c->fixed_K = fixed::logit_scale(m.head_dim);
+        int16_t *ft = reinterpret_cast<int16_t *>(base + plan.off_fixed_rope);
+        for (uint32_t pos = 0; pos < plan.fixed_rope_n; ++pos)
+            fixed::rope_table(ff, c->rope.pairs, pos, ft + size_t(pos) * 2 * c->rope.pairs);
+        c->fixed_rope = ft;
+        c->fixed_rope_n = plan.fixed_rope_n;
     }
     float *full = reinterpret_cast<float *>(base + plan.off_rope_full);
     c->rope.full_floats = uint32_t(rope_table_floats(c->rope.pairs));

@@ -47,6 +47,8 @@ struct kvp_cache {
     kvp::RopeMemo *memos;      // [threads]
     const double *fixed_freqs; // score=fixed: deterministic rotation frequencies (score_fixed.h)
     int64_t fixed_K;           // score=fixed: logit scale (fixed::logit_scale)
+    const int16_t *fixed_rope; // score=fixed: precomputed Q14 tables [fixed_rope_n][2*pairs] (realign)
+    uint32_t fixed_rope_n;
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     char last_error[256];
@@ -69,6 +71,8 @@ struct FixedWork {
     uint32_t *obs;     // [G][logit_ld] observation sums
 };
 FixedWork fixed_work(kvp_cache *c, size_t tid);
+// score=fixed: the Q14 rotation table of position pos (precomputed, or computed into w.cs).
+const int16_t *fixed_rope_table(const kvp_cache *c, const FixedWork &w, int64_t pos);
 // score=fixed: quantizes the pre-RoPE key row k and stores it rotated at `rot` in the slot.
 void fixed_store_key(kvp_cache *c, const BlockPool &pool, uint32_t slot, const float *k, int64_t rot, size_t tid);
 
