@@ -52,7 +52,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint32_t max_cap = 0;
     size_t max_runs = 0;
-    bool any_obs = false, staged = false, any_compacting = false;
+    bool any_obs = false, staged = false, any_compacting = false, any_scoring = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
@@ -65,6 +65,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (runs > max_runs) max_runs = runs;
         if (g.lp.obs_queries) any_obs = true;
         if (g.lp.staged_prefill) staged = true;
+        if (g.lp.decode_scores || g.lp.obs_queries) any_scoring = true;
         if (!g.lp.front_evict) any_compacting = true;
     }
     // Prompt staging (policy.h): prefill_stage, default max(1024, the largest capacity).
@@ -77,7 +78,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (b > pol_scratch) pol_scratch = b;
     }
     if (staged) max_runs += 1;  // the staged tokens' run
-    const bool fixed = cfg.score == KVP_SCORE_FIXED;
+    const bool fixed = cfg.score == KVP_SCORE_FIXED && any_scoring;  // position-based policies score nothing
     p->kq_stride = fixed ? uint32_t(align_up(m.head_dim, kAlign / sizeof(int16_t))) : 0;
     p->sum_cap = sum_cap;
     p->max_cap = max_cap;

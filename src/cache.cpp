@@ -172,7 +172,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     c->rope.pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
     rope_init_freqs(m, freqs, c->rope.pairs);
     c->rope.inv_freq = freqs;
-    if (cfg.score == KVP_SCORE_FIXED) {
+    if (plan.kq_stride) {  // score=fixed with a scoring policy
         double *ff = reinterpret_cast<double *>(base + plan.off_fixed_freqs);
         fixed::rope_freqs(m.rope_theta, c->rope.pairs, ff);
         c->fixed_freqs = ff;
