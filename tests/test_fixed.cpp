@@ -353,4 +353,44 @@ TEST(FixedH2o, CloseToFloatDecisions) {
     EXPECT_GT(double(common) / double(total), 0.85);
 }
 
+// snapkv, pyramidkv and lethe with fixed-point scores select mostly what they select with float
+// scores (integer votes, pooling, layer sums, breakpoints approximate the float ones).
+TEST(FixedPolicies, CloseToFloatSelections) {
+    const kvp_model m = ref::model(3, 4, 2, 32, KVP_ROPE_GPTJ);
+    const uint32_t T = 260, nq = 4 * 32, nkv = 2 * 32;
+    std::vector<float> q(size_t(T) * nq), k(size_t(T) * nkv), v(k.size()), o(size_t(160) * nq);
+    ref::Rng rng(21);
+    rng.fill(q, -1.5, 1.5);
+    rng.fill(k, -1.5, 1.5);
+    rng.fill(v);
+    for (const char *spec : {"policy=snapkv budget=40 obs_window=8 pool=max", "policy=snapkv budget=40 obs_window=8 pool=avg pool_kernel=5",
+                             "policy=pyramidkv budget=40 obs_window=8 beta=4",
+                             "policy=lethe capacity=96 evict_threshold=24 sparse_ratio=4"}) {
+        ref::Cache f(m, spec), x(m, std::string(spec) + " score=fixed");
+        for (uint32_t l = 0; l < 3; ++l) {
+            ASSERT_EQ(kvp_prefill(f.c, l, 80, nullptr, q.data(), k.data(), v.data(), o.data(), nullptr), KVP_OK) << spec;
+            ASSERT_EQ(kvp_prefill(x.c, l, 80, nullptr, q.data(), k.data(), v.data(), o.data(), nullptr), KVP_OK) << spec;
+        }
+        uint64_t common = 0, total = 0;
+        auto compare = [&]() {
+            for (uint32_t l = 0; l < 3; ++l)
+                for (uint32_t h = 0; h < 2; ++h) {
+                    const std::vector<int32_t> a = f.positions(l, h), b = x.positions(l, h);
+                    std::vector<int32_t> both;
+                    std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+                    common += both.size();
+                    total += std::max(a.size(), b.size());
+                }
+        };
+        compare();
+        for (uint32_t t = 80; t < T; ++t)
+            for (uint32_t l = 0; l < 3; ++l) {
+                ASSERT_EQ(kvp_decode(f.c, l, &q[t * nq], &k[t * nkv], &v[t * nkv], o.data()), KVP_OK) << spec;
+                ASSERT_EQ(kvp_decode(x.c, l, &q[t * nq], &k[t * nkv], &v[t * nkv], o.data()), KVP_OK) << spec;
+            }
+        compare();
+        EXPECT_GT(double(common) / double(total), 0.8) << spec;
+    }
+}
+
 }  // namespace
