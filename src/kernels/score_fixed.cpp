@@ -84,10 +84,6 @@ namespace {
 constexpr double kLog2e = 1.44269504088896340736;
 constexpr double kLn2 = 6.93147180559945309417e-01;
 
-// floor(x / 2^k) for k in [0, 62], without relying on the implementation-defined shift of
-// negative values.
-inline int64_t floor_shr(int64_t x, int k) { return x >= 0 ? x >> k : ~((~x) >> k); }
-
 }  // namespace
 
 double det_log2(double x) {
@@ -186,34 +182,10 @@ void rotate(kvp_rope_style style, uint32_t pairs, const int16_t *cs, const int16
     }
 }
 
-int64_t dot(const int16_t *a, const int16_t *b, uint32_t hd) {
-    int64_t d = 0;
-    for (uint32_t i = 0; i < hd; ++i) d += int32_t(a[i]) * int32_t(b[i]);
-    return d;
-}
 
 int64_t logit_scale(uint32_t hd) { return int64_t(floor(1048576.0 * kLog2e / sqrt(double(hd)) + 0.5)); }
 
-int64_t logit(int64_t d, int64_t K, int32_t e) {
-    const int64_t p = d * K;  // |d| < 2^40, K < 2^21
-    const int32_t sh = e - 4;
-    int64_t y;
-    if (sh >= 0) {
-        if (sh >= 62 || p > (kLogitMax >> sh) || p < -(kLogitMax >> sh)) y = p > 0 ? kLogitMax : p < 0 ? -kLogitMax : 0;
-        else y = p * (int64_t(1) << sh);
-    } else {
-        y = -sh >= 63 ? (p >= 0 ? 0 : -1) : floor_shr(p, -sh);
-    }
-    return y > kLogitMax ? kLogitMax : y < -kLogitMax ? -kLogitMax : y;
-}
 
-uint32_t exp2_neg(int64_t g) {
-    const int64_t n = g >> 16;  // g >= 0
-    if (n >= 31) return 0;
-    const uint32_t f = uint32_t(g & 0xffff);
-    const uint64_t v = (uint64_t(kExpHi[f >> 8]) * kExpLo[f & 0xff] + (uint64_t(1) << 29)) >> 30;
-    return uint32_t(v >> n);
-}
 
 uint64_t softmax_exps(int64_t *y, uint32_t n) {
     int64_t m = y[0];

@@ -57,13 +57,38 @@ void rope_table(const double *inv_freq, uint32_t pairs, int64_t pos, int16_t *cs
 int32_t quantize_row(const float *x, uint32_t hd, int16_t *out);
 // Rotates in[0..hd) into out with table cs (style NONE or pairs 0: a copy).
 void rotate(kvp_rope_style style, uint32_t pairs, const int16_t *cs, const int16_t *in, int16_t *out, uint32_t hd);
-int64_t dot(const int16_t *a, const int16_t *b, uint32_t hd);
+inline int64_t dot(const int16_t *a, const int16_t *b, uint32_t hd) {
+    int64_t d = 0;
+    for (uint32_t i = 0; i < hd; ++i) d += int32_t(a[i]) * int32_t(b[i]);
+    return d;
+}
 // K = round(2^20 * log2(e) / sqrt(hd)).
 int64_t logit_scale(uint32_t hd);
+// floor(x / 2^k) for k in [0, 62], without the implementation-defined shift of negative values.
+inline int64_t floor_shr(int64_t x, int k) { return x >= 0 ? x >> k : ~((~x) >> k); }
 // y = d * K * 2^(e - 4), floored, saturated to +-kLogitMax (e = e_q + e_k).
-int64_t logit(int64_t d, int64_t K, int32_t e);
+inline int64_t logit(int64_t d, int64_t K, int32_t e) {
+    const int64_t p = d * K;  // |d| < 2^40, K < 2^21
+    const int32_t sh = e - 4;
+    int64_t y;
+    if (sh >= 0) {
+        if (sh >= 62 || p > (kLogitMax >> sh) || p < -(kLogitMax >> sh)) y = p > 0 ? kLogitMax : p < 0 ? -kLogitMax : 0;
+        else y = p * (int64_t(1) << sh);
+    } else {
+        y = -sh >= 63 ? (p >= 0 ? 0 : -1) : floor_shr(p, -sh);
+    }
+    return y > kLogitMax ? kLogitMax : y < -kLogitMax ? -kLogitMax : y;
+}
+extern const uint32_t kExpHi[256];  // round(2^(-i/256) * 2^30)
+extern const uint32_t kExpLo[256];  // round(2^(-i/65536) * 2^30)
 // 2^(-g / 2^16) in Q30 for a gap g >= 0 (0 when g >= 31 * 2^16).
-uint32_t exp2_neg(int64_t g);
+inline uint32_t exp2_neg(int64_t g) {
+    const int64_t n = g >> 16;  // g >= 0
+    if (n >= 31) return 0;
+    const uint32_t f = uint32_t(g & 0xffff);
+    const uint64_t v = (uint64_t(kExpHi[f >> 8]) * kExpLo[f & 0xff] + (uint64_t(1) << 29)) >> 30;
+    return uint32_t(v >> n);
+}
 // Softmax in place: y[0..n) (Q16 log2 logits) becomes e_j (Q30, as int64); returns Z = sum e_j (> 0).
 uint64_t softmax_exps(int64_t *y, uint32_t n);
 // floor(e * 2^16 / Z)
@@ -76,9 +101,6 @@ inline uint32_t sat_add(uint32_t a, uint64_t b) {
 uint32_t decay_q16(float decay);
 inline uint32_t decay_apply(uint32_t s, uint32_t dq) { return uint32_t((uint64_t(s) * dq) >> 16); }
 
-// The exp tables (exposed for tests).
-extern const uint32_t kExpHi[256];  // round(2^(-i/256) * 2^30)
-extern const uint32_t kExpLo[256];  // round(2^(-i/65536) * 2^30)
 
 }  // namespace fixed
 }  // namespace kvp
