@@ -160,7 +160,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         p->fx_qr = z.add(p->fx_qx, qrow);
         p->fx_qe = z.add(p->fx_qr, qrow);
         p->fx_z = z.add(p->fx_qe, z.al(z.mul(G, sizeof(int32_t))));
-        p->fx_cs = z.add(p->fx_z, z.al(z.mul(G, sizeof(uint64_t))));
+        p->fx_cs = z.add(p->fx_z, z.mul(2, z.al(z.mul(G, sizeof(uint64_t)))));  // sums, then reciprocals
         p->fx_y = z.add(p->fx_cs, z.al(z.mul(p->kq_stride, sizeof(int16_t))));
         p->fx_obs = z.add(p->fx_y, z.al(z.mul(z.mul(G, ld), sizeof(int64_t))));
         fx = z.add(p->fx_obs, z.al(z.mul(z.mul(G, ld), sizeof(uint32_t))));

@@ -72,7 +72,7 @@ struct ArenaPlan {
     // score=fixed scratch (offsets in a thread's scratch): quantized and rotated query rows
     // [G][kq_stride] i16, their exponents [G] i32, a rotation table [kq_stride] i16, logits
     // [G][logit_ld] i64, observation sums [G][logit_ld] u32.
-    size_t fx_qx, fx_qr, fx_qe, fx_z, fx_cs, fx_y, fx_obs;  // fx_z: [G] u64 softmax sums
+    size_t fx_qx, fx_qr, fx_qe, fx_z, fx_cs, fx_y, fx_obs;  // fx_z: [G] u64 softmax sums, then [G] f64 1/sum
     size_t total;
 };
 

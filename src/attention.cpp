@@ -53,12 +53,12 @@ void fixed_logits(const AttnIn &a, const FixedWork &w, const Run &run, uint32_t 
     const kvp_cache *c = a.c;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
     const size_t ld = c->plan.logit_ld;
+    const kern::ScoreF32 &S = *c->skern;
     for (uint32_t j = j0; j < j1; ++j) {
         const uint32_t slot = slot_at(run, j);
-        const int16_t *kr = a.pool->kq_row(slot);
         const int32_t ke = a.pool->kexp[slot];
-        for (uint32_t g = 0; g < G; ++g)
-            w.y[g * ld + j] = fixed::logit(fixed::dot(w.qr + size_t(g) * kst, kr, hd), c->fixed_K, w.qe[g] + ke);
+        S.dots16(w.qr, kst, G, a.pool->kq_row(slot), hd, w.y + j, ld);  // exact integers, any variant
+        for (uint32_t g = 0; g < G; ++g) w.y[g * ld + j] = fixed::logit(w.y[g * ld + j], c->fixed_K, w.qe[g] + ke);
     }
 }
 
@@ -79,14 +79,17 @@ void fixed_decode_scores(const AttnIn &a, const float *q, int64_t qpos) {
         }
         fixed_logits(a, w, run, run.logical, run.logical + run.n);
     }
-    for (uint32_t g = 0; g < G; ++g) w.z[g] = fixed::softmax_exps(w.y + g * ld, a.L);
+    for (uint32_t g = 0; g < G; ++g) {
+        w.z[g] = fixed::softmax_exps(w.y + g * ld, a.L);
+        w.inv[g] = 1.0 / double(w.z[g]);
+    }
     BlockPool &pool = *const_cast<BlockPool *>(a.pool);
     for (uint32_t r = 0; r < a.nr; ++r) {
         const Run &run = a.runs[r];
         for (uint32_t i = 0; i < run.n; ++i) {
             const uint32_t j = run.logical + i;
             uint64_t mass = 0;
-            for (uint32_t g = 0; g < G; ++g) mass += fixed::weight(uint64_t(w.y[g * ld + j]), w.z[g]);
+            for (uint32_t g = 0; g < G; ++g) mass += fixed::weight_r(uint64_t(w.y[g * ld + j]), w.z[g], w.inv[g]);
             score_set_u(pool, run.slot + i, fixed::sat_add(score_u(pool, run.slot + i), mass));
         }
     }
@@ -295,8 +298,9 @@ const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPo
         for (uint32_t g = 0; g < G; ++g) {
             int64_t *y = fw.y + g * ld;
             const uint64_t Z = fixed::softmax_exps(y, vis);
+            const double inv = 1.0 / double(Z);
             uint32_t *o = fw.obs + g * ld;
-            for (uint32_t j = 0; j < vis; ++j) o[j] = fixed::sat_add(o[j], fixed::weight(uint64_t(y[j]), Z));
+            for (uint32_t j = 0; j < vis; ++j) o[j] = fixed::sat_add(o[j], fixed::weight_r(uint64_t(y[j]), Z, inv));
         }
     }
     return fw.obs;

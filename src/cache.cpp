@@ -34,6 +34,7 @@ FixedWork fixed_work(kvp_cache *c, size_t tid) {
     const ArenaPlan &p = c->plan;
     return FixedWork{reinterpret_cast<int16_t *>(base + p.fx_qx), reinterpret_cast<int16_t *>(base + p.fx_qr),
                      reinterpret_cast<int32_t *>(base + p.fx_qe), reinterpret_cast<uint64_t *>(base + p.fx_z),
+                     reinterpret_cast<double *>(base + p.fx_z + align_up(size_t(c->group) * sizeof(uint64_t), kAlign)),
                      reinterpret_cast<int16_t *>(base + p.fx_cs), reinterpret_cast<int64_t *>(base + p.fx_y),
                      reinterpret_cast<uint32_t *>(base + p.fx_obs)};
 }

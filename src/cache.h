@@ -66,6 +66,7 @@ struct FixedWork {
     int16_t *qx, *qr;  // [G][kq_stride] quantized, rotated query rows
     int32_t *qe;       // [G] their exponents
     uint64_t *z;       // [G] softmax sums
+    double *inv;       // [G] their reciprocals (fixed::weight_r)
     int16_t *cs;       // rotation table
     int64_t *y;        // [G][logit_ld] logits, then exps
     uint32_t *obs;     // [G][logit_ld] observation sums

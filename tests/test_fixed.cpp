@@ -107,6 +107,12 @@ TEST(FixedMath, QuantizeRotateLogit) {
     EXPECT_EQ(fixed::logit(1, 1, -100), 0);
     EXPECT_EQ(fixed::logit(int64_t(1) << 40, K, 200), fixed::kLogitMax);
     EXPECT_EQ(fixed::logit(-(int64_t(1) << 40), K, 30), -fixed::kLogitMax);
+    // weight_r (reciprocal + integer correction) is exactly the floor division
+    for (int i = 0; i < 200000; ++i) {
+        const uint64_t Z = 1 + rng.next() % ((uint64_t(1) << (1 + rng.next() % 40)));
+        const uint64_t e = i % 7 == 0 ? Z : i % 7 == 1 ? Z - 1 : rng.next() % (Z + 1);
+        ASSERT_EQ(fixed::weight_r(e, Z, 1.0 / double(Z)), fixed::weight(e, Z)) << e << "/" << Z;
+    }
     // saturating scores, decay
     EXPECT_EQ(fixed::sat_add(0xfffffff0u, 100), 0xffffffffu);
     EXPECT_EQ(fixed::sat_add(5, 7), 12u);

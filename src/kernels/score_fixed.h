@@ -93,6 +93,16 @@ inline uint32_t exp2_neg(int64_t g) {
 uint64_t softmax_exps(int64_t *y, uint32_t n);
 // floor(e * 2^16 / Z)
 inline uint32_t weight(uint64_t e, uint64_t Z) { return uint32_t((e << kWeightQ) / Z); }
+// The same with a precomputed inv = 1.0 / Z (e <= Z < 2^53): the double estimate of the quotient
+// (<= 2^16) is within 2^-36 of it, so off by at most one, and is corrected in integers: exactly
+// weight(e, Z), on every platform, without a 64-bit division per token.
+inline uint32_t weight_r(uint64_t e, uint64_t Z, double inv) {
+    const uint64_t n = e << kWeightQ;
+    uint64_t q = uint64_t(double(n) * inv);
+    if (q * Z > n) --q;
+    else if ((q + 1) * Z <= n) ++q;
+    return uint32_t(q);
+}
 inline uint32_t sat_add(uint32_t a, uint64_t b) {
     const uint64_t s = uint64_t(a) + b;
     return s > 0xffffffffu ? 0xffffffffu : uint32_t(s);
