@@ -6,7 +6,9 @@
 #   hash     tests/test_hash (KVP_HASH lines) on x86-64 and aarch64 (qemu): the portable SIMD
 #            path (SIMDE_NO_NATIVE, KVP_AVX2=OFF, -ffp-contract=off) must give the same hash on
 #            both (fails otherwise); the native paths (AVX2/FMA dispatch vs NEON, default flags)
-#            are compared and reported only.
+#            are compared and reported only. The score=fixed eviction decisions (`KVP_HASH
+#            fixed`) must be identical on all four builds: x86-64 AVX2, x86-64 SIMDE_NO_NATIVE,
+#            aarch64 portable and aarch64 native (fails otherwise).
 #   cortexm  heap-free Cortex-M7 (and M4F) build with arm-none-eabi: nm check that no object
 #            references an allocator, operator new/delete or the exception runtime; code size;
 #            a bare-metal example linked with newlib-nano, whose image must contain no allocator.
@@ -89,11 +91,19 @@ if want aarch64; then
 fi
 
 # ---- determinism hash across ISAs ----
-hash_of() {  # hash_of <runner...> <binary>: the `KVP_HASH all` value (or "none")
-  local out
-  out=$("$@" --gtest_filter='DeterminismHash.*' 2>&1) || { echo "$out" >&2; echo none; return 0; }
+HASH_OUT=$ROOT/build-hash/out
+hash_of() {  # hash_of <tag> <runner...> <binary>: the `KVP_HASH all` value (or "none"); the
+  local tag=$1 out; shift  # whole output is kept in $HASH_OUT/<tag>.txt (fixed_of reads it)
+  mkdir -p "$HASH_OUT"
+  out=$("$@" --gtest_filter='DeterminismHash.*' 2>&1) || { echo "$out" >&2; echo "$out" >"$HASH_OUT/$tag.txt"; echo none; return 0; }
+  echo "$out" >"$HASH_OUT/$tag.txt"
   echo "$out" | grep '^KVP_HASH ' >&2
   echo "$out" | sed -n 's/^KVP_HASH all \([0-9a-f]*\)$/\1/p'
+}
+fixed_of() {  # fixed_of <tag>: the `KVP_HASH fixed` value of that run (or "none")
+  local v
+  v=$(sed -n 's/^KVP_HASH fixed \([0-9a-f]*\)$/\1/p' "$HASH_OUT/$1.txt" 2>/dev/null)
+  echo "${v:-none}"
 }
 if want hash; then
   PORTABLE_FLAGS="-DSIMDE_NO_NATIVE -ffp-contract=off"
@@ -105,12 +115,19 @@ if want hash; then
   cfg "$A64/portable" -DCMAKE_TOOLCHAIN_FILE="$A64_TC" -DCMAKE_PREFIX_PATH="$A64/gtest" -DCMAKE_CXX_FLAGS="$PORTABLE_FLAGS"
   cmake --build "$A64/portable" -j"$JOBS" --target test_hash
 
-  log "x86-64 portable";  hx_p=$(hash_of "$ROOT/build-hash/x86-portable/tests/test_hash")
-  log "aarch64 portable"; ha_p=$(hash_of "${QEMU[@]}" "$A64/portable/tests/test_hash")
-  log "x86-64 native";    hx_n=$(hash_of "$ROOT/build-hash/x86-native/tests/test_hash")
-  log "aarch64 native";   ha_n=$(hash_of "${QEMU[@]}" "$A64/native/tests/test_hash")
+  log "x86-64 portable";  hx_p=$(hash_of x86-portable "$ROOT/build-hash/x86-portable/tests/test_hash")
+  log "aarch64 portable"; ha_p=$(hash_of a64-portable "${QEMU[@]}" "$A64/portable/tests/test_hash")
+  log "x86-64 native";    hx_n=$(hash_of x86-native "$ROOT/build-hash/x86-native/tests/test_hash")
+  log "aarch64 native";   ha_n=$(hash_of a64-native "${QEMU[@]}" "$A64/native/tests/test_hash")
   echo "KVP_HASH_COMPARE portable x86-64=$hx_p aarch64=$ha_p"
   echo "KVP_HASH_COMPARE native   x86-64=$hx_n aarch64=$ha_n"
+  fx_xn=$(fixed_of x86-native); fx_xp=$(fixed_of x86-portable); fx_ap=$(fixed_of a64-portable); fx_an=$(fixed_of a64-native)
+  echo "KVP_HASH_COMPARE fixed    x86-64-avx2=$fx_xn x86-64-portable=$fx_xp aarch64-portable=$fx_ap aarch64-native=$fx_an"
+  if [ "$fx_xn" != none ] && [ "$fx_xn" = "$fx_xp" ] && [ "$fx_xn" = "$fx_ap" ] && [ "$fx_xn" = "$fx_an" ]; then
+    summary+=("score=fixed decisions hash: x86-64 AVX2 == x86-64 portable == aarch64 portable == aarch64 native ($fx_xn)")
+  else
+    status=1; summary+=("score=fixed decisions hash: MISMATCH avx2=$fx_xn x86-portable=$fx_xp a64-portable=$fx_ap a64-native=$fx_an")
+  fi
   if [ "$hx_p" != none ] && [ -n "$hx_p" ] && [ "$hx_p" = "$ha_p" ]; then
     summary+=("determinism hash, portable path: x86-64 == aarch64 ($hx_p)")
   else
@@ -122,8 +139,8 @@ if want hash; then
     cmake --build "$ROOT/build-hash/x86-native-nc" -j"$JOBS" --target test_hash
     cfg "$A64/native-nc" -DCMAKE_TOOLCHAIN_FILE="$A64_TC" -DCMAKE_PREFIX_PATH="$A64/gtest" -DCMAKE_CXX_FLAGS=-ffp-contract=off
     cmake --build "$A64/native-nc" -j"$JOBS" --target test_hash
-    hx_c=$(hash_of "$ROOT/build-hash/x86-native-nc/tests/test_hash")
-    ha_c=$(hash_of "${QEMU[@]}" "$A64/native-nc/tests/test_hash")
+    hx_c=$(hash_of x86-native-nc "$ROOT/build-hash/x86-native-nc/tests/test_hash")
+    ha_c=$(hash_of a64-native-nc "${QEMU[@]}" "$A64/native-nc/tests/test_hash")
     echo "KVP_HASH_COMPARE native-ffp-contract-off x86-64=$hx_c aarch64=$ha_c"
     summary+=("determinism hash, native paths with -ffp-contract=off: $([ "$hx_c" = "$ha_c" ] && echo match || echo differ) (x86-64=$hx_c aarch64=$ha_c)")
   fi
@@ -190,6 +207,6 @@ log "done"
 for s in "${summary[@]}"; do echo "cross: $s"; done
 # Checks that can fail (informational lines such as sizes and the native hash comparison aside).
 nfail=$(printf '%s\n' "${summary[@]}" | grep -cE 'FAILED|MISMATCH|contains' || true)
-npass=$(printf '%s\n' "${summary[@]}" | grep -cE ': passed|nm check: no |portable path: x86-64 ==|no allocator$' || true)
+npass=$(printf '%s\n' "${summary[@]}" | grep -cE ': passed|nm check: no |portable path: x86-64 ==|decisions hash: x86-64|no allocator$' || true)
 echo "cross: $npass passed, $nfail failed"
 exit $status

@@ -4,8 +4,10 @@
 # pkg-config), Python (python3 -m unittest, ctypes over a shared object linked from the
 # static library). Standard libraries only; nothing is fetched but Debian packages.
 #
-#   bash .ci/ports.sh            # all three
+#   bash .ci/ports.sh            # all three, then the README's binding commands (readme)
 #   bash .ci/ports.sh rust go    # a subset
+#   bash .ci/ports.sh readme     # only: the README block under "<!-- readme-commands -->", run
+#                                # as written in a fresh clone of this checkout's HEAD
 #
 # Env: BUILD_DIR (default build-ports), PREFIX (default _install), JOBS (default 2).
 set -euo pipefail
@@ -15,7 +17,7 @@ BUILD_DIR=${BUILD_DIR:-$ROOT/build-ports}
 PREFIX=${PREFIX:-$ROOT/_install}
 JOBS=${JOBS:-2}
 PORTS=("$@")
-[ ${#PORTS[@]} -eq 0 ] && PORTS=(rust go python)
+[ ${#PORTS[@]} -eq 0 ] && PORTS=(rust go python readme)
 want() { local p; for p in "${PORTS[@]}"; do [ "$p" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
 log() { echo "== ports: $* (+$(( $(date +%s) - t0 ))s)"; }
@@ -29,6 +31,9 @@ command -v g++ >/dev/null || need+=(g++)
 want go && ! command -v go >/dev/null && need+=(golang-go)
 want rust && ! command -v cargo >/dev/null && need+=(cargo)
 want python && ! command -v python3 >/dev/null && need+=(python3)
+# numpy (Debian's) covers the binding's numpy paths; venv for the README's `pip install` steps
+want python && ! /usr/bin/python3 -c 'import numpy' 2>/dev/null && need+=(python3-numpy)
+want python && ! /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null && need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   log "apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive
@@ -37,6 +42,30 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
+
+# ---- the README's commands, in a fresh clone ----
+if want readme; then
+  log "readme: the README's binding commands in a fresh clone of HEAD"
+  fresh=$(mktemp -d)
+  git clone -q "$ROOT" "$fresh/kvprune"
+  awk '/^<!-- readme-commands -->$/ {on=1; next} on && /^```sh$/ {inblk=1; next} inblk && /^```$/ {exit} inblk {print}' \
+    "$fresh/kvprune/README.md" > "$fresh/commands.sh"
+  if [ ! -s "$fresh/commands.sh" ]; then echo "README has no readme-commands block" >&2; exit 1; fi
+  cat "$fresh/commands.sh"
+  if (cd "$fresh/kvprune" && env -u PKG_CONFIG_PATH -u KVPRUNE_LIB -u KVPRUNE_LIB_DIR -u CARGO_TARGET_DIR \
+        bash -euo pipefail "$fresh/commands.sh" > "$fresh/log" 2>&1); then
+    summary_readme="readme commands in a fresh clone: 1 passed, 0 failed"
+  else
+    tail -40 "$fresh/log"
+    summary_readme="readme commands in a fresh clone: FAILED"
+  fi
+  rm -rf "$fresh"
+  if [ "${PORTS[*]}" = readme ]; then
+    echo "$summary_readme"
+    case "$summary_readme" in *FAILED) exit 1 ;; esac
+    exit 0
+  fi
+fi
 
 # ---- library: build + install (static, PIC, OpenMP) ----
 log "build libkvprune.a -> $PREFIX"
@@ -76,6 +105,19 @@ if want go; then
   else
     status=1; summary+=("go: FAILED")
   fi
+  # Another module requires the binding by its module path; a go.work points at this checkout
+  # (the documented steps: no replace directive, nothing fetched).
+  log "go: a consumer module (go.work, GOPROXY=off)"
+  gw=$(mktemp -d)
+  cp ports/go/example/consumer/go.mod ports/go/example/consumer/main.go "$gw/"
+  printf 'go 1.19\n\nuse (\n\t.\n\t%s\n)\n' "$ROOT/ports/go" > "$gw/go.work"
+  if (cd "$gw" && GOFLAGS= go run . | tee "$BUILD_DIR/go-consumer.log"; exit "${PIPESTATUS[0]}") \
+      && grep -q "consumer: 1 token" "$BUILD_DIR/go-consumer.log"; then
+    summary+=("go consumer module: 1 passed, 0 failed")
+  else
+    status=1; summary+=("go consumer module: FAILED")
+  fi
+  rm -rf "$gw"
 fi
 
 # ---- Python ----
@@ -101,5 +143,9 @@ if want python; then
 fi
 
 log "done"
+if [ -n "${summary_readme:-}" ]; then
+  summary+=("$summary_readme")
+  case "$summary_readme" in *FAILED) status=1 ;; esac
+fi
 for s in "${summary[@]}"; do echo "$s"; done
 exit $status

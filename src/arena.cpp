@@ -51,8 +51,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     // Per-layer plans: block needs, table sizes, scratch needs.
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint32_t max_cap = 0, max_pin = 0;
-    size_t max_runs = 0, pol_scratch = 0;
-    bool any_obs = false;
+    size_t max_runs = 0;
+    bool any_obs = false, staged = false, any_compacting = false, any_scoring = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
@@ -64,9 +64,23 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
         const size_t runs = store_max_runs(g.lp.cap, g.pin_blk_cap, g.blk_cap);
         if (runs > max_runs) max_runs = runs;
-        if (g.lp.scratch_bytes > pol_scratch) pol_scratch = g.lp.scratch_bytes;
         if (g.lp.obs_queries) any_obs = true;
+        if (g.lp.staged_prefill) staged = true;
+        if (g.lp.decode_scores || g.lp.obs_queries) any_scoring = true;
+        if (!g.lp.front_evict) any_compacting = true;
     }
+    // Prompt staging (policy.h): prefill_stage, default max(1024, the largest capacity).
+    p->stage = !staged ? 0 : cfg.prefill_stage ? cfg.prefill_stage : max_cap > 1024 ? max_cap : 1024;
+    size_t pol_scratch = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+        LayerGeom g;
+        layer_geom(cfg, l, &g);
+        const size_t b = z.add(g.lp.scratch_bytes, z.mul(g.lp.scratch_per_token, uint64_t(g.lp.cap) + p->stage));
+        if (b > pol_scratch) pol_scratch = b;
+    }
+    if (staged) max_runs += 1;  // the staged tokens' run
+    const bool fixed = cfg.score == KVP_SCORE_FIXED && any_scoring;  // position-based policies score nothing
+    p->kq_stride = fixed ? uint32_t(align_up(m.head_dim, kAlign / sizeof(int16_t))) : 0;
     p->sum_cap = sum_cap;
     p->max_cap = max_cap;
     p->max_runs = max_runs;
@@ -78,7 +92,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         return false;
     }
     p->nblocks = uint32_t(nblocks);
-    p->logit_ld = uint32_t(z.al16(max_cap));
+    p->logit_ld = uint32_t(z.al16(uint64_t(max_cap) + p->stage));
     FmtPlan fp;
     if (!fmt_plan(cfg, p->stride, p->block, p->nblocks, max_cap, max_pin, kTileTokens * G, &fp)) z.ok = false;
     if (fp.on) max_runs += 8;  // runs also split where the rows are (store_fmt.h)
@@ -98,20 +112,37 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_pools = off;
     off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
     p->off_pool_meta = off;
-    p->pool_meta_bytes = z.add(z.mul(2, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
+    p->pool_meta_bytes = z.add(z.mul(3, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));
+    p->off_fixed_freqs = off;
+    if (fixed) off = z.add(off, z.al(sizeof(double) * pairs));
+    // Realign over compacting stores rotates at positions < 2 * capacity (storage.h): precompute.
+    const bool full = pairs && any_compacting && config_positions(cfg) == KVP_POS_REALIGN;
+    p->rope_full_n = full ? 2 * max_cap : 0;
+    p->off_rope_full = off;
+    off = z.add(off, z.mul(z.mul(p->rope_full_n, rope_table_floats(pairs)), sizeof(float)));
+    // score=fixed rotates the int16 rows at the same positions (queries also at staged ones).
+    p->fixed_rope_n = full && fixed ? 2 * (max_cap + p->stage) : 0;
+    p->off_fixed_rope = off;
+    off = z.add(off, z.al(z.mul(z.mul(p->fixed_rope_n, 2 * size_t(pairs)), sizeof(int16_t))));
     p->off_fmt = off;
     off = z.add(off, fp.on ? z.al(fp.bytes) : 0);
 
-    const size_t slots = z.mul(p->nblocks, p->block);
+    const size_t slots = z.add(z.mul(p->nblocks, p->block), p->stage);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));
     p->data_v = rows;
     p->data_pos = fp.on ? fp.end : z.mul(rows, 2);
     p->data_rot = z.add(p->data_pos, z.al(z.mul(sizeof(int32_t), slots)));
     p->data_score = z.add(p->data_rot, z.al(z.mul(sizeof(int32_t), slots)));
     p->pool_data_bytes = z.add(p->data_score, z.al(z.mul(sizeof(float), slots)));
+    p->data_kq = p->data_kexp = 0;
+    if (fixed) {
+        p->data_kq = p->pool_data_bytes;
+        p->data_kexp = z.add(p->data_kq, z.al(z.mul(z.mul(slots, p->kq_stride), sizeof(int16_t))));
+        p->pool_data_bytes = z.add(p->data_kexp, z.al(z.mul(slots, sizeof(int16_t))));
+    }
     p->off_data = off;
     off = z.add(off, z.mul(p->pool_data_bytes, H));
 
@@ -128,7 +159,20 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));
     p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));
     p->scr_policy = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
-    p->scr_fmt = z.add(p->scr_policy, z.al(pol_scratch));
+    size_t fx = z.add(p->scr_policy, z.al(pol_scratch));
+    p->fx_qx = p->fx_qr = p->fx_qe = p->fx_z = p->fx_cs = p->fx_y = p->fx_obs = 0;
+    if (fixed) {
+        const size_t qrow = z.al(z.mul(z.mul(G, p->kq_stride), sizeof(int16_t)));
+        p->fx_qx = fx;
+        p->fx_qr = z.add(p->fx_qx, qrow);
+        p->fx_qe = z.add(p->fx_qr, qrow);
+        p->fx_z = z.add(p->fx_qe, z.al(z.mul(G, sizeof(int32_t))));
+        p->fx_cs = z.add(p->fx_z, z.mul(2, z.al(z.mul(G, sizeof(uint64_t)))));  // sums, then reciprocals
+        p->fx_y = z.add(p->fx_cs, z.al(z.mul(p->kq_stride, sizeof(int16_t))));
+        p->fx_obs = z.add(p->fx_y, z.al(z.mul(z.mul(G, ld), sizeof(int64_t))));
+        fx = z.add(p->fx_obs, z.al(z.mul(z.mul(G, ld), sizeof(uint32_t))));
+    }
+    p->scr_fmt = fx;
     p->scratch_bytes = z.add(p->scr_fmt, fp.on ? z.al(fp.scr_bytes) : 0);
     p->off_scratch = off;
     off = z.add(off, z.mul(p->scratch_bytes, cfg.threads));

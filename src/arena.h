@@ -6,14 +6,18 @@
 //   [block tables]        uint32 per (layer, head): pinned blocks then the circular body list
 //   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared)
 //   [BlockPool x n_kv_heads]
-//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], top[L], held[L]
-//   [inv_freq x rope_dim/2 doubles]
-//   [formatted storage: FmtCache, FmtStore per store, side rows, ThinK channel lists]
-//   per KV head pool, nblocks*block slots:               (head-major)
+//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], bseq[nblocks], top[L], held[L]
+//   [inv_freq x rope_dim/2 doubles]  (and score=fixed: its deterministic copy, score_fixed.h)
+//   [RoPE tables for positions 0..2*max_cap-1]          realign with a compacting policy only
+//   [score=fixed: Q14 RoPE tables for positions 0..2*(max_cap+stage)-1]  same condition
+//   [formatted storage: FmtCache, FmtStore per store, FmtPool per pool, side rows, ThinK channel lists]
+//   per KV head pool, nblocks*block + stage slots:       (head-major)
 //     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32
 //     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch instead of K, V)
+//     score=fixed: kq [slots][kq_stride] i16, kexp [slots] i16
+//     (the last `stage` slots are the prompt staging area of staged policies, policy.h)
 //   RopeMemo x threads
-//   scratch x threads:   RoPE tables | runs | attention work floats | policy scratch | formatted
+//   scratch x threads:   RoPE tables | runs | attention work floats | policy scratch | fixed-point work | formatted
 //
 // Every region starts on a 64-byte boundary; a row's stride is head_dim rounded up to 16 floats,
 // so every K/V row is 64-byte aligned. Blocks: each layer needs at most
@@ -53,14 +57,25 @@ struct ArenaPlan {
     uint32_t block;          // slots per block
     uint32_t nblocks;        // blocks per pool (per KV head index)
     uint32_t max_cap;        // max layer capacity
-    uint32_t logit_ld;       // decode / observation logits row stride (floats)
+    uint32_t logit_ld;       // decode / observation logits row stride (floats): >= max_cap + stage
+    uint32_t stage;          // prompt staging slots per pool (0: no staged policy)
+    uint32_t kq_stride;      // score=fixed: int16 per scoring key row (0 otherwise)
     bool shared;             // total_capacity below the sum of the layers' capacities
     uint64_t sum_cap;        // sum of the layers' capacities (tokens per KV head)
     size_t max_runs;
     size_t off_layers, off_heads, off_tables, off_home, off_minb, off_pools, off_pool_meta, pool_meta_bytes;
-    size_t off_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
+    uint32_t rope_full_n;    // precomputed RoPE positions (0: none)
+    size_t off_rope_full;
+    uint32_t fixed_rope_n;   // score=fixed: precomputed Q14 RoPE tables (positions 0..n-1), like rope_full_n
+    size_t off_fixed_rope;
+    size_t off_freqs, off_fixed_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
+    size_t data_kq, data_kexp;  // score=fixed (pool data offsets; 0 otherwise)
     size_t off_memos, off_scratch, scratch_bytes;
     size_t memo_floats, scr_runs, scr_work, scr_policy;
+    // score=fixed scratch (offsets in a thread's scratch): quantized and rotated query rows
+    // [G][kq_stride] i16, their exponents [G] i32, a rotation table [kq_stride] i16, logits
+    // [G][logit_ld] i64, observation sums [G][logit_ld] u32.
+    size_t fx_qx, fx_qr, fx_qe, fx_z, fx_cs, fx_y, fx_obs;  // fx_z: [G] u64 softmax sums, then [G] f64 1/sum
     // Formatted storage (quant/store_fmt.h FmtPlan, recomputed by cache_init): the pools' K/V
     // rows are replaced by its layout, its cache-wide region sits at off_fmt, each thread's part
     // at scr_fmt of its scratch.

@@ -3,6 +3,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "kernels/score_fixed.h"
+
 namespace kvp {
 namespace {
 
@@ -31,6 +33,68 @@ void rotate_tile(const AttnIn &a, const QueryPos &qp, const float *q, size_t tok
 // Key i of run r (slot index).
 inline uint32_t slot_at(const Run &r, uint32_t logical) { return r.slot + (logical - r.logical); }
 
+// score=fixed: quantizes the G query rows q[g*hd] (pre-RoPE) into w.qx / w.qe.
+void fixed_load_queries(const kvp_cache *c, const FixedWork &w, const float *q) {
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
+    for (uint32_t g = 0; g < G; ++g) w.qe[g] = fixed::quantize_row(q + size_t(g) * hd, hd, w.qx + size_t(g) * kst);
+}
+
+// score=fixed: rotates the quantized query rows to position p into w.qr.
+void fixed_rotate_queries(const kvp_cache *c, const FixedWork &w, int64_t p) {
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
+    const int16_t *cs = fixed_rope_table(c, w, p);
+    for (uint32_t g = 0; g < G; ++g)
+        fixed::rotate(c->rope.style, c->rope.pairs, cs, w.qx + size_t(g) * kst, w.qr + size_t(g) * kst, hd);
+}
+
+// score=fixed: integer logits of the rotated queries (w.qr, w.qe) over the logical keys
+// [j0, j1) of run `run` into w.y[g * ld + j].
+void fixed_logits(const AttnIn &a, const FixedWork &w, const Run &run, uint32_t j0, uint32_t j1) {
+    const kvp_cache *c = a.c;
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
+    const size_t ld = c->plan.logit_ld;
+    const kern::ScoreF32 &S = *c->skern;
+    for (uint32_t j = j0; j < j1; ++j) {
+        const uint32_t slot = slot_at(run, j);
+        const int32_t ke = a.pool->kexp[slot];
+        S.dots16(w.qr, kst, G, a.pool->kq_row(slot), hd, w.y + j, ld);  // exact integers, any variant
+        for (uint32_t g = 0; g < G; ++g) w.y[g * ld + j] = fixed::logit(w.y[g * ld + j], c->fixed_K, w.qe[g] + ke);
+    }
+}
+
+// score=fixed, decode: each token's Q16 weight summed over the group, added to its slot score
+// (saturating).
+void fixed_decode_scores(const AttnIn &a, const float *q, int64_t qpos) {
+    const kvp_cache *c = a.c;
+    const FixedWork &w = *a.fx;
+    const uint32_t G = c->group;
+    const size_t ld = c->plan.logit_ld;
+    fixed_load_queries(c, w, q);
+    int64_t cur = INT64_MIN;
+    for (uint32_t r = 0; r < a.nr; ++r) {
+        const Run &run = a.runs[r];
+        if (qpos + run.delta != cur) {
+            cur = qpos + run.delta;
+            fixed_rotate_queries(c, w, cur);
+        }
+        fixed_logits(a, w, run, run.logical, run.logical + run.n);
+    }
+    for (uint32_t g = 0; g < G; ++g) {
+        w.z[g] = fixed::softmax_exps(w.y + g * ld, a.L);
+        w.inv[g] = 1.0 / double(w.z[g]);
+    }
+    BlockPool &pool = *const_cast<BlockPool *>(a.pool);
+    for (uint32_t r = 0; r < a.nr; ++r) {
+        const Run &run = a.runs[r];
+        for (uint32_t i = 0; i < run.n; ++i) {
+            const uint32_t j = run.logical + i;
+            uint64_t mass = 0;
+            for (uint32_t g = 0; g < G; ++g) mass += fixed::weight_r(uint64_t(w.y[g * ld + j]), w.z[g], w.inv[g]);
+            score_set_u(pool, run.slot + i, fixed::sat_add(score_u(pool, run.slot + i), mass));
+        }
+    }
+}
+
 }  // namespace
 
 float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
@@ -50,7 +114,7 @@ float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, b
             cur = qpos + run.delta;
             load_rotated(c, *a.memo, cur, q, hd, G, qr);
         }
-        if (a.fx) fmt_qk(a, run, run.logical, run.logical + run.n, qr, st, G, logits + run.logical, ld);
+        if (a.fmt) fmt_qk(a, run, run.logical, run.logical + run.n, qr, st, G, logits + run.logical, ld);
         else K.qk(qr, st, G, a.pool->k_row(run.slot), st, run.n, hd, c->scale, logits + run.logical, ld);
     }
     for (uint32_t g = 0; g < G; ++g) {
@@ -59,19 +123,21 @@ float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, b
         inv[g] = 1.0f / sums[g];
     }
     for (uint32_t g = 0; g < G; ++g) memset(out + size_t(g) * hd, 0, hd * sizeof(float));
-    if (a.fx) fmt_pv_begin(a, G);
+    if (a.fmt) fmt_pv_begin(a, G);
     for (uint32_t r = 0; r < a.nr; ++r) {
         const Run &run = a.runs[r];
-        if (a.fx) fmt_pv(a, run, run.logical, run.logical + run.n, logits + run.logical, ld, G, out, hd);
+        if (a.fmt) fmt_pv(a, run, run.logical, run.logical + run.n, logits + run.logical, ld, G, out, hd);
         else K.pv(logits + run.logical, ld, G, a.pool->v_row(run.slot), st, run.n, hd, out, hd);
     }
-    if (a.fx) fmt_pv_end(a, G, out, hd);
+    if (a.fmt) fmt_pv_end(a, G, out, hd);
     for (uint32_t g = 0; g < G; ++g) {
         float *o = out + size_t(g) * hd;
         for (uint32_t j = 0; j < hd; ++j) o[j] *= inv[g];
     }
     const kern::ScoreF32 &S = *c->skern;
-    if (scores) {
+    if (scores && a.fx) {
+        fixed_decode_scores(a, q, qpos);
+    } else if (scores) {
         for (uint32_t r = 0; r < a.nr; ++r) {
             const Run &run = a.runs[r];
             S.acc(logits + run.logical, ld, G, inv, run.n, a.pool->score + run.slot);
@@ -111,7 +177,7 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
             lrow[r] = 0.0f;
         }
         memset(O, 0, size_t(rows) * st * sizeof(float));
-        if (a.fx) fmt_pv_begin(a, rows);
+        if (a.fmt) fmt_pv_begin(a, rows);
         const uint32_t first_q = L0 + i0, last_q = L0 + i0 + tq - 1;
         int64_t cur = INT64_MIN;
         uint32_t ri = 0;
@@ -124,7 +190,7 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
                 const uint32_t j0 = run.logical > kb0 ? run.logical : kb0;
                 const uint32_t j1 = run.logical + run.n < kb1 ? run.logical + run.n : kb1;
                 rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
-                if (a.fx) fmt_qk(a, run, j0, j1, qt, st, rows, lg + (j0 - kb0), KB);
+                if (a.fmt) fmt_qk(a, run, j0, j1, qt, st, rows, lg + (j0 - kb0), KB);
                 else K.qk(qt, st, rows, a.pool->k_row(slot_at(run, j0)), st, j1 - j0, hd, c->scale, lg + (j0 - kb0), KB);
             }
             if (kb1 - 1 > first_q) {  // causal mask: key j visible to query token t iff j <= L0+i0+t
@@ -149,7 +215,7 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
                     const float al = kern::exp_approx(mrow[r] - mn);
                     float *o = O + r * st;
                     for (uint32_t j = 0; j < hd; ++j) o[j] *= al;
-                    if (a.fx) fmt_pv_rescale(a, r, al);
+                    if (a.fmt) fmt_pv_rescale(a, r, al);
                     lrow[r] *= al;
                 }
                 lrow[r] += K.expsum(row, nb, mn);
@@ -159,11 +225,11 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
                 const Run &run = a.runs[r];
                 const uint32_t j0 = run.logical > kb0 ? run.logical : kb0;
                 const uint32_t j1 = run.logical + run.n < kb1 ? run.logical + run.n : kb1;
-                if (a.fx) fmt_pv(a, run, j0, j1, lg + (j0 - kb0), KB, rows, O, st);
+                if (a.fmt) fmt_pv(a, run, j0, j1, lg + (j0 - kb0), KB, rows, O, st);
                 else K.pv(lg + (j0 - kb0), KB, rows, a.pool->v_row(slot_at(run, j0)), st, j1 - j0, hd, O, st);
             }
         }
-        if (a.fx) fmt_pv_end(a, rows, O, st);
+        if (a.fmt) fmt_pv_end(a, rows, O, st);
         for (uint32_t t = 0; t < tq; ++t) {
             for (uint32_t g = 0; g < G; ++g) {
                 const size_t r = size_t(t) * G + g;
@@ -198,7 +264,7 @@ const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, co
             const Run &run = a.runs[r];
             const uint32_t j1 = run.logical + run.n < vis ? run.logical + run.n : vis;
             rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
-            if (a.fx) fmt_qk(a, run, run.logical, j1, qt, st, rows, lgf + run.logical, ld);
+            if (a.fmt) fmt_qk(a, run, run.logical, j1, qt, st, rows, lgf + run.logical, ld);
             else K.qk(qt, st, rows, a.pool->k_row(run.slot), st, j1 - run.logical, hd, c->scale, lgf + run.logical, ld);
         }
         for (uint32_t t = 0; t < tq; ++t) {
@@ -216,6 +282,38 @@ const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, co
         }
     }
     return obs;
+}
+
+const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q,
+                                      size_t tok_stride, uint32_t w) {
+    const kvp_cache *c = a.c;
+    const FixedWork &fw = *a.fx;
+    const uint32_t G = c->group;
+    const size_t ld = c->plan.logit_ld;
+    const uint32_t L = a.L, L0 = L - n;
+    for (uint32_t g = 0; g < G; ++g) memset(fw.obs + g * ld, 0, size_t(L) * sizeof(uint32_t));
+    for (uint32_t t = n - w; t < n; ++t) {
+        const uint32_t vis = L0 + t + 1;  // causal: keys 0..L0+t
+        fixed_load_queries(c, fw, q + t * tok_stride);
+        int64_t cur = INT64_MIN;
+        for (uint32_t r = 0; r < a.nr && a.runs[r].logical < vis; ++r) {
+            const Run &run = a.runs[r];
+            if (qp.at(t) + run.delta != cur) {
+                cur = qp.at(t) + run.delta;
+                fixed_rotate_queries(c, fw, cur);
+            }
+            const uint32_t j1 = run.logical + run.n < vis ? run.logical + run.n : vis;
+            fixed_logits(a, fw, run, run.logical, j1);
+        }
+        for (uint32_t g = 0; g < G; ++g) {
+            int64_t *y = fw.y + g * ld;
+            const uint64_t Z = fixed::softmax_exps(y, vis);
+            const double inv = 1.0 / double(Z);
+            uint32_t *o = fw.obs + g * ld;
+            for (uint32_t j = 0; j < vis; ++j) o[j] = fixed::sat_add(o[j], fixed::weight_r(uint64_t(y[j]), Z, inv));
+        }
+    }
+    return fw.obs;
 }
 
 }  // namespace kvp

@@ -38,14 +38,16 @@ struct AttnIn {
     uint32_t L;        // tokens in the store (runs cover logical 0..L-1)
     RopeMemo *memo;
     float *work;       // this thread's attention scratch (ArenaPlan::scr_work)
-    const FmtIn *fx = nullptr;  // formatted store (quant/attn_fmt.h); NULL: plain f32 rows
+    const FixedWork *fx;  // score=fixed: this thread's fixed-point scratch, else NULL
+    const FmtIn *fmt = nullptr;  // formatted store (quant/attn_fmt.h); NULL: plain f32 rows
 };
 
 // Decode: the G query heads of the newest token (rows q[g*hd], out[g*hd]) attend over all L
 // tokens. Two passes for the whole group: logits of every run into scratch at logical indices,
 // softmax per row, then one pass over V. When `scores`, each token's normalised attention mass
 // summed over the group is added to its slot score (the logits are still in scratch: no second
-// read of K). Returns the sum over the group of each row's Hoyer sparsity
+// read of K); with score=fixed (a.fx) the fixed-point weights are added instead, from the
+// int16 key copies (kernels/score_fixed.h). Returns the sum over the group of each row's Hoyer sparsity
 // (sqrt(L) - |p|_1/|p|_2) / (sqrt(L) - 1) (0 when L == 1).
 float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores);
 
@@ -59,5 +61,8 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
 // normalised weight on logical token j (j < L). Lives in the thread's scratch.
 const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, size_t tok_stride,
                              uint32_t w);
+// The same in fixed point (score=fixed): Q16 weight sums, saturating (kernels/score_fixed.h).
+const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q,
+                                      size_t tok_stride, uint32_t w);
 
 }  // namespace kvp

@@ -6,6 +6,7 @@
 
 #include "attention.h"
 #include "config.h"
+#include "kernels/score_fixed.h"
 
 #if KVP_OPENMP
 #include <omp.h>
@@ -27,21 +28,41 @@ Scratch scratch_of(kvp_cache *c, size_t tid) {
                    base + c->plan.scr_policy, base + c->plan.scr_fmt};
 }
 
-// Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
-// position its mode gives (storage.h: rot). Formatted stores (quant/store_fmt.h) put the rows in
-// the side rows (decode) or the staging row `stage` (prefill/append; V stays in the caller's
-// array) until the token's group is converted.
-void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, const float *k,
-                 const float *v, RopeMemo &memo, float *stage) {
+}  // namespace
+
+FixedWork fixed_work(kvp_cache *c, size_t tid) {
+    char *base = c->scratch + tid * c->plan.scratch_bytes;
+    const ArenaPlan &p = c->plan;
+    return FixedWork{reinterpret_cast<int16_t *>(base + p.fx_qx), reinterpret_cast<int16_t *>(base + p.fx_qr),
+                     reinterpret_cast<int32_t *>(base + p.fx_qe), reinterpret_cast<uint64_t *>(base + p.fx_z),
+                     reinterpret_cast<double *>(base + p.fx_z + align_up(size_t(c->group) * sizeof(uint64_t), kAlign)),
+                     reinterpret_cast<int16_t *>(base + p.fx_cs), reinterpret_cast<int64_t *>(base + p.fx_y),
+                     reinterpret_cast<uint32_t *>(base + p.fx_obs)};
+}
+
+const int16_t *fixed_rope_table(const kvp_cache *c, const FixedWork &w, int64_t pos) {
+    if (c->rope.style == KVP_ROPE_NONE) return w.cs;  // unused by fixed::rotate
+    if (pos >= 0 && pos < int64_t(c->fixed_rope_n)) return c->fixed_rope + size_t(pos) * 2 * c->rope.pairs;
+    fixed::rope_table(c->fixed_freqs, c->rope.pairs, pos, w.cs);
+    return w.cs;
+}
+
+void fixed_store_key(kvp_cache *c, const BlockPool &pool, uint32_t slot, const float *k, int64_t rot, size_t tid) {
+    const FixedWork w = fixed_work(c, tid);
     const uint32_t hd = c->cfg.model.head_dim;
-    uint32_t slot = 0;
-    store_reserve(hs, pool, layer, &slot);
-    const bool pinned = hs.next_pinned();
-    const int64_t rot = c->positions == KVP_POS_ORIGINAL ? orig : int64_t(hs.len()) + (pinned ? 0 : hs.shift);
-    float *kr, *vr;
-    if (c->fx) {
-        fmt_new_rows(c, hs, slot, pinned, stage, &kr, &vr);
-    } else {
+    pool.kexp[slot] = int16_t(fixed::quantize_row(k, hd, w.qx));
+    fixed::rotate(c->rope.style, c->rope.pairs, fixed_rope_table(c, w, rot), w.qx, pool.kq_row(slot), hd);
+}
+
+namespace {
+
+// Writes one token's K/V row into `slot`, K rotated at `rot` (storage.h), score 0.
+// kr / vr: where the K and V rows go (NULL: the pool slot's rows; vr is also NULL for a formatted
+// store's staged token, whose V stays in the caller's array).
+void write_token(kvp_cache *c, BlockPool &pool, uint32_t slot, int64_t orig, int64_t rot, const float *k,
+                 const float *v, RopeMemo &memo, size_t tid, float *kr = nullptr, float *vr = nullptr) {
+    const uint32_t hd = c->cfg.model.head_dim;
+    if (!c->fmt) {
         kr = pool.k_row(slot);
         vr = pool.v_row(slot);
     }
@@ -50,9 +71,25 @@ void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, i
     if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rot), kr, 1, c->plan.stride);
     pool.pos[slot] = int32_t(orig);
     pool.rot[slot] = int32_t(rot);
-    pool.score[slot] = 0.0f;
+    memset(pool.score + slot, 0, sizeof(float));  // 0 as float and as fixed-point bits
+    if (pool.kq) fixed_store_key(c, pool, slot, k, rot, tid);
+}
+
+// Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
+// position its mode gives (storage.h: rot). Formatted stores (quant/store_fmt.h) put the rows in
+// the side rows (decode) or the staging row `stage` (prefill/append; V stays in the caller's
+// array) until the token's group is converted.
+void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, const float *k,
+                 const float *v, RopeMemo &memo, size_t tid, float *stage) {
+    uint32_t slot = 0;
+    store_reserve(hs, pool, layer, &slot);
+    const bool pinned = hs.next_pinned();
+    const int64_t rot = c->positions == KVP_POS_ORIGINAL ? orig : int64_t(hs.len()) + (pinned ? 0 : hs.shift);
+    float *kr = nullptr, *vr = nullptr;
+    if (c->fmt) fmt_new_rows(c, hs, slot, pinned, stage, &kr, &vr);
+    write_token(c, pool, slot, orig, rot, k, v, memo, tid, kr, vr);
     store_commit(hs);
-    if (c->fx && !pinned) ++hs.nres;
+    if (c->fmt && !pinned) ++hs.nres;
 }
 
 void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *q,
@@ -64,11 +101,13 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
     BlockPool &pool = c->pools[h];
     RopeMemo &memo = c->memos[tid];
     const Scratch s = scratch_of(c, tid);
-    PolicyCtx ctx{c, layer, h, &pool, s.policy};
+    PolicyCtx ctx{c, layer, h, &pool, s.policy, 0, 0};
+    // A prefill with queries of a staging policy: the chunk goes to the staging slots (policy.h).
+    const bool staged = mode == StepMode::kPrefill && q && lp.staged_prefill;
 
     // Room first: dead slots are compacted away, then a dry pool makes the policy evict by its
     // own ranking (cache_room_check said that suffices).
-    while (store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
+    while (!staged && store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
         if (hs.holes) {
             store_compact(hs, pool, layer);
             continue;
@@ -78,15 +117,28 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
         if (hs.len() == before) break;
     }
     const uint32_t L0 = hs.len();
-    // Formatted stores stage a prefill/append chunk's rotated keys until its groups convert.
-    const FmtPlan *fp = c->fx ? &c->fx->fp : nullptr;
+    const bool realign = c->positions == KVP_POS_REALIGN;
+    // Formatted stores stage a prefill/append chunk's rotated keys until its groups convert
+    // (staging policies are refused with formatted storage: config.cpp).
+    const FmtPlan *fp = c->fmt ? &c->fmt->fp : nullptr;
     float *stage = fp && mode != StepMode::kDecode ? reinterpret_cast<float *>(s.fmt + fp->s_stage) : nullptr;
-    for (uint32_t i = 0; i < n; ++i) {
-        const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
-        store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo,
-                    stage ? stage + size_t(i) * c->plan.stride : nullptr);
+    if (staged) {
+        ctx.staged = n;
+        ctx.stage_slot = pool.stage_slot;
+        for (uint32_t i = 0; i < n; ++i) {
+            const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
+            const int64_t rot = realign ? int64_t(L0) + i + hs.shift : pos.at(i);
+            write_token(c, pool, pool.stage_slot + i, pos.at(i), rot, k + kv_off, v + kv_off, memo, tid);
+        }
+    } else {
+        for (uint32_t i = 0; i < n; ++i) {
+            const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
+            store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo, tid,
+                        stage ? stage + size_t(i) * c->plan.stride : nullptr);
+        }
     }
-    hs.len_after_append = hs.len();
+    const uint32_t L = hs.len() + ctx.staged;  // what the queries see
+    hs.len_after_append = L;
     StagedNew nw;
     if (stage) {
         nw.L0 = L0;
@@ -97,16 +149,18 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
         nw.ldv = size_t(m.n_kv_heads) * m.head_dim;
     }
 
-    const bool realign = c->positions == KVP_POS_REALIGN;
     const bool attends = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
     // The run list is O(blocks): built only when queries read the store.
     uint32_t nr = 0;
-    if (attends) nr = c->fx ? fmt_runs(c, hs, pool, realign, nw, s.runs) : store_runs(hs, pool, realign, s.runs);
-    AttnIn a{c, &pool, s.runs, nr, hs.len(), &memo, s.work};
+    if (attends) nr = c->fmt ? fmt_runs(c, hs, pool, realign, nw, s.runs) : store_runs(hs, pool, realign, s.runs);
+    if (staged) s.runs[nr++] = Run{pool.stage_slot, n, L0, 0, realign ? hs.shift : 0};
+    FixedWork fw;
+    if (pool.kq) fw = fixed_work(c, tid);
+    AttnIn a{c, &pool, s.runs, nr, L, &memo, s.work, pool.kq ? &fw : nullptr};
     FmtIn fin;
-    if (c->fx) {
-        fin = FmtIn{c->fx,
-                    &fmt_store(*c->fx, hs),
+    if (c->fmt) {
+        fin = FmtIn{c->fmt,
+                    &fmt_store(*c->fmt, hs),
                     nw,
                     reinterpret_cast<float *>(s.fmt + fp->s_qg),
                     reinterpret_cast<float *>(s.fmt + fp->s_qs),
@@ -115,7 +169,7 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
                     reinterpret_cast<float *>(s.fmt + fp->s_zacc),
                     reinterpret_cast<int8_t *>(s.fmt + fp->s_qi),
                     reinterpret_cast<float *>(s.fmt + fp->s_qsc)};
-        a.fx = &fin;
+        a.fmt = &fin;
     }
     const QueryPos qp{&pos, realign, L0};
     const size_t qoff = size_t(h) * c->group * m.head_dim;
@@ -126,18 +180,21 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
         if (out) attend_prefill(a, n, qp, q + qoff, out + qoff, tok_stride);
         if (lp.obs_queries && pol.observe) {
             const uint32_t w = lp.obs_queries < n ? lp.obs_queries : n;
-            const float *obs = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
-            pol.observe(ctx, hs, a.runs, a.nr, obs, c->plan.logit_ld);
+            Obs obs{nullptr, nullptr, c->plan.logit_ld};
+            if (a.fx) obs.u = observe_prefill_fixed(a, n, qp, q + qoff, tok_stride, w);
+            else obs.f = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
+            pol.observe(ctx, hs, a.runs, a.nr, obs);
         }
     }
-    if (c->fx) {  // completed groups convert after attention, before the policy prunes
+    if (c->fmt) {  // completed groups convert after attention, before the policy prunes
         const StepObs so{&a,        s.runs, realign, s.fmt, q ? q + qoff : nullptr,
                          out ? out + qoff : nullptr, size_t(m.n_q_heads) * m.head_dim, n, &qp};
         fmt_convert(c, hs, pool, nw, so);
         // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
-        fmt_store(*c->fx, hs).bytes_after_append = store_bytes(c, hs, pool);
+        fmt_store(*c->fmt, hs).bytes_after_append = store_bytes(c, hs, pool);
     }
     if (pol.prune) pol.prune(ctx, hs, mode);
+    if (ctx.staged) stage_commit(ctx, hs, nullptr, 0);  // a policy that selected nothing keeps what fits
 }
 
 }  // namespace
@@ -164,6 +221,22 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     c->rope.pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
     rope_init_freqs(m, freqs, c->rope.pairs);
     c->rope.inv_freq = freqs;
+    if (plan.kq_stride) {  // score=fixed with a scoring policy
+        double *ff = reinterpret_cast<double *>(base + plan.off_fixed_freqs);
+        fixed::rope_freqs(m.rope_theta, c->rope.pairs, ff);
+        c->fixed_freqs = ff;
+        c->fixed_K = fixed::logit_scale(m.head_dim);
+        int16_t *ft = reinterpret_cast<int16_t *>(base + plan.off_fixed_rope);
+        for (uint32_t pos = 0; pos < plan.fixed_rope_n; ++pos)
+            fixed::rope_table(ff, c->rope.pairs, pos, ft + size_t(pos) * 2 * c->rope.pairs);
+        c->fixed_rope = ft;
+        c->fixed_rope_n = plan.fixed_rope_n;
+    }
+    float *full = reinterpret_cast<float *>(base + plan.off_rope_full);
+    c->rope.full_floats = uint32_t(rope_table_floats(c->rope.pairs));
+    for (uint32_t pos = 0; pos < plan.rope_full_n; ++pos) rope_table(c->rope, pos, full + size_t(pos) * c->rope.full_floats);
+    c->rope.full = full;
+    c->rope.full_n = plan.rope_full_n;
 
     c->layers = reinterpret_cast<LayerState *>(base + plan.off_layers);
     c->heads = reinterpret_cast<HeadStore *>(base + plan.off_heads);
@@ -211,7 +284,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         }
         FmtPlan fp;
         fmt_plan(cfg, plan.stride, plan.block, plan.nblocks, plan.max_cap, max_pin, kTileTokens * c->group, &fp);
-        c->fx = fmt_init_cache(cfg, fp, base + plan.off_fmt, c->heads, c->pools);
+        c->fmt = fmt_init_cache(cfg, fp, base + plan.off_fmt, c->heads, c->pools);
     }
 
     for (uint32_t h = 0; h < H; ++h) {
@@ -221,7 +294,8 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         char *data = base + plan.off_data + size_t(h) * plan.pool_data_bytes;
         p->next = reinterpret_cast<int32_t *>(meta);
         p->dead = reinterpret_cast<uint32_t *>(meta + align_up(sizeof(int32_t) * plan.nblocks, kAlign));
-        p->top = reinterpret_cast<int32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->bseq = reinterpret_cast<uint32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->top = reinterpret_cast<int32_t *>(meta + 3 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
         p->held = reinterpret_cast<uint32_t *>(p->top + L);
         p->home_lo = home_lo;
         p->min_blocks = min_blocks;
@@ -230,11 +304,18 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         p->pos = reinterpret_cast<int32_t *>(data + plan.data_pos);
         p->rot = reinterpret_cast<int32_t *>(data + plan.data_rot);
         p->score = reinterpret_cast<float *>(data + plan.data_score);
+        if (plan.kq_stride) {
+            p->kq = reinterpret_cast<int16_t *>(data + plan.data_kq);
+            p->kexp = reinterpret_cast<int16_t *>(data + plan.data_kexp);
+            p->kq_stride = plan.kq_stride;
+        }
+        p->stage_slot = plan.nblocks * plan.block;
+        p->stage = plan.stage;
         p->n_layers = L;
         p->nblocks = plan.nblocks;
         p->block = plan.block;
         p->stride = plan.stride;
-        if (c->fx) fmt_init_pool(c->fx, data, p);
+        if (c->fmt) fmt_init_pool(c->fmt, data, p);
     }
 
     c->scratch = base + plan.off_scratch;
@@ -262,7 +343,7 @@ void cache_reset(kvp_cache *c) {
         LayerState &ls = c->layers[l];
         ls.next_pos = 0;
         ls.rows = 0;
-        ls.evict_threshold = 0;
+        ls.evict_threshold = ls.geom.lp.evict_threshold;
         ls.sparsity = 0.0f;
         ls.lazy = -1;
         memset(ls.pstate, 0, sizeof ls.pstate);
@@ -270,7 +351,7 @@ void cache_reset(kvp_cache *c) {
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             HeadStore &hs = head_of(c, l, h);
             store_clear(hs);
-            if (c->fx) fmt_reset_store(fmt_store(*c->fx, hs), c->fx->f);
+            if (c->fmt) fmt_reset_store(fmt_store(*c->fmt, hs), c->fmt->f);
         }
     }
     for (uint32_t h = 0; h < m.n_kv_heads; ++h) c->pools[h].reset();
@@ -293,7 +374,7 @@ bool pool_room(const kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, uint6
         *take = need;
         return true;
     }
-    PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr};
+    PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, const_cast<BlockPool *>(&pool), nullptr, 0, 0};
     uint32_t e = c->policy->evictable(ctx, hs);
     if (e > hs.body_len()) e = hs.body_len();
     *ev = e;
@@ -304,8 +385,16 @@ bool pool_room(const kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, uint6
 
 }  // namespace
 
-kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m) {
+kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries, Msg &m) {
     const kvp_model &md = c->cfg.model;
+    if (queries && c->layers[layer].geom.lp.staged_prefill) {  // through the staging area (policy.h)
+        if (n > c->plan.stage) {
+            m.s("a prefill chunk of ").u(n).s(" tokens exceeds the prompt staging area (prefill_stage=").u(c->plan.stage)
+                .s("): chunk the prompt by kvp_prefill_room");
+            return KVP_ERR_FULL;
+        }
+        return KVP_OK;
+    }
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
         if (uint64_t(hs.len()) + n > hs.cap) {
@@ -352,6 +441,7 @@ bool chunk_fits(const kvp_cache *c, uint32_t n) {
 uint32_t cache_prefill_room(const kvp_cache *c) {
     uint32_t lo = 0, hi = UINT32_MAX;  // fits(lo); the answer is at most min(cap - len)
     const kvp_model &m = c->cfg.model;
+    if (c->plan.stage) return c->plan.stage;  // staged policies: any chunk up to the staging area
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             const uint32_t len = head_of(c, l, h).len(), cap = c->layers[l].geom.lp.cap;
@@ -374,6 +464,10 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     LayerState &ls = c->layers[layer];
     NewPositions pos{positions, ls.next_pos};
 
+    if (c->policy->layer_prepare) {
+        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
+        c->policy->layer_prepare(ctx, n, mode);
+    }
     const int nkv = int(m.n_kv_heads);
     auto run = [&](int h, size_t tid) { head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, tid); };
 #if KVP_OPENMP
@@ -392,7 +486,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
         appended += head_of(c, layer, h).len_after_append;
         const HeadStore &hs = head_of(c, layer, h);
-        appended_bytes += c->fx ? fmt_store(*c->fx, hs).bytes_after_append : hs.len_after_append * token_bytes(c);
+        appended_bytes += c->fmt ? fmt_store(*c->fmt, hs).bytes_after_append : hs.len_after_append * token_bytes(c);
     }
     const uint64_t at_peak = c->live_rows - ls.rows + appended;
     if (at_peak > c->peak_rows) c->peak_rows = at_peak;
@@ -400,7 +494,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     if (at_peak_bytes > c->peak_bytes) c->peak_bytes = at_peak_bytes;
 
     if (c->policy->layer_phase) {
-        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy};
+        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }
     if (mode == StepMode::kDecode) {  // heads reduced in fixed order

@@ -46,8 +46,12 @@ struct kvp_cache {
     kvp::BlockPool *pools;     // [n_kv_heads]
     char *scratch;             // [threads][plan.scratch_bytes]
     kvp::RopeMemo *memos;      // [threads]
+    const double *fixed_freqs; // score=fixed: deterministic rotation frequencies (score_fixed.h)
+    int64_t fixed_K;           // score=fixed: logit scale (fixed::logit_scale)
+    const int16_t *fixed_rope; // score=fixed: precomputed Q14 tables [fixed_rope_n][2*pairs] (realign)
+    uint32_t fixed_rope_n;
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
-    kvp::FmtCache *fx;         // formatted storage (quant/store_fmt.h); NULL for plain f32
+    kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
     char last_error[256];
@@ -58,12 +62,31 @@ namespace kvp {
 constexpr uint32_t kMagic = 0x4b565052u;      // "KVPR"
 constexpr uint32_t kDeadMagic = 0x4b564444u;  // "KVDD": set by kvp_destroy
 
+inline bool fixed_scores(const kvp_cache *c) { return c->cfg.score == KVP_SCORE_FIXED; }
+
+// A thread's fixed-point scratch (score=fixed; ArenaPlan::fx_*).
+struct FixedWork {
+    int16_t *qx, *qr;  // [G][kq_stride] quantized, rotated query rows
+    int32_t *qe;       // [G] their exponents
+    uint64_t *z;       // [G] softmax sums
+    double *inv;       // [G] their reciprocals (fixed::weight_r)
+    int16_t *cs;       // rotation table
+    int64_t *y;        // [G][logit_ld] logits, then exps
+    uint32_t *obs;     // [G][logit_ld] observation sums
+};
+FixedWork fixed_work(kvp_cache *c, size_t tid);
+// score=fixed: the Q14 rotation table of position pos (precomputed, or computed into w.cs).
+const int16_t *fixed_rope_table(const kvp_cache *c, const FixedWork &w, int64_t pos);
+// score=fixed: quantizes the pre-RoPE key row k and stores it rotated at `rot` in the slot.
+void fixed_store_key(kvp_cache *c, const BlockPool &pool, uint32_t slot, const float *k, int64_t rot, size_t tid);
+
 // Builds a cache in `arena` (>= plan.total bytes, 64-aligned) for a checked config.
 kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena);
 void cache_reset(kvp_cache *c);
 // KVP_OK when every KV head of `layer` can take n more tokens (hard capacity, and the shared
 // pool after the policy's self-prune); else KVP_ERR_FULL with a message. Changes nothing.
-kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m);
+// `queries`: a prefill call with q (staged policies take it through the staging area).
+kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries, Msg &m);
 // kvp_prefill_room: the largest chunk every layer can take in turn (see kvprune.h).
 uint32_t cache_prefill_room(const kvp_cache *c);
 // Appends n tokens to a layer, runs attention per mode, applies the policy.
@@ -79,7 +102,7 @@ inline const HeadStore &head_of(const kvp_cache *c, uint32_t layer, uint32_t h) 
 inline uint64_t token_bytes(const kvp_cache *c) { return uint64_t(c->cfg.model.head_dim) * sizeof(float) * 2; }
 // Live bytes of a store in its storage format (scales, channel lists; no padding).
 inline uint64_t store_bytes(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool) {
-    return c->fx ? fmt_store_bytes(c, hs, pool) : uint64_t(hs.len()) * token_bytes(c);
+    return c->fmt ? fmt_store_bytes(c, hs, pool) : uint64_t(hs.len()) * token_bytes(c);
 }
 
 }  // namespace kvp

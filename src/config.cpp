@@ -11,81 +11,130 @@
 namespace kvp {
 namespace {
 
-const char *const kPolicyNames[] = {"full",      "window", "streaming",  "h2o", "snapkv",
-                                    "pyramidkv", "lethe",  "simlayerkv", "asl", "think", nullptr};
-const char *const kPositionNames[] = {"default", "original", "realign", nullptr};
-const char *const kDtypeNames[] = {"f32", "f16", "q8", "q4", nullptr};
-const char *const kScoreNames[] = {"float", "fixed", nullptr};
-const char *const kPoolNames[] = {"avg", "max", nullptr};
-const char *const kLazyModeNames[] = {"prefill", "decode", nullptr};
-const char *const kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
+constexpr const char *kPolicyNames[] = {"full",      "window", "streaming",  "h2o", "snapkv",
+                                        "pyramidkv", "lethe",  "simlayerkv", "asl", "think", nullptr};
+constexpr const char *kPositionNames[] = {"default", "original", "realign", nullptr};
+constexpr const char *kDtypeNames[] = {"f32", "f16", "q8", "q4", nullptr};
+constexpr const char *kScoreNames[] = {"float", "fixed", nullptr};
+constexpr const char *kPoolNames[] = {"avg", "max", nullptr};
+constexpr const char *kLazyModeNames[] = {"prefill", "decode", nullptr};
+constexpr const char *kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
+// Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
 constexpr uint32_t kPolicyImplemented = (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_WINDOW) |
                                         (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O) |
-                                        (1u << KVP_POLICY_THINK);
+                                        (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_PYRAMIDKV) |
+                                        (1u << KVP_POLICY_LETHE) | (1u << KVP_POLICY_THINK);
 constexpr uint32_t kDtypeImplemented =
     (1u << KVP_DTYPE_F32) | (1u << KVP_DTYPE_F16) | (1u << KVP_DTYPE_Q8) | (1u << KVP_DTYPE_Q4);
-constexpr uint32_t kScoreImplemented = 1u << KVP_SCORE_FLOAT;
-constexpr uint32_t kNonlazyAllowed =
-    (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_H2O);
+constexpr uint32_t kScoreImplemented = (1u << KVP_SCORE_FLOAT) | (1u << KVP_SCORE_FIXED);
 
-enum Kind { kU32, kF32, kEnum };
+static_assert(KVP_POLICY_THINK == 9 && KVP_POLICY_ALL == (1u << 10) - 1, "KVP_POLICY_ALL covers every policy");
 
+enum Kind { kU32 = KVP_KEY_UINT, kF32 = KVP_KEY_FLOAT, kEnum = KVP_KEY_ENUM };
+
+// One row per kvp_config field after `model`, in field order.
 struct Key {
     const char *name;
     Kind kind;
     size_t off, size;
-    double lo, hi;               // inclusive range for numbers
-    const char *const *names;    // enum value names (index = value)
+    double def;                 // default (enum: value index)
+    double lo, hi;              // inclusive range for numbers
+    const char *const *names;   // enum value names (index = value)
+    uint32_t allowed;           // enum: bit i = names[i] accepted
+    const char *values;         // enum: the accepted names, '|'-separated (tests check it against names/allowed)
+    uint32_t policies;          // KVP_POLICY_BIT(p): policy p uses the key
+    const char *help;
 };
 
-#define KVP_U32(f, lo, hi) {#f, kU32, offsetof(kvp_config, f), sizeof(((kvp_config *)0)->f), lo, hi, nullptr}
-#define KVP_F32(f, lo, hi) {#f, kF32, offsetof(kvp_config, f), sizeof(((kvp_config *)0)->f), lo, hi, nullptr}
-#define KVP_ENUM(f, names) {#f, kEnum, offsetof(kvp_config, f), sizeof(((kvp_config *)0)->f), 0, 0, names}
+#define KVP_U32(f, def, lo, hi, pol, help) {#f, kU32, offsetof(kvp_config, f), sizeof(kvp_config::f), def, lo, hi, nullptr, 0, nullptr, pol, help}
+#define KVP_F32(f, def, lo, hi, pol, help) {#f, kF32, offsetof(kvp_config, f), sizeof(kvp_config::f), def, lo, hi, nullptr, 0, nullptr, pol, help}
+#define KVP_ENUM(f, def, names, allowed, values, pol, help) {#f, kEnum, offsetof(kvp_config, f), sizeof(kvp_config::f), def, 0, 0, names, allowed, values, pol, help}
+#define P(x) (1u << KVP_POLICY_##x)
 
-const Key kKeys[] = {
-    KVP_ENUM(policy, kPolicyNames),
-    KVP_U32(capacity, 0, kMaxCapacity),
-    KVP_ENUM(positions, kPositionNames),
-    KVP_U32(threads, 1, kMaxThreads),
-    KVP_ENUM(kv_dtype, kDtypeNames),
-    KVP_ENUM(score, kScoreNames),
-    KVP_U32(sinks, 0, kMaxCapacity),
-    KVP_U32(window, 0, kMaxCapacity),
-    KVP_U32(extra, 0, kMaxCapacity),
-    KVP_U32(compress_every, 0, kMaxCapacity),
-    KVP_U32(slack, 0, kMaxCapacity),
-    KVP_U32(max_drop, 0, kMaxCapacity),
-    KVP_U32(budget, 1, kMaxCapacity),
-    KVP_U32(recent, 0, kMaxCapacity),
-    KVP_U32(obs_window, 1, kMaxCapacity),
-    KVP_U32(pool_kernel, 1, 255),
-    KVP_ENUM(pool, kPoolNames),
-    KVP_F32(beta, 1e-6, 1e6),
-    KVP_F32(sparse_ratio, 1.0, 1e12),
-    KVP_F32(recent_ratio, 0.0, 1.0),
-    KVP_U32(segments, 2, 1u << 16),
-    KVP_F32(decay, 0.0, 1.0),
-    KVP_F32(lazy_threshold, 0.0, 1.0),
-    KVP_U32(lazy_last, 1, kMaxCapacity),
-    KVP_ENUM(lazy_mode, kLazyModeNames),
-    KVP_ENUM(nonlazy, kPolicyNames),
-    KVP_U32(asl_min_layer, 0, 0xffffffffu),
-    KVP_U32(asl_obs_layers, 1, kMaxLayers),
-    KVP_F32(asl_tau, 0.0, 1e6),
-    KVP_F32(key_channel_ratio, 0.0, 0.999),
-    KVP_F32(value_channel_ratio, 0.0, 0.999),
-    KVP_ENUM(channel_score, kChannelScoreNames),
-    KVP_U32(block, 1, kMaxBlock),
-    KVP_U32(total_capacity, 0, 0xffffffffu),
-    KVP_ENUM(token_policy, kPolicyNames),
-    KVP_U32(quant_group, 1, kMaxBlock),
+constexpr uint32_t kAllNames = 0xffffffffu;
+constexpr uint32_t kAll = KVP_POLICY_ALL;
+constexpr uint32_t kSnapLike = P(SNAPKV) | P(PYRAMIDKV) | P(ASL);  // budget, obs_window, pool, pool_kernel
+
+// The table. Which policies use a key holds for policies not implemented yet as well (docs/design.md's
+// semantics); simlayerkv also uses the keys of its `nonlazy` policy (config_key_used).
+constexpr Key kKeys[] = {
+    KVP_ENUM(policy, KVP_POLICY_FULL, kPolicyNames, kAllNames,
+             "full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl|think", kAll, "pruning policy"),
+    KVP_U32(capacity, 0, 0, kMaxCapacity, kAll,
+            "token slots per layer incl. slack; 0 = the policy's minimum (streaming max(C+R, H), window window+1, h2o/snapkv budget+1, pyramidkv its layer budget+1, lethe 2*budget, full 2048)"),
+    KVP_ENUM(positions, KVP_POS_DEFAULT, kPositionNames, kAllNames, "default|original|realign", kAll,
+             "RoPE positions: original (absolute) or realign (cache-relative); default = realign for streaming/window, original otherwise"),
+    KVP_U32(threads, 1, 1, kMaxThreads, kAll, "threads splitting the KV heads; outputs are bit-identical for every value"),
+    KVP_ENUM(kv_dtype, KVP_DTYPE_F32, kDtypeNames, kAllNames, "f32|f16|q8|q4", kAll, "storage precision of K and V"),
+    KVP_ENUM(score, KVP_SCORE_FLOAT, kScoreNames, kAllNames, "float|fixed", kAll,
+             "scoring arithmetic; fixed = integer scores from int16 q/k (Q16.16), decisions bit-identical across platforms"),
+    KVP_U32(sinks, 4, 0, kMaxCapacity, P(STREAMING) | P(LETHE) | P(SIMLAYERKV), "S: first tokens always kept"),
+    KVP_U32(window, 1020, 0, kMaxCapacity, P(WINDOW) | P(STREAMING) | P(SIMLAYERKV), "W: most recent tokens kept"),
+    KVP_U32(extra, 0, 0, kMaxCapacity, P(STREAMING), "B: extra budget; C = sinks + window + extra"),
+    KVP_U32(compress_every, 1, 0, kMaxCapacity, P(STREAMING), "R: prune when L - C >= R (lazy pruning); 0 = never prune"),
+    KVP_U32(slack, 0, 0, kMaxCapacity, P(STREAMING), "sigma: H = C + slack"),
+    KVP_U32(max_drop, 0, 0, kMaxCapacity, P(STREAMING), "delta: prune to min(max(L - delta, C), H); 0 = prune to C"),
+    KVP_U32(budget, 1024, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE),
+            "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget)"),
+    KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | P(SNAPKV) | P(PYRAMIDKV), "most recent tokens never evicted by decode eviction"),
+    KVP_U32(obs_window, 32, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(THINK),
+            "observation window: the last prefill queries that score (snapkv: vote; the window is kept)"),
+    KVP_U32(pool_kernel, 7, 1, 255, kSnapLike, "pooling kernel width of the votes (odd)"),
+    KVP_ENUM(pool, KVP_POOL_MAX, kPoolNames, kAllNames, "avg|max", kSnapLike, "pooling of the votes"),
+    KVP_F32(beta, 20.0, 1e-6, 1e6, P(PYRAMIDKV), "pyramid steepness (>= 1): the last layer keeps (budget - obs_window) / beta + obs_window"),
+    KVP_F32(sparse_ratio, 400.0, 1.0, 1e12, P(LETHE), "tau: breakpoint at the first cut where top[0]/top[c] >= sparse_ratio"),
+    KVP_F32(recent_ratio, 0.3, 0.0, 1.0, P(LETHE), "fraction of the layer length kept as recent tokens"),
+    KVP_U32(segments, 10, 2, 1u << 16, P(LETHE), "D: cut points floor(K*d/D), d = 1..D-1"),
+    KVP_F32(decay, 0.9, 0.0, 1.0, P(LETHE), "RASR score decay per step"),
+    KVP_F32(lazy_threshold, 0.9, 0.0, 1.0, P(SIMLAYERKV), "a layer is lazy when its attention mass on sinks + window exceeds this"),
+    KVP_U32(lazy_last, 1, 1, kMaxCapacity, P(SIMLAYERKV), "last prefill queries averaged for the lazy decision (lazy_mode=prefill)"),
+    KVP_ENUM(lazy_mode, 0, kLazyModeNames, kAllNames, "prefill|decode", P(SIMLAYERKV),
+             "decide laziness from the last prefill queries or the first decode query"),
+    KVP_ENUM(nonlazy, KVP_POLICY_FULL, kPolicyNames, P(FULL) | P(SNAPKV) | P(H2O), "full|snapkv|h2o", P(SIMLAYERKV),
+             "policy of the non-lazy layers (its keys apply too)"),
+    KVP_U32(asl_min_layer, 4294967295.0, 0, 4294967295.0, P(ASL),
+            "first layer that may be the selection layer (< n_layers); 4294967295 = floor(n_layers/3)"),
+    KVP_U32(asl_obs_layers, 8, 1, kMaxLayers, P(ASL), "layers whose token-rank variance is observed"),
+    KVP_F32(asl_tau, 0.3, 0.0, 1e6, P(ASL), "relative-variance threshold that picks the selection layer"),
+    KVP_F32(key_channel_ratio, 0.5, 0.0, 0.999, P(THINK), "fraction of key channels pruned per KV head"),
+    KVP_F32(value_channel_ratio, 0.0, 0.0, 0.999, P(THINK), "fraction of value channels pruned per KV head"),
+    KVP_ENUM(channel_score, 0, kChannelScoreNames, kAllNames, "qk|l1|l2", P(THINK),
+             "channel score: qk = ||Q_obs[:,j] K[:,j]^T||_F, l1/l2 = key magnitude"),
+    KVP_U32(block, 16, 1, kMaxBlock, kAll, "token slots per block of the shared pool"),
+    KVP_U32(total_capacity, 0, 0, 4294967295.0, kAll,
+            "token slots per KV head summed over layers in the shared pool; 0 or >= the sum of the per-layer capacities = no sharing; less = a layer whose pool is dry evicts by its own ranking"),
+    KVP_U32(evict_threshold, 0, 0, kMaxCapacity, P(LETHE), "lethe: initial L_evict per layer; 0 = capacity/2"),
+    KVP_U32(prefill_stage, 0, 0, kMaxCapacity, P(SNAPKV) | P(PYRAMIDKV),
+            "prompt tokens one kvp_prefill call may take (staged in the arena, shared by the layers); 0 = max(1024, capacity)"),
+    KVP_ENUM(token_policy, KVP_POLICY_FULL, kPolicyNames, kAllNames & ~P(THINK),
+             "full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl", P(THINK),
+             "the token policy ThinK composes with (its keys apply too)"),
+    KVP_U32(quant_group, 32, 1, kMaxBlock, kAll,
+            "tokens per quantization group and per full-precision residual (kv_dtype f16/q8/q4, ThinK); the storage block then"),
 };
 
 #undef KVP_U32
 #undef KVP_F32
 #undef KVP_ENUM
+#undef P
+
+constexpr uint32_t kNumKeys = uint32_t(sizeof kKeys / sizeof kKeys[0]);
+
+constexpr bool table_is_consistent() {
+    for (const Key &k : kKeys) {
+        if (k.size != 4) return false;                                  // every field is 32-bit
+        if (k.kind == kEnum && (k.names == nullptr || k.values == nullptr)) return false;
+        if (k.kind != kEnum && !(k.lo <= k.def && k.def <= k.hi)) return false;  // defaults in range
+    }
+    for (uint32_t i = 1; i < kNumKeys; ++i)
+        if (kKeys[i].off != kKeys[i - 1].off + kKeys[i - 1].size) return false;  // every field, in order
+    return kKeys[0].off == offsetof(kvp_config, policy) &&
+           kKeys[kNumKeys - 1].off + kKeys[kNumKeys - 1].size == sizeof(kvp_config);
+}
+// A new kvp_config field needs its row here (name, default, range, policies): this fails otherwise.
+static_assert(table_is_consistent(), "kKeys: one 32-bit row per kvp_config field after model, in order, defaults in range");
 
 // An enum field's value as stored. C callers may put any int there, and loading an enum with
 // a value outside its enumerators is undefined in C++, so validation reads the raw bits.
@@ -97,13 +146,85 @@ uint32_t raw(const E &e) {
     return v;
 }
 
-void store_uint(void *p, size_t size, uint32_t v) {
-    if (size == 1) { uint8_t x = uint8_t(v); memcpy(p, &x, 1); }
-    else if (size == 2) { uint16_t x = uint16_t(v); memcpy(p, &x, 2); }
-    else { memcpy(p, &v, 4); }
+char *field_of(kvp_config *c, const Key &k) { return reinterpret_cast<char *>(c) + k.off; }
+const char *field_of(const kvp_config *c, const Key &k) { return reinterpret_cast<const char *>(c) + k.off; }
+uint32_t load_u32(const kvp_config &c, const Key &k) {
+    uint32_t v;
+    memcpy(&v, field_of(&c, k), 4);
+    return v;
+}
+float load_f32(const kvp_config &c, const Key &k) {
+    float v;
+    memcpy(&v, field_of(&c, k), 4);
+    return v;
+}
+void store_u32(kvp_config *c, const Key &k, uint32_t v) { memcpy(field_of(c, k), &v, 4); }
+void store_f32(kvp_config *c, const Key &k, float v) { memcpy(field_of(c, k), &v, 4); }
+
+uint32_t count_names(const char *const *names) {
+    uint32_t n = 0;
+    while (names[n]) ++n;
+    return n;
+}
+
+// Every field after `model` at its default (model zeroed, struct_size = the library's).
+void set_defaults(kvp_config *c) {
+    memset(c, 0, sizeof *c);
+    c->struct_size = sizeof(kvp_config);
+    for (const Key &k : kKeys) {
+        if (k.kind == kF32) store_f32(c, k, float(k.def));
+        else store_u32(c, k, uint32_t(k.def));
+    }
 }
 
 bool token_eq(const char *a, size_t n, const char *b) { return strlen(b) == n && memcmp(a, b, n) == 0; }
+
+const Key *find_key(const char *name, size_t n) {
+    for (const Key &k : kKeys)
+        if (token_eq(name, n, k.name)) return &k;
+    return nullptr;
+}
+
+// Levenshtein distance (short strings only; 99 when either is longer than 40).
+uint32_t edit_distance(const char *a, size_t an, const char *b) {
+    const size_t bn = strlen(b);
+    if (an > 40 || bn > 40) return 99;
+    uint32_t prev[41], cur[41];
+    for (size_t j = 0; j <= bn; ++j) prev[j] = uint32_t(j);
+    for (size_t i = 1; i <= an; ++i) {
+        cur[0] = uint32_t(i);
+        for (size_t j = 1; j <= bn; ++j) {
+            uint32_t best = prev[j] + 1;
+            if (cur[j - 1] + 1 < best) best = cur[j - 1] + 1;
+            const uint32_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            cur[j] = sub < best ? sub : best;
+        }
+        memcpy(prev, cur, sizeof(uint32_t) * (bn + 1));
+    }
+    return prev[bn];
+}
+
+// Whether a[0..n) is a subsequence of b ("key_ratio" of "key_channel_ratio").
+bool subsequence(const char *a, size_t n, const char *b) {
+    size_t i = 0;
+    for (; *b && i < n; ++b)
+        if (*b == a[i]) ++i;
+    return i == n;
+}
+
+// The key nearest to an unknown one, or nullptr when none is close: edit distance <= 2 (3 for
+// names of 6+ characters), or the unknown name (3+ characters) is a subsequence of a key, e.g.
+// an abbreviation or a prefix.
+const Key *nearest_key(const char *name, size_t n) {
+    const Key *best = nullptr;
+    uint32_t best_d = 99;
+    for (const Key &k : kKeys) {
+        uint32_t d = edit_distance(name, n, k.name);
+        if (n >= 3 && d > 2 && subsequence(name, n, k.name)) d = 2;
+        if (d < best_d) { best_d = d; best = &k; }
+    }
+    return best_d <= (n >= 6 ? 3u : 2u) ? best : nullptr;
+}
 
 // Unsigned decimal, no sign, no spaces; fails on overflow past 2^32-1.
 bool parse_u32(const char *s, size_t n, uint32_t *out) {
@@ -156,6 +277,65 @@ bool parse_f64(const char *s, size_t n, double *out) {
     return true;
 }
 
+void list_values(const Key &k, Msg &m) { m.s(k.values); }
+
+// The one range check of a field, used by kvp_config_apply (per key, as it is set) and by
+// kvp_config_check (every key).
+kvp_status check_range(const kvp_config &c, const Key &k, Msg &m) {
+    if (k.kind == kEnum) {
+        const uint32_t v = load_u32(c, k);
+        if (v < count_names(k.names) && ((k.allowed >> v) & 1u)) return KVP_OK;
+        m.s(k.name);
+        if (v < count_names(k.names)) m.s("=").s(k.names[v]);
+        else m.s(": unknown value ").u(v);
+        m.s(": expected one of ");
+        list_values(k, m);
+        return KVP_ERR_CONFIG;
+    }
+    if (k.kind == kU32) {
+        const uint32_t v = load_u32(c, k);
+        if (double(v) >= k.lo && double(v) <= k.hi) return KVP_OK;
+        m.s(k.name).s("=").u(v).s(": out of range ").u(uint64_t(k.lo)).s("..").u(uint64_t(k.hi));
+        return KVP_ERR_CONFIG;
+    }
+    const float v = load_f32(c, k);
+    if (v >= float(k.lo) && v <= float(k.hi)) return KVP_OK;  // false for NaN
+    m.s(k.name).s("=").f(double(v)).s(": out of range ").f(k.lo).s("..").f(k.hi);
+    return KVP_ERR_CONFIG;
+}
+
+// Parses `val` for key k into *c and range-checks it.
+kvp_status set_key(kvp_config *c, const Key &k, const char *val, size_t vn, Msg &m) {
+    if (k.kind == kEnum) {
+        for (uint32_t i = 0; k.names[i]; ++i) {
+            if (token_eq(val, vn, k.names[i])) {
+                store_u32(c, k, i);
+                return check_range(*c, k, m);
+            }
+        }
+        m.s(k.name).s("=").sn(val, vn).s(": expected one of ");
+        list_values(k, m);
+        return KVP_ERR_CONFIG;
+    }
+    if (k.kind == kU32) {
+        uint32_t v;
+        if (!parse_u32(val, vn, &v)) {
+            m.s(k.name).s("=").sn(val, vn).s(": not an unsigned integer in ").u(uint64_t(k.lo)).s("..").u(uint64_t(k.hi));
+            return KVP_ERR_CONFIG;
+        }
+        store_u32(c, k, v);
+        return check_range(*c, k, m);
+    }
+    double d;
+    if (!parse_f64(val, vn, &d)) {
+        m.s(k.name).s("=").sn(val, vn).s(": not a finite number in ").f(k.lo).s("..").f(k.hi);
+        return KVP_ERR_CONFIG;
+    }
+    // Out-of-float-range values become +-inf or 0 here and fail (or pass) the range check as such.
+    store_f32(c, k, float(d > 3.5e38 ? 3.5e38 : (d < -3.5e38 ? -3.5e38 : d)));
+    return check_range(*c, k, m);
+}
+
 kvp_status check_model(const kvp_model &md, Msg &m) {
     if (md.n_layers == 0 || md.n_layers > kMaxLayers) { m.s("n_layers must be in 1..").u(kMaxLayers); return KVP_ERR_CONFIG; }
     if (md.n_q_heads == 0 || md.n_q_heads > kMaxHeads) { m.s("n_q_heads must be in 1..").u(kMaxHeads); return KVP_ERR_CONFIG; }
@@ -182,60 +362,6 @@ kvp_status check_model(const kvp_model &md, Msg &m) {
     return KVP_OK;
 }
 
-kvp_status apply_one(kvp_config *cfg, const char *key, size_t kn, const char *val, size_t vn, Msg &m) {
-    for (const Key &k : kKeys) {
-        if (!token_eq(key, kn, k.name)) continue;
-        char *field = reinterpret_cast<char *>(cfg) + k.off;
-        if (k.kind == kEnum) {
-            for (uint32_t i = 0; k.names[i]; ++i) {
-                if (token_eq(val, vn, k.names[i])) {
-                    store_uint(field, k.size, i);
-                    return KVP_OK;
-                }
-            }
-            m.s(k.name).s("=").sn(val, vn).s(": expected one of");
-            for (uint32_t i = 0; k.names[i]; ++i) m.s(i ? "|" : " ").s(k.names[i]);
-            return KVP_ERR_CONFIG;
-        }
-        if (k.kind == kU32) {
-            uint32_t v;
-            if (!parse_u32(val, vn, &v)) { m.s(k.name).s("=").sn(val, vn).s(": not an unsigned integer"); return KVP_ERR_CONFIG; }
-            if (double(v) < k.lo || double(v) > k.hi) {
-                m.s(k.name).s("=").sn(val, vn).s(": out of range ").u(uint64_t(k.lo)).s("..").u(uint64_t(k.hi));
-                return KVP_ERR_CONFIG;
-            }
-            store_uint(field, k.size, v);
-            return KVP_OK;
-        }
-        double d;
-        if (!parse_f64(val, vn, &d)) { m.s(k.name).s("=").sn(val, vn).s(": not a finite number"); return KVP_ERR_CONFIG; }
-        if (!(d >= k.lo && d <= k.hi)) { m.s(k.name).s("=").sn(val, vn).s(": out of range"); return KVP_ERR_CONFIG; }
-        float f = float(d);
-        memcpy(field, &f, sizeof f);
-        return KVP_OK;
-    }
-    m.s("unknown key '").sn(key, kn).s("'");
-    return KVP_ERR_CONFIG;
-}
-
-kvp_status check_enums(const kvp_config &c, Msg &m) {
-    const struct {
-        const char *name;
-        uint32_t value, max;
-    } enums[] = {{"policy", raw(c.policy), KVP_POLICY_THINK},     {"positions", raw(c.positions), KVP_POS_REALIGN},
-                 {"kv_dtype", raw(c.kv_dtype), KVP_DTYPE_Q4},      {"score", raw(c.score), KVP_SCORE_FIXED},
-                 {"pool", raw(c.pool), KVP_POOL_MAX},              {"nonlazy", raw(c.nonlazy), KVP_POLICY_THINK},
-                 {"lazy_mode", c.lazy_mode, 1},                    {"channel_score", c.channel_score, 2},
-                 {"token_policy", raw(c.token_policy), KVP_POLICY_THINK}};
-    for (const auto &e : enums) {
-        if (e.value > e.max) {
-            m.s(e.name).s(": unknown value ").u(e.value);
-            return KVP_ERR_CONFIG;
-        }
-    }
-    return KVP_OK;
-}
-
 kvp_status check_supported(const kvp_config &c, Msg &m) {
     if (!((kPolicyImplemented >> uint32_t(c.policy)) & 1u)) {
         m.s("policy=").s(kPolicyNames[c.policy]).s(" is recognised but not implemented in this version");
@@ -245,101 +371,112 @@ kvp_status check_supported(const kvp_config &c, Msg &m) {
         m.s("kv_dtype=").s(kDtypeNames[c.kv_dtype]).s(" is recognised but not implemented in this version");
         return KVP_ERR_UNSUPPORTED;
     }
-    if (c.policy == KVP_POLICY_THINK &&
-        (c.token_policy == KVP_POLICY_THINK || !((kPolicyImplemented >> uint32_t(c.token_policy)) & 1u))) {
-        m.s("token_policy=").s(kPolicyNames[c.token_policy])
-            .s(c.token_policy == KVP_POLICY_THINK ? ": ThinK composes with a token policy, not with itself"
-                                                  : " is recognised but not implemented in this version");
-        return c.token_policy == KVP_POLICY_THINK ? KVP_ERR_CONFIG : KVP_ERR_UNSUPPORTED;
-    }
     if (!((kScoreImplemented >> uint32_t(c.score)) & 1u)) {
         m.s("score=").s(kScoreNames[c.score]).s(" is recognised but not implemented in this version");
         return KVP_ERR_UNSUPPORTED;
+    }
+    if (c.policy == KVP_POLICY_THINK && !((kPolicyImplemented >> uint32_t(c.token_policy)) & 1u)) {
+        m.s("token_policy=").s(kPolicyNames[c.token_policy]).s(" is recognised but not implemented in this version");
+        return KVP_ERR_UNSUPPORTED;
+    }
+    if (store_formatted(c)) {  // formatted storage (quant/format.h) with a prompt-staging policy
+        LayerPlan lp;
+        policy_of(c).plan(c, 0, &lp);
+        if (lp.staged_prefill) {
+            m.s("kv_dtype=").s(kDtypeNames[c.kv_dtype]).s(c.policy == KVP_POLICY_THINK ? " with ThinK" : "")
+                .s(" and policy ").s(policy_of(c).name)
+                .s(": quantized or reduced-width storage with a prompt-staging policy (snapkv, pyramidkv) is not implemented yet");
+            return KVP_ERR_UNSUPPORTED;
+        }
     }
     return KVP_OK;
 }
 
 }  // namespace
 
+bool struct_size_ok(uint32_t size, size_t first_layout, size_t known) {
+    return size >= first_layout && size <= known && size % 4 == 0;
+}
+
 kvp_status config_default(kvp_config *cfg, const kvp_model *model, Msg &m) {
     if (!cfg || !model) { m.s("cfg and model must not be NULL"); return KVP_ERR_ARG; }
     kvp_status st = check_model(*model, m);
     if (st != KVP_OK) return st;
     kvp_config c;
-    memset(&c, 0, sizeof c);
-    c.struct_size = sizeof(kvp_config);
+    set_defaults(&c);
     c.model = *model;
-    c.policy = KVP_POLICY_FULL;
-    c.capacity = 0;
-    c.positions = KVP_POS_DEFAULT;
-    c.threads = 1;
-    c.kv_dtype = KVP_DTYPE_F32;
-    c.score = KVP_SCORE_FLOAT;
-    c.sinks = 4;
-    c.window = 1020;
-    c.extra = 0;
-    c.compress_every = 1;
-    c.slack = 0;
-    c.max_drop = 0;
-    c.budget = 1024;
-    c.recent = 32;
-    c.obs_window = 32;
-    c.pool_kernel = 7;
-    c.pool = KVP_POOL_MAX;
-    c.beta = 20.0f;
-    c.sparse_ratio = 400.0f;
-    c.recent_ratio = 0.3f;
-    c.segments = 10;
-    c.decay = 0.9f;
-    c.lazy_threshold = 0.9f;
-    c.lazy_last = 1;
-    c.lazy_mode = 0;
-    c.nonlazy = KVP_POLICY_FULL;
-    c.asl_min_layer = 0xffffffffu;
-    c.asl_obs_layers = 8;
-    c.asl_tau = 0.3f;
-    c.key_channel_ratio = 0.5f;
-    c.value_channel_ratio = 0.0f;
-    c.channel_score = 0;
-    c.block = 16;
-    c.total_capacity = 0;
-    c.token_policy = KVP_POLICY_FULL;
-    c.quant_group = 32;
     *cfg = c;
+    return KVP_OK;
+}
+
+kvp_status config_init(kvp_config *cfg, uint32_t size, const kvp_model *model, Msg &m) {
+    if (!cfg || !model) { m.s("cfg and model must not be NULL"); return KVP_ERR_ARG; }
+    if (!struct_size_ok(size, kConfigFirstSize, sizeof(kvp_config))) {
+        m.s("struct_size=").u(size).s(": this library accepts ").u(kConfigFirstSize).s("..").u(sizeof(kvp_config))
+            .s(" (multiples of 4)");
+        return KVP_ERR_ARG;
+    }
+    kvp_config c;
+    kvp_status st = config_default(&c, model, m);
+    if (st != KVP_OK) return st;
+    c.struct_size = size;
+    memcpy(cfg, &c, size);
+    return KVP_OK;
+}
+
+kvp_status config_load(const kvp_config *user, kvp_config *full, Msg &m) {
+    if (!user) { m.s("cfg must not be NULL"); return KVP_ERR_ARG; }
+    uint32_t size;
+    memcpy(&size, user, sizeof size);
+    if (!struct_size_ok(size, kConfigFirstSize, sizeof(kvp_config))) {
+        m.s("cfg->struct_size=").u(size).s(": this library accepts ").u(kConfigFirstSize).s("..").u(sizeof(kvp_config))
+            .s(" (multiples of 4); initialise cfg with kvp_config_default or kvp_config_init");
+        return KVP_ERR_ARG;
+    }
+    set_defaults(full);
+    memcpy(full, user, size);
+    full->struct_size = sizeof(kvp_config);
     return KVP_OK;
 }
 
 kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
     if (!cfg || !spec) { m.s("cfg and spec must not be NULL"); return KVP_ERR_ARG; }
-    if (cfg->struct_size != sizeof(kvp_config)) {
-        m.s("cfg->struct_size mismatch: initialise cfg with kvp_config_default");
-        return KVP_ERR_ARG;
-    }
-    kvp_config tmp = *cfg;  // all-or-nothing
+    kvp_config tmp;  // all-or-nothing
+    kvp_status st = config_load(cfg, &tmp, m);
+    if (st != KVP_OK) return st;
+    const uint32_t user_size = cfg->struct_size;
     const char *p = spec;
     while (*p) {
         while (*p == ' ' || *p == '\t' || *p == '\n') ++p;
         if (!*p) break;
         const char *tok = p;
         while (*p && *p != ' ' && *p != '\t' && *p != '\n') ++p;
-        size_t tn = size_t(p - tok);
+        const size_t tn = size_t(p - tok);
         const char *eq = static_cast<const char *>(memchr(tok, '=', tn));
         if (!eq || eq == tok) {
             m.s("expected key=value, got '").sn(tok, tn).s("'");
             return KVP_ERR_CONFIG;
         }
-        kvp_status st = apply_one(&tmp, tok, size_t(eq - tok), eq + 1, tn - size_t(eq - tok) - 1, m);
+        const size_t kn = size_t(eq - tok);
+        const Key *k = find_key(tok, kn);
+        if (!k) {
+            m.s("unknown key '").sn(tok, kn).s("'");
+            if (const Key *near = nearest_key(tok, kn)) m.s(" (did you mean '").s(near->name).s("'?)");
+            return KVP_ERR_CONFIG;
+        }
+        if (k->off + k->size > user_size) {
+            m.s("key '").s(k->name).s("' is not in the caller's kvp_config (struct_size=").u(user_size)
+                .s(", the field needs ").u(k->off + k->size).s(": built against an older kvprune.h)");
+            return KVP_ERR_CONFIG;
+        }
+        st = set_key(&tmp, *k, eq + 1, tn - kn - 1, m);
         if (st != KVP_OK) return st;
     }
-    kvp_status st = check_enums(tmp, m);
+    st = config_check(tmp, m);
     if (st != KVP_OK) return st;
-    st = check_supported(tmp, m);
-    if (st != KVP_OK) return st;
-    if (!((kNonlazyAllowed >> raw(tmp.nonlazy)) & 1u)) {
-        m.s("nonlazy must be full|snapkv|h2o");
-        return KVP_ERR_CONFIG;
-    }
-    *cfg = tmp;
+    // Write back only the caller's bytes, struct_size excepted.
+    memcpy(reinterpret_cast<char *>(cfg) + sizeof(uint32_t), reinterpret_cast<const char *>(&tmp) + sizeof(uint32_t),
+           user_size - sizeof(uint32_t));
     return KVP_OK;
 }
 
@@ -351,21 +488,29 @@ kvp_positions config_positions(const kvp_config &c) {
 }
 
 kvp_status config_check(const kvp_config &c, Msg &m) {
-    if (c.struct_size != sizeof(kvp_config)) {
+    if (c.struct_size != sizeof(kvp_config)) {  // internal: callers pass a config_load()ed copy
         m.s("cfg->struct_size=").u(c.struct_size).s(", expected ").u(sizeof(kvp_config)).s(": use kvp_config_default");
         return KVP_ERR_ARG;
     }
     kvp_status st = check_model(c.model, m);
     if (st != KVP_OK) return st;
-    st = check_enums(c, m);
-    if (st != KVP_OK) return st;
-    if (c.threads == 0 || c.threads > kMaxThreads) { m.s("threads must be in 1..").u(kMaxThreads); return KVP_ERR_CONFIG; }
-    if (c.capacity > kMaxCapacity) { m.s("capacity must be <= ").u(kMaxCapacity); return KVP_ERR_CONFIG; }
+    for (const Key &k : kKeys) {
+        st = check_range(c, k, m);
+        if (st != KVP_OK) return st;
+    }
     st = check_supported(c, m);
     if (st != KVP_OK) return st;
 
-    if (c.block == 0 || c.block > kMaxBlock) { m.s("block must be in 1..").u(kMaxBlock); return KVP_ERR_CONFIG; }
-    if (c.quant_group == 0 || c.quant_group > kMaxBlock) { m.s("quant_group must be in 1..").u(kMaxBlock); return KVP_ERR_CONFIG; }
+    // Cross-field rules.
+    if (c.pool_kernel % 2 == 0) {
+        m.s("pool_kernel=").u(c.pool_kernel).s(" must be odd (a centred pooling window)");
+        return KVP_ERR_CONFIG;
+    }
+    if (c.asl_min_layer != 0xffffffffu && c.asl_min_layer >= c.model.n_layers) {
+        m.s("asl_min_layer=").u(c.asl_min_layer).s(" must be < n_layers=").u(c.model.n_layers)
+            .s(" (or 4294967295 = floor(n_layers/3))");
+        return KVP_ERR_CONFIG;
+    }
     const Policy &pol = policy_of(c);
     if (pol.check && (st = pol.check(c, m)) != KVP_OK) return st;
     for (uint32_t l = 0; l < c.model.n_layers; ++l) {
@@ -385,6 +530,51 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
         return KVP_ERR_CONFIG;
     }
     return KVP_OK;
+}
+
+uint32_t config_key_count() { return kNumKeys; }
+
+bool config_key_info(uint32_t index, kvp_key_info *info) {
+    if (index >= kNumKeys) return false;
+    const Key &k = kKeys[index];
+    kvp_key_info r;
+    memset(&r, 0, sizeof r);
+    r.struct_size = info->struct_size;
+    r.name = k.name;
+    r.type = kvp_key_type(k.kind);
+    r.min = k.lo;
+    r.max = k.hi;
+    r.default_value = k.def;
+    r.policies = k.policies;
+    r.config_size = uint32_t(k.off + k.size);
+    r.help = k.help;
+    if (k.kind == kEnum) {
+        r.values = k.values;
+        r.default_name = k.names[uint32_t(k.def)];
+        uint32_t hi = 0;
+        for (uint32_t i = 0; k.names[i]; ++i)
+            if ((k.allowed >> i) & 1u) hi = i;
+        r.min = 0;
+        r.max = hi;
+    }
+    memcpy(info, &r, info->struct_size);
+    return true;
+}
+
+int config_key_used(const kvp_config &c, const char *name) {
+    const Key *k = find_key(name, strlen(name));
+    if (!k) return -1;
+    const uint32_t p = raw(c.policy);
+    if (p <= KVP_POLICY_THINK && ((k->policies >> p) & 1u)) return 1;
+    if (p == KVP_POLICY_SIMLAYERKV) {
+        const uint32_t nl = raw(c.nonlazy);
+        if (nl <= KVP_POLICY_THINK && ((k->policies >> nl) & 1u)) return 1;
+    }
+    if (p == KVP_POLICY_THINK) {  // ThinK over its token policy: that policy's keys apply too
+        const uint32_t tp = raw(c.token_policy);
+        if (tp < KVP_POLICY_THINK && ((k->policies >> tp) & 1u)) return 1;
+    }
+    return 0;
 }
 
 }  // namespace kvp

@@ -8,7 +8,10 @@
 //   rot    position its key was rotated at (original mode: = pos; realign: see storage.h)
 //   score  the policy's per-token score (32 bits)
 // and per block the number of its dead slots (storage.h), so reading a store skips the per-slot
-// dead check for every clean block.
+// dead check for every clean block. With score=fixed each slot also holds its key as the
+// fixed-point scoring path's int16 row and exponent (kq, kexp; kernels/score_fixed.h).
+// Past the blocks, slots [stage_slot, stage_slot + stage) are the prompt staging area
+// (policy.h): in no block, never allocated, used only within one staged prefill call.
 //
 // Home ranges: the blocks are split into one contiguous home range per layer (with the default
 // total_capacity each layer's home is exactly what it can ever hold). A layer takes blocks from
@@ -23,6 +26,7 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace kvp {
 
@@ -33,8 +37,12 @@ struct BlockPool {
     const FmtCache *fc;          // formatted storage (quant/store_fmt.h: its rows); NULL for plain f32
     int32_t *pos, *rot;
     float *score;
+    int16_t *kq, *kexp;          // score=fixed: [slots][kq_stride] rotated int16 key, [slots] exponent; else NULL
+    uint32_t kq_stride;
+    uint32_t stage_slot, stage;  // prompt staging slots (0 when the policy does not stage)
     int32_t *next;               // [nblocks] free-stack links, -1 ends a stack
     uint32_t *dead;              // [nblocks] dead (evicted, not yet compacted) slots per block
+    uint32_t *bseq;              // [nblocks] a body block's sequence number in its store (storage.h)
     int32_t *top;                // [n_layers] top of each home's free stack, -1 when empty
     uint32_t *held;              // [n_layers] blocks each layer holds
     const uint32_t *home_lo;     // [n_layers + 1] home of layer l = [home_lo[l], home_lo[l+1])
@@ -60,6 +68,20 @@ struct BlockPool {
 
     float *k_row(uint32_t slot) const { return k + size_t(slot) * stride; }
     float *v_row(uint32_t slot) const { return v + size_t(slot) * stride; }
+    int16_t *kq_row(uint32_t slot) const { return kq + size_t(slot) * kq_stride; }
+    // Copies every per-slot datum of slot `from` to slot `to`.
+    void copy_slot(uint32_t to, uint32_t from) const {
+        const size_t row = size_t(stride) * sizeof(float);
+        memcpy(k_row(to), k_row(from), row);
+        memcpy(v_row(to), v_row(from), row);
+        pos[to] = pos[from];
+        rot[to] = rot[from];
+        memcpy(score + to, score + from, sizeof(float));
+        if (kq) {
+            memcpy(kq_row(to), kq_row(from), size_t(kq_stride) * sizeof(int16_t));
+            kexp[to] = kexp[from];
+        }
+    }
 };
 
 }  // namespace kvp

@@ -18,9 +18,7 @@ void rope_table(const Rope &r, int64_t pos, float *cs) {
     }
 }
 
-size_t rope_memo_floats(uint32_t pairs) {
-    return size_t(kRopeMemoEntries) * ((2 * size_t(pairs) + 15) / 16 * 16);
-}
+size_t rope_memo_floats(uint32_t pairs) { return size_t(kRopeMemoEntries) * rope_table_floats(pairs); }
 
 void rope_memo_init(RopeMemo &m, float *tables, uint32_t table_floats) {
     for (uint32_t i = 0; i < kRopeMemoEntries; ++i) m.pos[i] = INT64_MIN;
@@ -29,6 +27,7 @@ void rope_memo_init(RopeMemo &m, float *tables, uint32_t table_floats) {
 }
 
 const float *rope_table_memo(const Rope &r, RopeMemo &m, int64_t pos) {
+    if (pos >= 0 && pos < int64_t(r.full_n)) return r.full + size_t(pos) * r.full_floats;
     const uint32_t i = uint32_t(uint64_t(pos) % kRopeMemoEntries);
     float *t = m.tables + size_t(i) * m.table_floats;
     if (m.pos[i] != pos) {

@@ -14,6 +14,12 @@ struct Rope {
     kvp_rope_style style;
     uint32_t pairs;          // rope_dim / 2 (0 when style is NONE)
     const double *inv_freq;  // [pairs], lives in the arena
+    // Optional precomputed tables for positions [0, full_n) (full_n = 0: none), each
+    // full_floats apart. Realign with compacting stores rotates only at positions below twice
+    // the capacity (storage.h), so those caches precompute them at create and never call trig
+    // while decoding, whatever the number of runs.
+    const float *full;
+    uint32_t full_n, full_floats;
 };
 
 // Fills inv_freq[pairs] for model m.
@@ -40,7 +46,10 @@ struct RopeMemo {
 void rope_memo_init(RopeMemo &m, float *tables, uint32_t table_floats);
 // Floats of one memo's tables for `pairs` rotation pairs (each table 64-byte aligned).
 size_t rope_memo_floats(uint32_t pairs);
-// The table for pos, computed on a miss. Valid until the next lookup that maps to its entry.
+// The table for pos: from the precomputed tables when pos is inside them, else from the memo
+// (computed on a miss; valid until the next lookup that maps to its entry).
 const float *rope_table_memo(const Rope &r, RopeMemo &m, int64_t pos);
+// Floats of one table (64-byte aligned) for `pairs` rotation pairs.
+inline size_t rope_table_floats(uint32_t pairs) { return (2 * size_t(pairs) + 15) / 16 * 16; }
 
 }  // namespace kvp

@@ -153,6 +153,29 @@ TEST(NoAllocation, QuantizedAndThinkStorage) {
     }
 }
 
+// The policies of issue 8: snapkv/pyramidkv (the staged 200-token prompt, vote pooling, selection,
+// commit), lethe (layer phase, breakpoint sort, a shared pool's layer-wide room making), and
+// score=fixed (integer RoPE tables, logits, observation), original and realign, 1 and 2 threads.
+TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
+    for (const char *spec :
+         {"policy=snapkv budget=48 obs_window=16 pool=avg positions=realign threads=2",
+          "policy=snapkv budget=64 capacity=200 total_capacity=240 score=fixed threads=2",
+          "policy=pyramidkv budget=48 obs_window=8 beta=5 score=fixed positions=realign threads=1",
+          "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 threads=2",
+          "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 total_capacity=440 score=fixed threads=1",
+          "policy=h2o budget=120 recent=16 capacity=260 score=fixed positions=realign threads=2"}) {
+        kvp_config cfg = config(spec);
+        const size_t bytes = kvp_arena_size(&cfg);
+        ASSERT_GT(bytes, 0u) << spec;
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
+        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+}
+
 TEST(NoAllocation, NullArenaAllocatesExactlyOnceInCreate) {
     kvp_config cfg = config("policy=window window=250 threads=1");
     kvp_cache *c = nullptr;

@@ -83,14 +83,13 @@ TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
         {"sinks", KVP_ERR_CONFIG, "sinks"},
         {"=4", KVP_ERR_CONFIG, "=4"},
         {"nonlazy=window", KVP_ERR_CONFIG, "nonlazy"},
-        {"sinks=1 policy=lethe", KVP_ERR_UNSUPPORTED, "lethe"},
-        {"policy=snapkv", KVP_ERR_UNSUPPORTED, "snapkv"},
+        {"sinks=1 policy=simlayerkv", KVP_ERR_UNSUPPORTED, "simlayerkv"},
+        {"policy=asl", KVP_ERR_UNSUPPORTED, "asl"},
         {"policy=think token_policy=think", KVP_ERR_CONFIG, "token_policy"},
-        {"policy=think token_policy=snapkv", KVP_ERR_UNSUPPORTED, "snapkv"},
+        {"policy=think token_policy=asl", KVP_ERR_UNSUPPORTED, "asl"},
         {"kv_dtype=q5", KVP_ERR_CONFIG, "kv_dtype"},
         {"quant_group=0", KVP_ERR_CONFIG, "quant_group"},
         {"key_channel_ratio=1", KVP_ERR_CONFIG, "key_channel_ratio"},
-        {"score=fixed", KVP_ERR_UNSUPPORTED, "fixed"},
     };
     for (const Bad &b : bad) {
         err[0] = 'x';
@@ -110,7 +109,9 @@ TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
 
 TEST(Config, CheckCatchesContradictions) {
     char err[256];
-    kvp_config cfg = base_config("policy=window window=64 capacity=64");  // needs window+1
+    // Contradictions are set field by field: kvp_config_apply refuses to produce them.
+    kvp_config cfg = base_config("policy=window window=64");
+    cfg.capacity = 64;  // needs window+1
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "window"), nullptr) << err;
     EXPECT_EQ(kvp_arena_size(&cfg), 0u);
@@ -118,15 +119,19 @@ TEST(Config, CheckCatchesContradictions) {
     EXPECT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_ERR_CONFIG);
     EXPECT_EQ(c, nullptr);
 
-    cfg = base_config("policy=window window=100 capacity=50");  // window > capacity
+    cfg = base_config("policy=window window=100");
+    cfg.capacity = 50;  // window > capacity
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
 
-    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 capacity=70");  // < C+R = 72
+    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8");
+    cfg.capacity = 70;  // < C+R = 72
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "72"), nullptr) << err;
-    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 slack=20 capacity=80");  // < H = 84
+    cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8 slack=20");
+    cfg.capacity = 80;  // < H = 84
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
-    cfg = base_config("policy=streaming sinks=0 window=0 extra=0");
+    cfg = base_config("policy=streaming");
+    cfg.sinks = cfg.window = cfg.extra = 0;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
 
     cfg = base_config("policy=streaming sinks=4 window=60 compress_every=8");  // auto capacity = 72
@@ -145,7 +150,7 @@ TEST(Config, CheckCatchesContradictions) {
     EXPECT_NE(strstr(err, "pool"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "sinks=3", err, sizeof err), KVP_ERR_CONFIG);  // apply validates the result too
     cfg = base_config();
-    cfg.score = KVP_SCORE_FIXED;
+    cfg.policy = KVP_POLICY_ASL;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
 }
 
@@ -153,22 +158,25 @@ TEST(Config, CheckCatchesContradictions) {
 // 2 layers x 2 KV heads, head_dim 32 (stride 32), full policy, capacity 100, block 16:
 //   each (layer, head) needs ceil(100/16) = 7 blocks, so each KV head's pool has 14 blocks = 224
 //   slots: K+V 224 x 2 x 128 B = 57344, pos/rot/score 3 x 896 -> 60032 B per pool, 120064 for 2;
-//   fixed part: cache object 832, layer states 256, head stores 448, block tables 128, home
-//   ranges + reservations 128, pool structs 256, pool free lists + dead counts 384, RoPE
+//   fixed part: cache object 1024, layer states 320, head stores 448, block tables 128, home
+//   ranges + reservations 128, pool structs 320, pool free lists + dead counts + block
+//   sequence numbers 512, RoPE
 //   frequencies 128,
-//   one RoPE memo 320: 2880;
+//   one RoPE memo 320: 3328 (0.3: +256 B of metadata for prompt staging and fixed-point scores;
+//   +64 B cache object for the quantized/ThinK storage format pointer and live-byte counters);
 //   one thread's scratch: RoPE tables 32 x 32 floats = 4096, runs (100+7+1) x 24 -> 2624,
 //   attention work = the prefill tile (8 rows: 2 x 256 + 1024 + 2 x 16 floats) 6272: 12992.
-//   Total 120064 + 2880 + 12992 = 135936.
+//   Total 120064 + 3328 + 12992 = 136384.
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);
-    EXPECT_EQ(n, 135936u);
+    EXPECT_EQ(n, 136384u);
     kvp_config cfg2 = base_config("capacity=164");
     // 4 more blocks (64 slots) per (layer, head): 4 x 64 x (256 B of K+V + 4 B each of pos, rot,
-    // score); the block tables (+64), the pools' free lists and dead counts (+2 x 2 x 64) and the
-    // run list (+66 runs x 24 -> +1600) grow with them; the attention scratch is unchanged.
-    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 256 + 1600);
+    // score); the block tables (+64), the pools' free lists, dead counts and sequence numbers
+    // (+2 x 3 x 64) and the run list (+66 runs x 24 -> +1600) grow with them; the attention
+    // scratch is unchanged.
+    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 384 + 1600);
     kvp_config cfg3 = base_config("capacity=100 threads=3");
     EXPECT_GT(kvp_arena_size(&cfg3), n);
 
@@ -261,7 +269,7 @@ TEST(BadInput, FailedCallsLeaveTheCacheUnchanged) {
         {"positions bad layer", [&] { return kvp_layer_positions(a.c, 9, 0, pos_buf, 64, &n); }, KVP_ERR_LAYER, nullptr},
         {"positions NULL n", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 64, nullptr); }, KVP_ERR_ARG, nullptr},
         {"positions NULL out", [&] { return kvp_layer_positions(a.c, 0, 0, nullptr, 4, &n); }, KVP_ERR_ARG, nullptr},
-        {"positions small buffer", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 2, &n); }, KVP_ERR_FULL, nullptr},
+        {"positions small buffer", [&] { return kvp_layer_positions(a.c, 0, 0, pos_buf, 2, &n); }, KVP_ERR_BUFFER, "cap=2"},
         {"stats small struct", [&] { return kvp_get_stats(a.c, &st); }, KVP_ERR_ARG, nullptr},
         {"stats NULL", [&] { return kvp_get_stats(a.c, nullptr); }, KVP_ERR_ARG, nullptr},
         {"reset NULL", [&] { return kvp_reset(nullptr); }, KVP_ERR_ARG, nullptr},

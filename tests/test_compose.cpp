@@ -53,12 +53,12 @@ RunOut run(const kvp_model &m, const std::string &spec, uint32_t P, uint32_t T) 
     // the format's memory bound per store: every slot converted, plus a residual group (and the
     // pinned residual) at f32, grids for every block, the channel lists
     uint64_t bound = 0;
-    if (c->fx) {
-        const kvp::StoreFormat &f = c->fx->f;
+    if (c->fmt) {
+        const kvp::StoreFormat &f = c->fmt->f;
         for (uint32_t l = 0; l < m.n_layers; ++l) {
             const uint32_t cap = kvp_layer_capacity(c, l);
             bound += nkv * (cap * kvp::fmt_token_bytes(f) + (cap / f.block + 2) * kvp::fmt_grid_bytes(f) +
-                            kvp::fmt_index_bytes(f) + (f.block + c->fx->pin_side) * kvp::fmt_residual_bytes(f));
+                            kvp::fmt_index_bytes(f) + (f.block + c->fmt->pin_side) * kvp::fmt_residual_bytes(f));
         }
     } else {
         for (uint32_t l = 0; l < m.n_layers; ++l) bound += uint64_t(nkv) * kvp_layer_capacity(c, l) * hd * 8;

@@ -10,6 +10,9 @@
 // path, KVP_AVX2=OFF) the hashes must agree across ISAs, and threads=1 and threads=2 must agree
 // everywhere. No expected value is pinned here (a kernel change legitimately moves it);
 // set KVP_EXPECT_HASH=<hex> to check `all` against a known value.
+// With score=fixed the eviction decisions are integer functions of the inputs: `KVP_HASH fixed`
+// (kept positions and counters only) must agree on every platform and build, native SIMD
+// included (DeterminismHash.FixedScoringDecisions).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -61,6 +64,7 @@ struct Workload {
     uint32_t prefill_tokens;  // prompt given as one kvp_prefill chunk before decoding
     uint32_t decode_tokens;
     uint64_t seed;
+    bool decisions_only = false;  // hash kept positions and counters only (score=fixed workloads)
 };
 
 // Streaming with a small window so that prunes happen many times; both RoPE styles, an odd
@@ -71,6 +75,29 @@ const Workload kWorkloads[] = {
     {"stream_d64_neox", 2, 4, 2, 64, KVP_ROPE_NEOX, 0,
      "policy=streaming sinks=2 window=40 compress_every=4 slack=8 max_drop=6", 20, 280, 2},
     {"full_d33_none", 2, 4, 2, 33, KVP_ROPE_NONE, 0, "policy=full capacity=320", 16, 284, 3},
+};
+
+// score=fixed (kernels/score_fixed.h): the eviction decisions must be the same on every platform
+// (x86-64 AVX2, x86-64 SIMDE_NO_NATIVE, aarch64), whatever the float kernels do with the outputs,
+// so these hash the kept positions of every (layer, KV head) after every call and the counters,
+// not the outputs. Every scored policy, both position modes, a shared pool, many prunes.
+const Workload kFixedWorkloads[] = {
+    {"fixed_h2o", 2, 8, 2, 33, KVP_ROPE_GPTJ, 32, "policy=h2o score=fixed budget=24 recent=4 obs_window=8 capacity=64",
+     40, 200, 11, true},
+    {"fixed_h2o_realign_pool", 3, 4, 2, 24, KVP_ROPE_NEOX, 0,
+     "policy=h2o score=fixed budget=40 recent=6 positions=realign total_capacity=96", 30, 180, 12, true},
+    {"fixed_snapkv", 2, 4, 2, 32, KVP_ROPE_GPTJ, 0,
+     "policy=snapkv score=fixed budget=32 obs_window=8 pool=max pool_kernel=7 recent=4 capacity=48", 150, 150, 13, true},
+    {"fixed_snapkv_realign", 2, 4, 1, 20, KVP_ROPE_NEOX, 0,
+     "policy=snapkv score=fixed budget=20 obs_window=6 pool=avg pool_kernel=5 recent=3 positions=realign", 90, 160, 14,
+     true},
+    {"fixed_pyramidkv_pool", 4, 4, 2, 16, KVP_ROPE_GPTJ, 0,
+     "policy=pyramidkv score=fixed budget=40 obs_window=8 beta=4 capacity=52 total_capacity=128", 120, 150, 15, true},
+    {"fixed_lethe", 3, 4, 2, 32, KVP_ROPE_GPTJ, 0,
+     "policy=lethe score=fixed capacity=80 evict_threshold=20 sparse_ratio=3 segments=8 sinks=2", 30, 200, 16, true},
+    {"fixed_lethe_realign_pool", 3, 4, 2, 16, KVP_ROPE_NEOX, 0,
+     "policy=lethe score=fixed capacity=96 evict_threshold=24 sparse_ratio=2 positions=realign total_capacity=160", 40,
+     200, 17, true},
 };
 
 struct RunResult {
@@ -136,6 +163,7 @@ RunResult run_workload(const Workload &w, uint32_t threads) {
         }
     };
     auto hash_out = [&]() {
+        if (w.decisions_only) return;
         for (float f : out) {
             if (!std::isfinite(f)) ok = false;
             h.f32(f);
@@ -154,6 +182,7 @@ RunResult run_workload(const Workload &w, uint32_t threads) {
             EXPECT_EQ(s, KVP_OK) << w.name << " prefill layer " << l << ": " << kvp_last_error(c);
             if (s != KVP_OK) ok = false;
             hash_out();
+            if (w.decisions_only) hash_state();
         }
         hash_state();
     }
@@ -212,6 +241,32 @@ TEST(DeterminismHash, DecodeWorkloads) {
     std::printf("KVP_HASH all %s\n", hex(all.h).c_str());
     std::fflush(stdout);
     if (const char *want = std::getenv("KVP_EXPECT_HASH")) {
+        if (*want) {
+            EXPECT_EQ(std::string(want), hex(all.h));
+        }
+    }
+}
+
+// score=fixed: `KVP_HASH fixed <hex>` over the kept positions of every workload, which
+// .ci/cross.sh requires to be equal on x86-64 (AVX2 and SIMDE_NO_NATIVE) and aarch64 (portable
+// and native builds). Each workload must prune often, and threads 1 and 2 agree.
+TEST(DeterminismHash, FixedScoringDecisions) {
+    Fnv64 all;
+    for (const Workload &w : kFixedWorkloads) {
+        const RunResult r1 = run_workload(w, 1);
+        ASSERT_TRUE(r1.ok) << w.name;
+        EXPECT_GT(r1.prunes, 100u) << w.name << ": the workload is meant to prune often";
+        for (uint32_t t : {2u}) {
+            const RunResult r = run_workload(w, t);
+            ASSERT_TRUE(r.ok) << w.name;
+            EXPECT_EQ(hex(r1.hash), hex(r.hash)) << w.name << ": threads=1 vs threads=" << t;  // 3 threads: tests/test_snapkv.cpp, test_lethe.cpp
+        }
+        std::printf("KVP_HASH %s %s\n", w.name, hex(r1.hash).c_str());
+        all.u64(r1.hash);
+    }
+    std::printf("KVP_HASH fixed %s\n", hex(all.h).c_str());
+    std::fflush(stdout);
+    if (const char *want = std::getenv("KVP_EXPECT_FIXED_HASH")) {
         if (*want) {
             EXPECT_EQ(std::string(want), hex(all.h));
         }

@@ -47,9 +47,9 @@ void check_against_stored(const kvp_model &m, const std::string &spec, uint32_t 
     ref::Cache cache(m, spec);
     ASSERT_NE(cache.c, nullptr);
     const kvp_cache *c = cache.c;
-    ASSERT_NE(c->fx, nullptr);
+    ASSERT_NE(c->fmt, nullptr);
     const bool realign = c->positions == KVP_POS_REALIGN;
-    if (c->fx->f.dtype == KVP_DTYPE_Q4) tol = tol_q4;
+    if (c->fmt->f.dtype == KVP_DTYPE_Q4) tol = tol_q4;
     const uint32_t hd = m.head_dim, G = m.n_q_heads / m.n_kv_heads;
     Seq s(m, T, 7);
     std::vector<float> out(size_t(P) * m.n_q_heads * hd);
@@ -59,8 +59,8 @@ void check_against_stored(const kvp_model &m, const std::string &spec, uint32_t 
     double worst = 0;
     std::vector<double> want;
     // every stored element is near the token's rotated input (f16 / quantization error)
-    const double kbound = c->fx->f.dtype == KVP_DTYPE_F32 ? 1e-6 : c->fx->f.dtype == KVP_DTYPE_F16 ? 2e-3
-                          : c->fx->f.dtype == KVP_DTYPE_Q8 ? 0.05 : 0.8;
+    const double kbound = c->fmt->f.dtype == KVP_DTYPE_F32 ? 1e-6 : c->fmt->f.dtype == KVP_DTYPE_F16 ? 2e-3
+                          : c->fmt->f.dtype == KVP_DTYPE_Q8 ? 0.05 : 0.8;
     auto check_stored = [&](uint32_t t) {
         for (uint32_t l = 0; l < m.n_layers; ++l) {
             for (uint32_t h = 0; h < m.n_kv_heads; ++h) {

@@ -82,6 +82,32 @@ TEST(ScoreKernels, SumsqMatchesScalarAndDouble) {
     for (const ScoreF32 *v : variants()) EXPECT_EQ(v->sumsq(nullptr, 0), 0.0f);
 }
 
+// dots16 (score=fixed) is integer arithmetic: every variant gives the reference's integers,
+// including at the extremes of score_fixed's rows (|x| <= 23170) and every tail length.
+TEST(ScoreKernels, Dots16AreExact) {
+    ref::Rng rng(7);
+    for (uint32_t rows : {1u, 3u, 8u})
+        for (uint32_t n : {1u, 7u, 15u, 16u, 17u, 32u, 33u, 128u, 131u}) {
+            const size_t ldq = n + 3, ldo = 5;
+            std::vector<int16_t> q(rows * ldq), k(n);
+            for (int16_t &x : q) x = int16_t(int32_t(rng.next() % 46341) - 23170);
+            for (int16_t &x : k) x = int16_t(int32_t(rng.next() % 46341) - 23170);
+            if (n == 128)  // the worst case: every product at the extreme, one sign
+                for (uint32_t i = 0; i < n; ++i) { k[i] = 23170; q[i] = 23170; }
+            std::vector<int64_t> ref_out(rows * ldo, -1), out(rows * ldo, -1);
+            kvp::kern::score_f32_scalar()->dots16(q.data(), ldq, rows, k.data(), n, ref_out.data(), ldo);
+            for (uint32_t r = 0; r < rows; ++r) {
+                int64_t d = 0;
+                for (uint32_t i = 0; i < n; ++i) d += int64_t(q[r * ldq + i]) * k[i];
+                ASSERT_EQ(ref_out[r * ldo], d);
+            }
+            for (const ScoreF32 *v : variants()) {
+                v->dots16(q.data(), ldq, rows, k.data(), n, out.data(), ldo);
+                ASSERT_EQ(out, ref_out) << v->name << " " << rows << "x" << n;
+            }
+        }
+}
+
 // argmin is exact: every variant returns the reference's index, including on ties (first index).
 TEST(ScoreKernels, ArgminIsExactWithTiesToTheFirstIndex) {
     ref::Rng rng(4);

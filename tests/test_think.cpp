@@ -140,13 +140,13 @@ std::vector<double> value_scores(const kvp_model &m, const Prompt &p, uint32_t P
 }
 
 std::vector<uint16_t> kept_keys(const kvp_cache *c, uint32_t l, uint32_t h) {
-    const kvp::FmtStore &fs = kvp::fmt_store(*c->fx, kvp::head_of(c, l, h));
+    const kvp::FmtStore &fs = kvp::fmt_store(*c->fmt, kvp::head_of(c, l, h));
     EXPECT_TRUE(fs.selected);
-    return std::vector<uint16_t>(fs.kidx, fs.kidx + c->fx->f.wk);
+    return std::vector<uint16_t>(fs.kidx, fs.kidx + c->fmt->f.wk);
 }
 std::vector<uint16_t> kept_values(const kvp_cache *c, uint32_t l, uint32_t h) {
-    const kvp::FmtStore &fs = kvp::fmt_store(*c->fx, kvp::head_of(c, l, h));
-    return std::vector<uint16_t>(fs.vidx, fs.vidx + c->fx->f.wv);
+    const kvp::FmtStore &fs = kvp::fmt_store(*c->fmt, kvp::head_of(c, l, h));
+    return std::vector<uint16_t>(fs.vidx, fs.vidx + c->fmt->f.wv);
 }
 
 TEST(Think, ChannelChoiceMatchesIndependentComputation) {
@@ -165,7 +165,7 @@ TEST(Think, ChannelChoiceMatchesIndependentComputation) {
                 std::vector<float> out(size_t(P) * m.n_q_heads * m.head_dim);
                 ASSERT_EQ(kvp_prefill(cache.c, 0, P, nullptr, p.q.data(), p.k.data(), p.v.data(), out.data(), nullptr),
                           KVP_OK);
-                const kvp::StoreFormat &f = cache.c->fx->f;
+                const kvp::StoreFormat &f = cache.c->fmt->f;
                 for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
                     const std::vector<uint16_t> kk = kept_keys(cache.c, 0, h), kv = kept_values(cache.c, 0, h);
                     ASSERT_TRUE(std::is_sorted(kk.begin(), kk.end()));
@@ -285,8 +285,8 @@ TEST(Think, ConfigErrors) {
     EXPECT_NE(strstr(err, "qk|l1|l2"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "token_policy=fifo", err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "token_policy"), nullptr) << err;
-    EXPECT_EQ(kvp_config_apply(&cfg, "policy=think token_policy=lethe", err, sizeof err), KVP_ERR_UNSUPPORTED);
-    EXPECT_NE(strstr(err, "lethe"), nullptr) << err;
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=think token_policy=asl", err, sizeof err), KVP_ERR_UNSUPPORTED);
+    EXPECT_NE(strstr(err, "asl"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "kv_dtype=q2", err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "f32|f16|q8|q4"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "quant_group=5000", err, sizeof err), KVP_ERR_CONFIG);

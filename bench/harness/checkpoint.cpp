@@ -1,5 +1,7 @@
 #include "checkpoint.h"
 
+#include <sys/stat.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +27,11 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
         out->data.clear();
         return false;
     };
+    // A FIFO would block fopen/fread forever and a directory "opens" with a nonsense size: only
+    // regular files (or links to them) are checkpoints.
+    struct stat sb;
+    if (stat(path.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode))
+        return fail(std::string("not a regular file (") + (S_ISDIR(sb.st_mode) ? "a directory" : "a FIFO, device or socket") + ")");
     std::FILE *f = std::fopen(path.c_str(), "rb");
     if (!f) return fail(std::string("cannot open: ") + std::strerror(errno));
     if (std::fseek(f, 0, SEEK_END) != 0) {

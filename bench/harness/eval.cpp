@@ -1,13 +1,17 @@
 #include "eval.h"
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
 #include "session.h"
+#include "spec.h"
 
 namespace kvh {
 
@@ -33,7 +37,30 @@ bool parse_tokens(const std::string &text, int vocab, std::vector<int32_t> *out,
     return true;
 }
 
+std::string strprintf(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    va_list ap2;
+    va_copy(ap2, ap);
+    const int n = std::vsnprintf(nullptr, 0, fmt, ap);
+    va_end(ap);
+    std::string out(n > 0 ? (size_t)n : 0, '\0');
+    if (n > 0) std::vsnprintf(&out[0], (size_t)n + 1, fmt, ap2);
+    va_end(ap2);
+    return out;
+}
+
+std::string library_version() {
+    const uint32_t v = kvp_version();
+    return std::to_string(v >> 16) + "." + std::to_string((v >> 8) & 255) + "." + std::to_string(v & 255);
+}
+
 bool load_tokens(const std::string &path, int vocab, std::vector<int32_t> *out, std::string *err) {
+    struct stat sb;
+    if (stat(path.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode)) {  // a FIFO would block, a folder reads nothing
+        *err = "text file '" + path + "': not a regular file (" + (S_ISDIR(sb.st_mode) ? "a directory" : "a FIFO, device or socket") + ")";
+        return false;
+    }
     std::ifstream f(path, std::ios::binary);
     if (!f) {
         *err = "text file '" + path + "': cannot open: " + std::strerror(errno);
@@ -96,9 +123,13 @@ void json_str(std::string &o, const std::string &s) {
 
 std::string num(double v, const char *f = "%.9g") {
     if (!std::isfinite(v)) return "null";
-    char b[64];
-    std::snprintf(b, sizeof b, f, v);
-    return b;
+    return strprintf(f, v);
+}
+
+std::string csv_str(const std::string &s) {
+    std::string p = "\"";
+    for (char ch : s) p += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+    return p + "\"";
 }
 
 }  // namespace
@@ -107,8 +138,14 @@ bool run_policy(const Checkpoint &ck, const std::string &spec, const std::vector
                 int P, EvalResult *r, std::vector<int32_t> *argmax, std::string *err, const Progress &progress,
                 size_t index) {
     if (!check_range(tokens, N, P, err)) return false;
+    std::string resolved, e;
+    kvp_config cfg;
+    if (!resolve_spec(ck.cfg, spec, N, &resolved, &cfg, &e)) {
+        *err = "bad policy spec '" + spec + "': " + e;
+        return false;
+    }
     Session s;
-    if (!s.init(ck, spec, err)) return false;
+    if (!s.init(ck, resolved, err)) return false;
     const int V = ck.cfg.vocab;
     std::vector<float> logits((size_t)V);
     if (argmax) argmax->assign((size_t)(N - P), 0);
@@ -129,6 +166,14 @@ bool run_policy(const Checkpoint &ck, const std::string &spec, const std::vector
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     kvp_stats st = s.stats();
     r->policy = spec;
+    r->spec = resolved;
+    r->model = ck.path;
+    r->prefill = P;
+    r->capacity = s.max_layer_capacity();
+    r->threads = s.config().threads;
+    r->version = library_version();
+    const double full_kv = 2.0 * sizeof(float) * (double)N * ck.cfg.n_layers * ck.cfg.kv_dim();
+    r->kv_ratio = (double)st.live_bytes / full_kv;
     r->nll = sum / (N - P);
     r->ppl = std::exp(r->nll);
     r->agreement = 0;
@@ -148,42 +193,71 @@ bool run_eval(const Checkpoint &ck, const std::vector<int32_t> &tokens, int N, i
               const std::vector<std::string> &specs, std::vector<EvalResult> *results, std::string *err,
               const Progress &progress) {
     results->clear();
+    err->clear();
     if (!check_range(tokens, N, P, err)) return false;
-    // Validate every spec before spending time on any run.
+    // Validate every spec before spending time on any run; an invalid one is reported and skipped.
     std::vector<kvp_config> cfgs(specs.size());
-    for (size_t i = 0; i < specs.size(); i++)
-        if (!parse_policy(ck.cfg, specs[i], &cfgs[i], err)) return false;
+    std::vector<bool> ok(specs.size(), false);
+    auto failed = [&](const std::string &spec, const std::string &m) {
+        *err += (err->empty() ? "" : "\n") + ("policy '" + spec + "': " + m);
+    };
+    for (size_t i = 0; i < specs.size(); i++) {
+        std::string resolved, e;
+        ok[i] = resolve_spec(ck.cfg, specs[i], N, &resolved, &cfgs[i], &e);
+        if (!ok[i]) failed(specs[i], "bad policy spec: " + e);
+    }
     std::vector<std::vector<int32_t>> am(specs.size());
+    std::vector<EvalResult> rows(specs.size());
     int ref = -1;
     for (size_t i = 0; i < specs.size(); i++) {
-        EvalResult r;
-        if (!run_policy(ck, specs[i], tokens, N, P, &r, &am[i], err, progress, i)) {
-            *err = "policy '" + specs[i] + "': " + *err;
-            return false;
+        if (!ok[i]) continue;
+        std::string e;
+        if (!run_policy(ck, specs[i], tokens, N, P, &rows[i], &am[i], &e, progress, i)) {
+            ok[i] = false;
+            failed(specs[i], e);
+            continue;
         }
-        results->push_back(r);
         const kvp_config &c = cfgs[i];
         if (ref < 0 && c.policy == KVP_POLICY_FULL &&
             (c.positions == KVP_POS_DEFAULT || c.positions == KVP_POS_ORIGINAL) && c.kv_dtype == KVP_DTYPE_F32)
             ref = (int)i;
     }
+    bool any = false;
+    for (bool b : ok) any = any || b;
     std::vector<int32_t> ref_am;
-    if (ref >= 0) {
+    bool have_ref = ref >= 0;
+    if (have_ref) {
         ref_am = am[(size_t)ref];
-    } else {
+    } else if (any) {
         EvalResult r;
-        std::string spec = full_reference_spec(N);
-        if (!run_policy(ck, spec, tokens, N, P, &r, &ref_am, err, progress, specs.size())) {
-            *err = "full-KV reference '" + spec + "': " + *err;
-            return false;
-        }
+        std::string spec = full_reference_spec(N), e;
+        have_ref = run_policy(ck, spec, tokens, N, P, &r, &ref_am, &e, progress, specs.size());
+        if (!have_ref) failed(spec, "full-KV reference (for agreement): " + e);
     }
     for (size_t i = 0; i < specs.size(); i++) {
+        if (!ok[i]) continue;
         size_t agree = 0;
-        for (size_t t = 0; t < ref_am.size(); t++) agree += am[i][t] == ref_am[t];
-        (*results)[i].agreement = (double)agree / (double)ref_am.size();
+        for (size_t t = 0; have_ref && t < ref_am.size(); t++) agree += am[i][t] == ref_am[t];
+        rows[i].agreement = have_ref ? (double)agree / (double)ref_am.size() : NAN;
+        results->push_back(rows[i]);
     }
-    return true;
+    return err->empty();
+}
+
+namespace {
+bool is_reference(const kvp_config &c) {
+    return c.policy == KVP_POLICY_FULL && (c.positions == KVP_POS_DEFAULT || c.positions == KVP_POS_ORIGINAL) &&
+           c.kv_dtype == KVP_DTYPE_F32;
+}
+}  // namespace
+
+size_t eval_runs(const Checkpoint &ck, int N, const std::vector<std::string> &specs) {
+    for (const std::string &sp : specs) {
+        std::string r, e;
+        kvp_config c;
+        if (resolve_spec(ck.cfg, sp, N, &r, &c, &e) && is_reference(c)) return specs.size();
+    }
+    return specs.size() + 1;
 }
 
 bool nll_single_prefill(const Checkpoint &ck, const std::string &spec, const std::vector<int32_t> &tokens,
@@ -215,11 +289,21 @@ std::string to_json(const std::vector<EvalResult> &rs) {
         const EvalResult &r = rs[i];
         o += "  {\"policy\": ";
         json_str(o, r.policy);
-        o += ", \"nll\": " + num(r.nll) + ", \"ppl\": " + num(r.ppl) + ", \"agreement\": " + num(r.agreement) +
+        o += ", \"spec\": ";
+        json_str(o, r.spec);
+        o += ", \"model\": ";
+        json_str(o, r.model);
+        o += ", \"text\": ";
+        json_str(o, r.text);
+        o += ", \"tokens\": " + std::to_string(r.tokens) + ", \"prefill\": " + std::to_string(r.prefill) +
+             ", \"nll\": " + num(r.nll) + ", \"ppl\": " + num(r.ppl) + ", \"agreement\": " + num(r.agreement) +
              ", \"live_bytes\": " + std::to_string(r.live_bytes) +
              ", \"peak_live_bytes\": " + std::to_string(r.peak_live_bytes) +
-             ", \"arena_bytes\": " + std::to_string(r.arena_bytes) + ", \"tokens\": " + std::to_string(r.tokens) +
-             ", \"tok_per_s\": " + num(r.tok_per_s, "%.1f") + "}";
+             ", \"arena_bytes\": " + std::to_string(r.arena_bytes) + ", \"capacity\": " + std::to_string(r.capacity) +
+             ", \"threads\": " + std::to_string(r.threads) + ", \"kv_ratio\": " + num(r.kv_ratio) +
+             ", \"version\": ";
+        json_str(o, r.version);
+        o += ", \"tok_per_s\": " + num(r.tok_per_s, "%.1f") + "}";
         o += i + 1 < rs.size() ? ",\n" : "\n";
     }
     o += "]\n";
@@ -227,14 +311,15 @@ std::string to_json(const std::vector<EvalResult> &rs) {
 }
 
 std::string to_csv(const std::vector<EvalResult> &rs) {
-    std::string o = "policy,nll,ppl,agreement,live_bytes,peak_live_bytes,arena_bytes,tokens,tok_per_s\n";
+    std::string o =
+        "policy,spec,model,text,tokens,prefill,nll,ppl,agreement,live_bytes,peak_live_bytes,arena_bytes,capacity,"
+        "threads,kv_ratio,version,tok_per_s\n";
     for (const EvalResult &r : rs) {
-        std::string p = "\"";
-        for (char ch : r.policy) p += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-        p += "\"";
-        o += p + "," + num(r.nll) + "," + num(r.ppl) + "," + num(r.agreement) + "," + std::to_string(r.live_bytes) +
-             "," + std::to_string(r.peak_live_bytes) + "," + std::to_string(r.arena_bytes) + "," +
-             std::to_string(r.tokens) + "," + num(r.tok_per_s, "%.1f") + "\n";
+        o += csv_str(r.policy) + "," + csv_str(r.spec) + "," + csv_str(r.model) + "," + csv_str(r.text) + "," +
+             std::to_string(r.tokens) + "," + std::to_string(r.prefill) + "," + num(r.nll) + "," + num(r.ppl) + "," +
+             num(r.agreement) + "," + std::to_string(r.live_bytes) + "," + std::to_string(r.peak_live_bytes) + "," +
+             std::to_string(r.arena_bytes) + "," + std::to_string(r.capacity) + "," + std::to_string(r.threads) + "," +
+             num(r.kv_ratio) + "," + csv_str(r.version) + "," + num(r.tok_per_s, "%.1f") + "\n";
     }
     return o;
 }
@@ -242,19 +327,48 @@ std::string to_csv(const std::vector<EvalResult> &rs) {
 std::string to_table(const std::vector<EvalResult> &rs) {
     size_t w = 6;
     for (const EvalResult &r : rs) w = std::max(w, r.policy.size());
-    std::string o;
-    char b[512];
-    std::snprintf(b, sizeof b, "%-*s %6s %8s %8s %6s %10s %10s %10s %9s\n", (int)w, "policy", "tokens", "nll",
-                  "ppl", "agree", "live_B", "peak_B", "arena_B", "tok/s");
-    o += b;
+    std::string o = strprintf("%-*s %6s %6s %8s %8s %6s %10s %10s %10s %8s %9s\n", (int)w, "policy", "N", "P", "nll", "ppl",
+                              "agree", "live_B", "peak_B", "arena_B", "kv_ratio", "tok/s");
     for (const EvalResult &r : rs) {
-        std::snprintf(b, sizeof b, "%-*s %6lld %8.4f %8.3f %6.3f %10llu %10llu %10llu %9.1f\n", (int)w,
-                      r.policy.c_str(), (long long)r.tokens, r.nll, r.ppl, r.agreement,
-                      (unsigned long long)r.live_bytes, (unsigned long long)r.peak_live_bytes,
-                      (unsigned long long)r.arena_bytes, r.tok_per_s);
-        o += b;
+        o += strprintf("%-*s %6lld %6lld %8.4f %8.3f %6.3f %10llu %10llu %10llu %8.4f %9.1f\n", (int)w, r.policy.c_str(),
+                       (long long)r.tokens, (long long)r.prefill, r.nll, r.ppl, r.agreement,
+                       (unsigned long long)r.live_bytes, (unsigned long long)r.peak_live_bytes,
+                       (unsigned long long)r.arena_bytes, r.kv_ratio, r.tok_per_s);
     }
     return o;
+}
+
+std::string to_markdown(const std::vector<EvalResult> &rs) {
+    std::string o =
+        "| policy | N | P | nll | ppl | agreement | live B | peak live B | arena B | KV vs full |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n";
+    for (const EvalResult &r : rs) {
+        std::string p;
+        for (char ch : r.policy) p += ch == '|' ? std::string("\\|") : std::string(1, ch);
+        o += strprintf("| `%s` | %lld | %lld | %.4f | %.3f | %.3f | %llu | %llu | %llu | %.3f |\n", p.c_str(),
+                       (long long)r.tokens, (long long)r.prefill, r.nll, r.ppl, r.agreement,
+                       (unsigned long long)r.live_bytes, (unsigned long long)r.peak_live_bytes,
+                       (unsigned long long)r.arena_bytes, r.kv_ratio);
+    }
+    return o;
+}
+
+bool same_figures(const EvalResult &a, const EvalResult &b, std::string *diff) {
+    auto cmp = [&](const char *name, const std::string &x, const std::string &y) {
+        if (x == y) return true;
+        *diff = std::string(name) + ": " + x + " vs " + y;
+        return false;
+    };
+    return cmp("policy", a.policy, b.policy) && cmp("spec", a.spec, b.spec) && cmp("model", a.model, b.model) &&
+           cmp("text", a.text, b.text) && cmp("tokens", std::to_string(a.tokens), std::to_string(b.tokens)) &&
+           cmp("prefill", std::to_string(a.prefill), std::to_string(b.prefill)) && cmp("nll", num(a.nll), num(b.nll)) &&
+           cmp("ppl", num(a.ppl), num(b.ppl)) && cmp("agreement", num(a.agreement), num(b.agreement)) &&
+           cmp("live_bytes", std::to_string(a.live_bytes), std::to_string(b.live_bytes)) &&
+           cmp("peak_live_bytes", std::to_string(a.peak_live_bytes), std::to_string(b.peak_live_bytes)) &&
+           cmp("arena_bytes", std::to_string(a.arena_bytes), std::to_string(b.arena_bytes)) &&
+           cmp("capacity", std::to_string(a.capacity), std::to_string(b.capacity)) &&
+           cmp("threads", std::to_string(a.threads), std::to_string(b.threads)) &&
+           cmp("kv_ratio", num(a.kv_ratio), num(b.kv_ratio));
 }
 
 }  // namespace kvh

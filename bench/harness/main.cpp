@@ -1,20 +1,25 @@
 // kvprune - command-line front end of the model harness.
 //
-//   kvprune run  [--model M] [--policy SPEC] [--prompt TEXT] [--tokens N] [--temp T] [--seed S]
-//   kvprune eval [--model M] [--text FILE] [--tokens N] [--prefill P] [--policy SPEC ...]
-//                [--json FILE] [--csv FILE] [--preset longctx]
-//   kvprune plot --in results.json --out plot.png
+//   kvprune run    [--model M] [--policy SPEC] [--prompt TEXT] [--tokens N] [--temp T] [--seed S]
+//   kvprune eval   [--model M] [--text FILE] [--tokens N] [--prefill P] [--policy SPEC ...]
+//                  [--json FILE] [--csv FILE] [--preset longctx | --replay FILE]
+//   kvprune plot   --in results.json --out FILE|- [--format png|svg] [--x auto|bytes|n]
+//   kvprune keys   [--policy NAME] [--markdown]
+//   kvprune report --in results.json
 //
 // See docs/harness.md. Exit status: 0 success, 1 error (bad file, bad policy, failed run),
 // 2 usage error.
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <random>
 #include <sstream>
 #include <string>
@@ -24,6 +29,7 @@
 #include "eval.h"
 #include "plot.h"
 #include "session.h"
+#include "spec.h"
 
 #ifndef KVP_HARNESS_MODELS_DIR
 #define KVP_HARNESS_MODELS_DIR "models"
@@ -39,34 +45,97 @@ using namespace kvh;
 const char *kRunPolicy = "policy=streaming sinks=4 window=60 compress_every=1";
 const char *kRunPrompt = "In the beginning";
 const char *kStreamSpec = "policy=streaming sinks=4 window=60 compress_every=1";
+const char *kDefaultModel = "enbytes-1m.bin";
+const char *kDefaultText = "enbytes-1m.eval.txt";
 
-std::string models_dir() {
-    const char *e = std::getenv("KVPRUNE_MODEL_DIR");
-    return e && *e ? std::string(e) : std::string(KVP_HARNESS_MODELS_DIR);
+std::string exe_dir() {
+    char buf[4096];
+    const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return "";
+    buf[n] = '\0';
+    std::string p(buf);
+    const size_t s = p.find_last_of('/');
+    return s == std::string::npos ? "" : p.substr(0, s);
 }
-std::string default_model() { return models_dir() + "/enbytes-1m.bin"; }
-std::string default_text() { return models_dir() + "/enbytes-1m.eval.txt"; }
 
-const char *kUsage =
-    "usage:\n"
-    "  kvprune run  [--model M] [--policy SPEC] [--prompt TEXT] [--tokens N] [--temp T] [--seed S] [--quiet]\n"
-    "      generate N tokens (default 1024, 4x the default model's context) and print one stats line.\n"
-    "      With no arguments: the bundled byte model under streaming + realign in a fixed arena.\n"
-    "  kvprune eval [--model M] [--text FILE] [--tokens N] [--prefill P] [--policy SPEC]...\n"
-    "               [--json FILE] [--csv FILE] [--no-progress]\n"
-    "      teacher-forced NLL of tokens P..N-1 (P by kvp_prefill, the rest by kvp_decode) per policy,\n"
-    "      top-1 agreement with full KV, live/peak/arena bytes, tokens/s. Defaults: N 1024, P N/4.\n"
-    "  kvprune eval --preset longctx [--model M] [--text FILE] [--json FILE] [--csv FILE]\n"
-    "      NLL at 1x, 4x and 8x the model's trained context: full (original positions) vs\n"
-    "      streaming sinks 4 + window 60 (realign, and original positions).\n"
-    "  kvprune plot --in results.json --out plot.png\n"
-    "      NLL against live KV bytes, one series per policy family (needs gnuplot).\n"
-    "  SPEC is the kvp_config_apply string, e.g. \"policy=streaming sinks=4 window=60\".\n"
-    "  Models with vocab 256 read text as bytes; others read whitespace-separated token ids.\n";
+bool is_file(const std::string &p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Where bundled checkpoints are looked for, in order: $KVPRUNE_MODEL_DIR (alone, when set), the
+// installed share/kvprune/models next to this binary's prefix, the source tree's models/.
+std::vector<std::string> model_dirs() {
+    const char *e = std::getenv("KVPRUNE_MODEL_DIR");
+    if (e && *e) return {e};
+    std::vector<std::string> d;
+    const std::string x = exe_dir();
+    if (!x.empty()) d.push_back(x + "/../share/kvprune/models");
+    d.push_back(KVP_HARNESS_MODELS_DIR);
+    return d;
+}
+
+// A bundled file by name: the first folder holding it (else the first folder, for the message).
+std::string bundled(const std::string &name) {
+    const std::vector<std::string> dirs = model_dirs();
+    for (const std::string &d : dirs)
+        if (is_file(d + "/" + name)) return d + "/" + name;
+    return dirs.front() + "/" + name;
+}
+
+// A file named in a results row: as given when it exists, else a bundled file of that name.
+std::string find_data_file(const std::string &p) {
+    if (is_file(p)) return p;
+    const size_t s = p.find_last_of('/');
+    return bundled(s == std::string::npos ? p : p.substr(s + 1));
+}
+
+const char *kUsageRun =
+    "kvprune run [--model M] [--policy SPEC] [--prompt TEXT] [--tokens N] [--temp T] [--seed S] [--quiet]\n"
+    "    Generate N tokens (default 1024, 4x the default model's context) and print one stats line.\n"
+    "    With no arguments: the bundled byte model under streaming + realign in a fixed arena.\n"
+    "    --policy SPEC   kvp_config_apply string (default \"policy=streaming sinks=4 window=60 compress_every=1\");\n"
+    "                    compression_ratio=r is resolved for the prompt + N tokens (docs/harness.md)\n"
+    "    --temp T        sampling temperature, 0 = greedy (default 0.8); --seed S (default 42)\n";
+const char *kUsageEval =
+    "kvprune eval [--model M] [--text FILE] [--tokens N] [--prefill P] [--policy SPEC]...\n"
+    "             [--json FILE] [--csv FILE] [--no-progress] [--progress-every SECONDS]\n"
+    "    Teacher-forced NLL of tokens P..N-1 (P by kvp_prefill, the rest by kvp_decode) per policy,\n"
+    "    top-1 agreement with full KV, live/peak/arena bytes, KV ratio to full, tokens/s.\n"
+    "    Defaults: N 1024, P N/4; policies full KV and streaming 4+60. A failing policy is reported\n"
+    "    and the others still run (exit 1). Output paths are checked before anything runs.\n"
+    "    Progress (tokens/s, ETA) goes to stderr: a bar on a terminal, else a line every\n"
+    "    --progress-every seconds (default 10) and one per finished policy.\n"
+    "kvprune eval --preset longctx [--model M] [--text FILE] [--json FILE] [--csv FILE]\n"
+    "    NLL at 1x, 4x and 8x the model's trained context: full (original positions) vs\n"
+    "    streaming sinks 4 + window 60 (realign, and original positions).\n"
+    "kvprune eval --replay RESULTS.json [--json FILE] [--csv FILE]\n"
+    "    Re-runs every row of a results file (its model, text, N, P, policy) and compares every\n"
+    "    figure except tok/s; exit 1 on a difference. With --json: writes the fresh rows.\n";
+const char *kUsagePlot =
+    "kvprune plot --in results.json --out FILE|- [--format png|svg] [--x auto|bytes|n]\n"
+    "    NLL against live KV bytes (or against N for a long-context file: --x auto), one series per\n"
+    "    policy family; the title names the model, N and P. FILE.svg writes SVG, otherwise PNG;\n"
+    "    --out - writes to stdout (not a PNG to a terminal). Needs gnuplot.\n";
+const char *kUsageKeys =
+    "kvprune keys [--policy NAME] [--markdown]\n"
+    "    Every configuration key from the library's own table (kvp_config_key): type, default,\n"
+    "    range or values, the policies that use it, meaning. --policy: only that policy's keys.\n";
+const char *kUsageReport =
+    "kvprune report --in results.json\n"
+    "    The rows of a results file as a markdown table (the docs' tables are made by it).\n";
+
+std::string usage_all() {
+    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsagePlot + kUsageKeys + kUsageReport +
+           "kvprune help | version\n"
+           "SPEC is the kvp_config_apply string, e.g. \"policy=streaming sinks=4 window=60\" (`kvprune keys`).\n"
+           "Models with vocab 256 read text as bytes; others read whitespace-separated token ids.\n";
+}
 
 struct Args {
     std::vector<std::pair<std::string, std::string>> opts;  // in order
     std::string err;
+    bool help = false;
     bool has(const std::string &k) const {
         for (auto &o : opts)
             if (o.first == k) return true;
@@ -86,11 +155,15 @@ struct Args {
     }
 };
 
-// Parses --key value / --key=value against the allowed keys; flags take no value.
+// Parses --key value / --key=value against the allowed keys; flags take no value; --help / -h.
 bool parse_args(int argc, char **argv, int first, const std::vector<std::string> &keys,
                 const std::vector<std::string> &flags, Args *a) {
     for (int i = first; i < argc; i++) {
         std::string s = argv[i];
+        if (s == "--help" || s == "-h") {
+            a->help = true;
+            continue;
+        }
         if (s.compare(0, 2, "--") != 0) {
             a->err = "unexpected argument '" + s + "'";
             return false;
@@ -144,9 +217,15 @@ bool to_num(const std::string &s, double *out) {
     return true;
 }
 
-int usage_error(const std::string &cmd, const std::string &m) {
-    std::fprintf(stderr, "kvprune %s: %s\n%s", cmd.c_str(), m.c_str(), kUsage);
+int usage_error(const std::string &cmd, const std::string &m, const char *usage) {
+    std::fprintf(stderr, "kvprune %s: %s\nusage: %s(kvprune %s --help)\n", cmd.c_str(), m.c_str(), usage,
+                 cmd.c_str());
     return 2;
+}
+
+int help(const char *usage) {
+    std::printf("usage: %s", usage);
+    return 0;
 }
 
 int error(const std::string &cmd, const std::string &m) {
@@ -164,35 +243,53 @@ bool write_file(const std::string &path, const std::string &s, std::string *err)
     return true;
 }
 
+// Every --policy must be non-empty (an empty one is a usage error, not "full KV").
+bool policies_nonempty(const Args &a, std::string *err) {
+    for (const std::string &p : a.all("policy")) {
+        if (p.find_first_not_of(" \t\n") == std::string::npos) {
+            *err = "--policy is empty: give a spec such as \"policy=streaming sinks=4 window=60\" (`kvprune keys`)";
+            return false;
+        }
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------- run
 
 int cmd_run(int argc, char **argv) {
     Args a;
     if (!parse_args(argc, argv, 2, {"model", "policy", "prompt", "tokens", "temp", "seed"}, {"quiet"}, &a))
-        return usage_error("run", a.err);
+        return usage_error("run", a.err, kUsageRun);
+    if (a.help) return help(kUsageRun);
     long long n_gen = 1024, seed = 42;
     double temp = 0.8;
     if (a.has("tokens") && !to_int(a.get("tokens"), 1, 100000000, &n_gen))
-        return usage_error("run", "--tokens must be a positive integer");
+        return usage_error("run", "--tokens must be a positive integer", kUsageRun);
     if (a.has("seed") && !to_int(a.get("seed"), 0, INT64_MAX, &seed))
-        return usage_error("run", "--seed must be a non-negative integer");
+        return usage_error("run", "--seed must be a non-negative integer", kUsageRun);
     if (a.has("temp") && (!to_num(a.get("temp"), &temp) || temp < 0))
-        return usage_error("run", "--temp must be a number >= 0 (0 = greedy)");
+        return usage_error("run", "--temp must be a number >= 0 (0 = greedy)", kUsageRun);
     bool quiet = a.has("quiet");
     std::string err, spec = a.get("policy", kRunPolicy);
+    if (!policies_nonempty(a, &err)) return usage_error("run", err, kUsageRun);
     Checkpoint ck;
-    if (!load_checkpoint(a.get("model", default_model()), &ck, &err)) return error("run", err);
+    if (!load_checkpoint(a.get("model", bundled(kDefaultModel)), &ck, &err)) return error("run", err);
     const int V = ck.cfg.vocab;
     std::string prompt_text = a.get("prompt", V == 256 ? kRunPrompt : "1");
     std::vector<int32_t> prompt;
     if (!parse_tokens(prompt_text, V, &prompt, &err)) return error("run", "--prompt: " + err);
     if (prompt.empty()) return error("run", "--prompt is empty");
+    // compression_ratio refers to the whole sequence: prompt + generated tokens.
+    std::string resolved, e;
+    kvp_config rcfg;
+    if (!resolve_spec(ck.cfg, spec, (int64_t)prompt.size() + n_gen, &resolved, &rcfg, &e))
+        return error("run", "bad policy spec '" + spec + "': " + e);
     Session s;
-    if (!s.init(ck, spec, &err)) return error("run", err);
+    if (!s.init(ck, resolved, &err)) return error("run", err);
     std::fprintf(stderr,
                  "kvprune run: %s (context %d) | %s | fixed arena %llu bytes | %lld tokens after a %zu-token "
                  "prompt (%.1fx the context)\n",
-                 ck.path.c_str(), ck.cfg.seq_len, spec.c_str(), (unsigned long long)s.stats().arena_bytes, n_gen,
+                 ck.path.c_str(), ck.cfg.seq_len, resolved.c_str(), (unsigned long long)s.stats().arena_bytes, n_gen,
                  prompt.size(), (double)(n_gen + (long long)prompt.size()) / ck.cfg.seq_len);
     std::vector<float> logits((size_t)V);
     std::vector<double> prob((size_t)V);
@@ -246,39 +343,176 @@ int cmd_run(int argc, char **argv) {
 
 // ---------------------------------------------------------------- eval
 
+// Progress on stderr: a bar with tokens/s and ETA on a terminal; otherwise a line every
+// `every` seconds and one per finished policy (CI logs, pipes).
 struct ProgressBar {
-    bool on;
+    enum Mode { kOff, kBar, kLines } mode = kOff;
+    double every = 10;
     std::vector<std::string> names;
-    void operator()(size_t i, int64_t done, int64_t total) const {
-        if (!on) return;
-        const int W = 30;
-        int f = total ? (int)(W * done / total) : W;
+    size_t runs = 1;  // policies (and the reference) expected, for the ETA
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now(), last = t0, run_t0 = t0;
+    int64_t done_before = 0;  // tokens of finished runs
+    size_t cur = (size_t)-1;
+    void operator()(size_t i, int64_t done, int64_t total) {
+        if (mode == kOff) return;
+        const auto now = std::chrono::steady_clock::now();
+        if (i != cur) {
+            if (cur != (size_t)-1) done_before += total;
+            cur = i;
+            run_t0 = now;
+        }
+        runs = std::max(runs, i + 1);
+        const double el = std::chrono::duration<double>(now - t0).count();
+        const double rate = el > 0 ? (double)(done_before + done) / el : 0;
+        const double left = (double)total * (double)runs - (double)(done_before + done);
+        const std::string eta = rate > 0 ? strprintf("%.0fs", left / rate) : std::string("?");
         std::string name = i < names.size() ? names[i] : "full-KV reference";
-        if (name.size() > 40) name = name.substr(0, 37) + "...";
-        std::fprintf(stderr, "\r[%.*s%*s] %6lld/%-6lld %-40s", f, "##############################", W - f, "",
-                     (long long)done, (long long)total, name.c_str());
-        if (done == total) std::fprintf(stderr, "\r%*s\r", W + 58, "");
+        if (mode == kBar) {
+            if (name.size() > 36) name = name.substr(0, 33) + "...";
+            const int W = 24, f = total ? (int)(W * done / total) : W;
+            std::fprintf(stderr, "\r[%zu/%zu] [%.*s%*s] %6lld/%-6lld %7.0f tok/s ETA %-6s %-36s", i + 1, runs, f,
+                         "########################", W - f, "", (long long)done, (long long)total, rate, eta.c_str(),
+                         name.c_str());
+            if (done == total) std::fprintf(stderr, "\r%*s\r", 130, "");
+            std::fflush(stderr);
+            return;
+        }
+        if (done == total) {
+            const double rs = std::chrono::duration<double>(now - run_t0).count();
+            std::fprintf(stderr, "kvprune eval: [%zu/%zu] '%s' done: %lld tokens in %.1f s (%.0f tok/s), ETA %s\n", i + 1,
+                         runs, name.c_str(), (long long)total, rs, rs > 0 ? total / rs : 0.0,
+                         i + 1 >= runs ? "0s" : eta.c_str());
+            last = now;
+        } else if (std::chrono::duration<double>(now - last).count() >= every && done > 0) {
+            std::fprintf(stderr, "kvprune eval: [%zu/%zu] '%s': %lld/%lld tokens, %.0f tok/s, ETA %s\n", i + 1, runs,
+                         name.c_str(), (long long)done, (long long)total, rate, eta.c_str());
+            last = now;
+        }
         std::fflush(stderr);
     }
 };
 
+std::string display_name(const Args &a, const char *key, const char *def) {
+    return a.has(key) ? a.get(key) : std::string(def);
+}
+
+int finish_eval(const Args &a, std::vector<EvalResult> &all, const std::string &failures) {
+    std::string err;
+    if (!all.empty()) {
+        if (a.has("json") && !write_file(a.get("json"), to_json(all), &err)) return error("eval", err);
+        if (a.has("csv") && !write_file(a.get("csv"), to_csv(all), &err)) return error("eval", err);
+    }
+    if (!failures.empty()) {
+        std::istringstream is(failures);
+        std::string line;
+        while (std::getline(is, line)) std::fprintf(stderr, "kvprune eval: error: %s\n", line.c_str());
+        return 1;
+    }
+    return 0;
+}
+
+int cmd_replay(const Args &a) {
+    std::string err;
+    const std::string in = a.get("replay");
+    std::ifstream f(in, std::ios::binary);
+    if (!f) return error("eval", "cannot open '" + in + "'");
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<EvalResult> old;
+    if (!parse_results_json(text, &old, &err)) return error("eval", in + ": " + err);
+    if (old.empty()) return error("eval", in + ": no rows to replay");
+    // Groups of rows with one (model, text, N, P), in file order; each is one run_eval.
+    std::vector<std::vector<size_t>> groups;
+    for (size_t i = 0; i < old.size(); i++) {
+        bool placed = false;
+        for (auto &g : groups) {
+            const EvalResult &h = old[g[0]];
+            if (h.model == old[i].model && h.text == old[i].text && h.tokens == old[i].tokens &&
+                h.prefill == old[i].prefill) {
+                g.push_back(i);
+                placed = true;
+                break;
+            }
+        }
+        if (!placed) groups.push_back({i});
+    }
+    std::vector<EvalResult> fresh(old.size());
+    std::string failures;
+    int diffs = 0;
+    for (const auto &g : groups) {
+        const EvalResult &h = old[g[0]];
+        Checkpoint ck;
+        if (!load_checkpoint(find_data_file(h.model), &ck, &err)) return error("eval", err);
+        std::vector<int32_t> toks;
+        if (!load_tokens(find_data_file(h.text), ck.cfg.vocab, &toks, &err)) return error("eval", err);
+        std::vector<std::string> specs;
+        for (size_t i : g) specs.push_back(old[i].policy);
+        std::vector<EvalResult> rs;
+        if (!run_eval(ck, toks, (int)h.tokens, (int)h.prefill, specs, &rs, &err))
+            failures += (failures.empty() ? "" : "\n") + err;
+        for (size_t j = 0, k = 0; j < g.size() && k < rs.size(); j++) {
+            if (rs[k].policy != old[g[j]].policy) continue;
+            rs[k].model = h.model;
+            rs[k].text = h.text;
+            fresh[g[j]] = rs[k++];
+        }
+    }
+    std::vector<EvalResult> out;
+    for (size_t i = 0; i < old.size(); i++) {
+        std::string d;
+        if (fresh[i].policy.empty()) {
+            ++diffs;
+            std::fprintf(stderr, "kvprune eval: row %zu '%s': did not run\n", i, old[i].policy.c_str());
+            continue;
+        }
+        out.push_back(fresh[i]);
+        if (!same_figures(old[i], fresh[i], &d)) {
+            ++diffs;
+            std::fprintf(stderr, "kvprune eval: row %zu '%s' (N=%lld): %s\n", i, old[i].policy.c_str(),
+                         (long long)old[i].tokens, d.c_str());
+        }
+    }
+    std::printf("replay of %s: %zu rows, %d differ\n", in.c_str(), old.size(), diffs);
+    const int rc = finish_eval(a, out, failures);
+    return rc ? rc : (diffs ? 1 : 0);
+}
+
 int cmd_eval(int argc, char **argv) {
     Args a;
-    if (!parse_args(argc, argv, 2, {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset"},
+    if (!parse_args(argc, argv, 2,
+                    {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every"},
                     {"no-progress"}, &a))
-        return usage_error("eval", a.err);
+        return usage_error("eval", a.err, kUsageEval);
+    if (a.help) return help(kUsageEval);
     std::string err;
+    if (!policies_nonempty(a, &err)) return usage_error("eval", err, kUsageEval);
+    double every = 10;
+    if (a.has("progress-every") && (!to_num(a.get("progress-every"), &every) || every < 0))
+        return usage_error("eval", "--progress-every must be a number of seconds >= 0", kUsageEval);
+    // Output paths first: a typo must not cost a long run.
+    for (const char *k : {"json", "csv"})
+        if (a.has(k) && !check_writable(a.get(k), &err)) return error("eval", "--" + std::string(k) + ": " + err);
+    if (a.has("replay")) {
+        if (a.has("preset") || a.has("policy") || a.has("tokens") || a.has("prefill") || a.has("model") || a.has("text"))
+            return usage_error("eval", "--replay takes everything from the results file", kUsageEval);
+        return cmd_replay(a);
+    }
     Checkpoint ck;
-    if (!load_checkpoint(a.get("model", default_model()), &ck, &err)) return error("eval", err);
+    if (!load_checkpoint(a.get("model", bundled(kDefaultModel)), &ck, &err)) return error("eval", err);
     std::vector<int32_t> toks;
-    if (!load_tokens(a.get("text", default_text()), ck.cfg.vocab, &toks, &err)) return error("eval", err);
-    ProgressBar bar{!a.has("no-progress") && isatty(2) != 0, {}};
+    if (!load_tokens(a.get("text", bundled(kDefaultText)), ck.cfg.vocab, &toks, &err)) return error("eval", err);
+    ProgressBar bar;
+    bar.every = every;
+    bar.mode = a.has("no-progress") ? ProgressBar::kOff : (isatty(2) ? ProgressBar::kBar : ProgressBar::kLines);
     std::vector<EvalResult> all;
+    std::string failures;
+    const std::string model_name = display_name(a, "model", kDefaultModel), text_name = display_name(a, "text", kDefaultText);
+    auto progress = [&bar](size_t i, int64_t d, int64_t t) { bar(i, d, t); };
 
     if (a.has("preset")) {
-        if (a.get("preset") != "longctx") return usage_error("eval", "unknown preset '" + a.get("preset") + "'");
+        if (a.get("preset") != "longctx")
+            return usage_error("eval", "unknown preset '" + a.get("preset") + "' (known: longctx)", kUsageEval);
         if (a.has("tokens") || a.has("prefill") || a.has("policy"))
-            return usage_error("eval", "--preset longctx sets --tokens, --prefill and --policy itself");
+            return usage_error("eval", "--preset longctx sets --tokens, --prefill and --policy itself", kUsageEval);
         const int ctx = ck.cfg.seq_len;
         std::vector<std::string> names = {"full, original positions", "streaming 4+60, realign",
                                           "streaming 4+60, original positions"};
@@ -292,48 +526,187 @@ int cmd_eval(int argc, char **argv) {
             std::vector<std::string> specs = {full_reference_spec(N), kStreamSpec,
                                               std::string(kStreamSpec) + " positions=original"};
             bar.names = specs;
+            bar.runs = eval_runs(ck, N, specs);
+            bar.cur = (size_t)-1;
+            bar.done_before = 0;
+            bar.t0 = std::chrono::steady_clock::now();
             std::vector<EvalResult> rs;
-            if (!run_eval(ck, toks, N, P, specs, &rs, &err, bar)) return error("eval", err);
-            char b[256];
-            std::snprintf(b, sizeof b, "| %d (%dx) | %d | %.3f | %.3f | %.3f |\n", N, mult, P, rs[0].nll, rs[1].nll,
-                          rs[2].nll);
-            table += b;
+            if (!run_eval(ck, toks, N, P, specs, &rs, &err, progress)) return error("eval", err);
+            table += strprintf("| %d (%dx) | %d | %.3f | %.3f | %.3f |\n", N, mult, P, rs[0].nll, rs[1].nll, rs[2].nll);
             all.insert(all.end(), rs.begin(), rs.end());
+        }
+        for (EvalResult &r : all) {
+            r.model = model_name;
+            r.text = text_name;
         }
         std::printf("%s\nlong-context preset, mean NLL (nats/token) of tokens n/4..n-1, model %s (context %d):\n%s",
                     to_table(all).c_str(), ck.path.c_str(), ctx, table.c_str());
     } else {
         long long N = 1024, P = -1;
         if (a.has("tokens") && !to_int(a.get("tokens"), 2, INT32_MAX, &N))
-            return usage_error("eval", "--tokens must be an integer >= 2");
+            return usage_error("eval", "--tokens must be an integer >= 2", kUsageEval);
         if (a.has("prefill") && !to_int(a.get("prefill"), 1, INT32_MAX, &P))
-            return usage_error("eval", "--prefill must be a positive integer");
+            return usage_error("eval", "--prefill must be a positive integer", kUsageEval);
         if (P < 0) P = std::max(1LL, N / 4);
         std::vector<std::string> specs = a.all("policy");
         if (specs.empty()) specs = {full_reference_spec((int)N), kStreamSpec};
         bar.names = specs;
-        if (!run_eval(ck, toks, (int)N, (int)P, specs, &all, &err, bar)) return error("eval", err);
-        std::printf("%s", to_table(all).c_str());
+        bar.runs = eval_runs(ck, (int)N, specs);
+        if (!run_eval(ck, toks, (int)N, (int)P, specs, &all, &err, progress)) {
+            if (all.empty() && err.find("policy '") != 0) return error("eval", err);  // N/P out of range
+            failures = err;
+        }
+        for (EvalResult &r : all) {
+            r.model = model_name;
+            r.text = text_name;
+        }
+        if (!all.empty()) std::printf("%s", to_table(all).c_str());
     }
-    if (a.has("json") && !write_file(a.get("json"), to_json(all), &err)) return error("eval", err);
-    if (a.has("csv") && !write_file(a.get("csv"), to_csv(all), &err)) return error("eval", err);
-    return 0;
+    return finish_eval(a, all, failures);
 }
 
-// ---------------------------------------------------------------- plot
+// ---------------------------------------------------------------- plot, report
+
+bool read_results(const std::string &cmd, const std::string &in, std::vector<EvalResult> *rs, int *rc) {
+    std::string err;
+    struct stat st;
+    if (stat(in.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+        *rc = error(cmd, "'" + in + "' is not a regular file");
+        return false;
+    }
+    std::ifstream f(in, std::ios::binary);
+    if (!f) {
+        *rc = error(cmd, "cannot open '" + in + "': " + std::strerror(errno));
+        return false;
+    }
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+        *rc = error(cmd, "'" + in + "' is empty (expected the JSON of `kvprune eval --json`)");
+        return false;
+    }
+    if (!parse_results_json(text, rs, &err)) {
+        *rc = error(cmd, in + ": " + err);
+        return false;
+    }
+    if (rs->empty()) {
+        *rc = error(cmd, "'" + in + "' holds no results (an empty array)");
+        return false;
+    }
+    return true;
+}
 
 int cmd_plot(int argc, char **argv) {
     Args a;
-    if (!parse_args(argc, argv, 2, {"in", "out"}, {}, &a)) return usage_error("plot", a.err);
-    if (!a.has("in") || !a.has("out")) return usage_error("plot", "--in and --out are required");
-    std::ifstream f(a.get("in"), std::ios::binary);
-    if (!f) return error("plot", "cannot open '" + a.get("in") + "'");
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    std::vector<EvalResult> rs;
+    if (!parse_args(argc, argv, 2, {"in", "out", "format", "x"}, {}, &a)) return usage_error("plot", a.err, kUsagePlot);
+    if (a.help) return help(kUsagePlot);
+    if (!a.has("in") || !a.has("out")) return usage_error("plot", "--in and --out are required", kUsagePlot);
+    PlotOptions o;
+    o.x = a.get("x", "auto");
+    if (o.x != "auto" && o.x != "bytes" && o.x != "n")
+        return usage_error("plot", "--x must be auto, bytes or n", kUsagePlot);
+    const std::string out = a.get("out");
+    o.format = plot_format(out == "-" ? "" : out, a.get("format"));
     std::string err;
-    if (!parse_results_json(text, &rs, &err)) return error("plot", a.get("in") + ": " + err);
-    if (!plot_results(rs, a.get("out"), &err)) return error("plot", err);
-    std::printf("wrote %s (%zu points)\n", a.get("out").c_str(), rs.size());
+    if (!check_plot_output(out, o.format, isatty(1) != 0, &err)) return error("plot", err);
+    std::vector<EvalResult> rs;
+    int rc = 0;
+    if (!read_results("plot", a.get("in"), &rs, &rc)) return rc;
+    if (!plot_results(rs, out, o, &err)) return error("plot", err);
+    std::fprintf(out == "-" ? stderr : stdout, "wrote %s (%s, %zu points, x axis: %s)\n",
+                 out == "-" ? "stdout" : out.c_str(), o.format.c_str(), rs.size(),
+                 plot_x_axis(rs, o) == "n" ? "N" : "live KV bytes");
+    return 0;
+}
+
+int cmd_report(int argc, char **argv) {
+    Args a;
+    if (!parse_args(argc, argv, 2, {"in"}, {}, &a)) return usage_error("report", a.err, kUsageReport);
+    if (a.help) return help(kUsageReport);
+    if (!a.has("in")) return usage_error("report", "--in is required", kUsageReport);
+    std::vector<EvalResult> rs;
+    int rc = 0;
+    if (!read_results("report", a.get("in"), &rs, &rc)) return rc;
+    std::printf("%s", to_markdown(rs).c_str());
+    return 0;
+}
+
+// ---------------------------------------------------------------- keys
+
+const char *kPolicyNames[] = {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv", "asl", "think"};
+
+int cmd_keys(int argc, char **argv) {
+    Args a;
+    if (!parse_args(argc, argv, 2, {"policy"}, {"markdown"}, &a)) return usage_error("keys", a.err, kUsageKeys);
+    if (a.help) return help(kUsageKeys);
+    int only = -1;
+    if (a.has("policy")) {
+        for (int p = 0; p < 10; p++)
+            if (a.get("policy") == kPolicyNames[p]) only = p;
+        if (only < 0) {
+            std::string names;
+            for (const char *n : kPolicyNames) names += (names.empty() ? "" : "|") + std::string(n);
+            return usage_error("keys", "--policy must be one of " + names, kUsageKeys);
+        }
+    }
+    const bool md = a.has("markdown");
+    struct Row {
+        std::string key, type, def, range, used, help;
+    };
+    std::vector<Row> rows;
+    for (uint32_t i = 0; i < kvp_config_key_count(); i++) {
+        kvp_key_info k;
+        k.struct_size = sizeof k;
+        if (kvp_config_key(i, &k) != KVP_OK) return error("keys", "kvp_config_key failed");
+        if (only >= 0 && !(k.policies & KVP_POLICY_BIT(only))) continue;
+        Row r;
+        r.key = k.name;
+        r.type = k.type == KVP_KEY_UINT ? "uint" : k.type == KVP_KEY_FLOAT ? "float" : "enum";
+        if (k.type == KVP_KEY_ENUM) {
+            r.def = k.default_name;
+            r.range = k.values;
+        } else if (k.type == KVP_KEY_UINT) {
+            r.def = strprintf("%.0f", k.default_value);
+            r.range = strprintf("%.0f..%.0f", k.min, k.max);
+        } else {
+            r.def = strprintf("%g", k.default_value);
+            r.range = strprintf("%g..%g", k.min, k.max);
+        }
+        if (k.policies == KVP_POLICY_ALL) {
+            r.used = "all";
+        } else {
+            for (int p = 0; p < 10; p++)
+                if (k.policies & KVP_POLICY_BIT(p)) r.used += (r.used.empty() ? "" : ",") + std::string(kPolicyNames[p]);
+        }
+        r.help = k.help;
+        rows.push_back(r);
+    }
+    if (md) {
+        std::printf("| key | type | default | range / values | used by | meaning |\n|---|---|---|---|---|---|\n");
+        for (const Row &r : rows) {
+            std::string range = r.range;
+            for (size_t p = 0; (p = range.find('|', p)) != std::string::npos; p += 2) range.replace(p, 1, "\\|");
+            std::printf("| `%s` | %s | %s | %s | %s | %s |\n", r.key.c_str(), r.type.c_str(), r.def.c_str(),
+                        range.c_str(), r.used.c_str(), r.help.c_str());
+        }
+        return 0;
+    }
+    size_t w[5] = {3, 4, 7, 14, 7};
+    for (const Row &r : rows) {
+        w[0] = std::max(w[0], r.key.size());
+        w[1] = std::max(w[1], r.type.size());
+        w[2] = std::max(w[2], r.def.size());
+        w[3] = std::max(w[3], r.range.size());
+        w[4] = std::max(w[4], std::min<size_t>(r.used.size(), 24));
+    }
+    std::printf("%-*s  %-*s  %-*s  %-*s  %-*s  %s\n", (int)w[0], "key", (int)w[1], "type", (int)w[2], "default", (int)w[3],
+                "range / values", (int)w[4], "used by", "meaning");
+    for (const Row &r : rows)
+        std::printf("%-*s  %-*s  %-*s  %-*s  %-*s  %s\n", (int)w[0], r.key.c_str(), (int)w[1], r.type.c_str(), (int)w[2],
+                    r.def.c_str(), (int)w[3], r.range.c_str(), (int)w[4], r.used.c_str(), r.help.c_str());
+    std::printf("\nkeys from the library's table (kvp_config_key, %u keys); a spec is \"key=value key=value ...\".\n"
+                "compression_ratio=r (CLI only): the fraction of KV removed, mapped to each policy's budget/window for the\n"
+                "sequence length (docs/harness.md).\n",
+                kvp_config_key_count());
     return 0;
 }
 
@@ -344,15 +717,16 @@ int main(int argc, char **argv) {
     if (cmd == "run") return cmd_run(argc, argv);
     if (cmd == "eval") return cmd_eval(argc, argv);
     if (cmd == "plot") return cmd_plot(argc, argv);
+    if (cmd == "keys") return cmd_keys(argc, argv);
+    if (cmd == "report") return cmd_report(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
-        std::printf("%s", kUsage);
+        std::printf("%s", usage_all().c_str());
         return 0;
     }
     if (cmd == "version" || cmd == "--version") {
-        uint32_t v = kvp_version();
-        std::printf("kvprune %u.%u.%u\n", v >> 16, (v >> 8) & 255, v & 255);
+        std::printf("kvprune %s\n", library_version().c_str());
         return 0;
     }
-    std::fprintf(stderr, "kvprune: unknown command '%s'\n%s", cmd.c_str(), kUsage);
+    std::fprintf(stderr, "kvprune: unknown command '%s'\n%s", cmd.c_str(), usage_all().c_str());
     return 2;
 }

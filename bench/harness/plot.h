@@ -8,8 +8,10 @@
 
 namespace kvh {
 
-// Parses the JSON written by `kvprune eval --json` (an array of flat objects). Unknown
-// fields are ignored; a missing policy/nll/live_bytes is an error.
+// Parses the JSON written by `kvprune eval --json` (an array of flat objects). Unknown fields
+// are ignored; a missing policy/nll/live_bytes is an error, and so is a number outside its
+// field's range (byte counts: integers in 0..2^53; tokens/prefill: integers in 0..2^31-1; nll and
+// friends: finite or null), checked before any conversion.
 bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, std::string *err);
 
 // Family of a spec: the value of its `policy=` key ("full" when absent), plus the position
@@ -19,10 +21,30 @@ std::string policy_family(const std::string &spec);
 // Full path of gnuplot found in $PATH (or $KVPRUNE_GNUPLOT), "" when absent.
 std::string find_gnuplot();
 
-// The gnuplot script for results -> png_path.
-std::string gnuplot_script(const std::vector<EvalResult> &rs, const std::string &png_path);
+struct PlotOptions {
+    std::string format = "png";  // png | svg
+    std::string x = "auto";      // auto | bytes | n: x axis (auto: n when every series has one point per N)
+};
 
-// Writes png_path; false with a message (e.g. gnuplot missing) on failure.
-bool plot_results(const std::vector<EvalResult> &rs, const std::string &png_path, std::string *err);
+// "bytes" or "n": the x axis the options and results give.
+std::string plot_x_axis(const std::vector<EvalResult> &rs, const PlotOptions &o);
+
+// "png" or "svg" for an output path and an explicit --format ("" = from the extension).
+std::string plot_format(const std::string &out_path, const std::string &format);
+
+// The gnuplot script (terminal excluded) for results -> out_path ("" = gnuplot's stdout).
+std::string gnuplot_script(const std::vector<EvalResult> &rs, const std::string &out_path,
+                           const PlotOptions &o = PlotOptions());
+
+// Refusals checked before gnuplot runs: an image to a terminal ("-" with stdout a tty, PNG),
+// an output path whose folder is missing or not writable, or which is a folder.
+bool check_plot_output(const std::string &out_path, const std::string &format, bool stdout_is_tty, std::string *err);
+
+// Writes out_path ("-" = stdout); false with a message (e.g. gnuplot missing) on failure.
+bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path, const PlotOptions &o,
+                  std::string *err);
+
+// An output file can be created or overwritten (checked before long runs start).
+bool check_writable(const std::string &path, std::string *err);
 
 }  // namespace kvh

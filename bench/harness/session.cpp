@@ -1,5 +1,7 @@
 #include "session.h"
 
+#include "spec.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -39,11 +41,10 @@ void rmsnorm(float *o, const float *x, const float *w, int n, int dim) {
     }
 }
 
+// The library's message already starts with the status ("KVP_ERR_FULL: ..."): add only where.
 std::string kvp_error(const char *fn, uint32_t layer, kvp_status st, const kvp_cache *c) {
-    std::string m = std::string(fn) + " (layer " + std::to_string(layer) + "): " + kvp_status_str(st);
     const char *d = kvp_last_error(c);
-    if (d && *d) m += std::string(": ") + d;
-    return m;
+    return std::string(fn) + " (layer " + std::to_string(layer) + "): " + (d && *d ? d : kvp_status_str(st));
 }
 
 }  // namespace
@@ -62,26 +63,11 @@ kvp_model model_geometry(const ModelConfig &c) {
 }
 
 bool parse_policy(const ModelConfig &mc, const std::string &spec, kvp_config *cfg, std::string *err) {
-    kvp_model m = model_geometry(mc);
-    kvp_config c;
-    std::memset(&c, 0, sizeof c);
-    char e[512] = {0};
-    kvp_status st = kvp_config_default(&c, &m);
-    if (st != KVP_OK) {
-        *err = std::string("model geometry rejected by kvprune: ") + kvp_status_str(st);
+    std::string resolved, e;
+    if (!resolve_spec(mc, spec, 0, &resolved, cfg, &e)) {
+        *err = "bad policy spec '" + spec + "': " + e;
         return false;
     }
-    st = kvp_config_apply(&c, spec.c_str(), e, sizeof e);
-    if (st != KVP_OK) {
-        *err = "bad policy spec '" + spec + "': " + (e[0] ? std::string(e) : std::string(kvp_status_str(st)));
-        return false;
-    }
-    st = kvp_config_check(&c, e, sizeof e);
-    if (st != KVP_OK) {
-        *err = "bad policy spec '" + spec + "': " + (e[0] ? std::string(e) : std::string(kvp_status_str(st)));
-        return false;
-    }
-    *cfg = c;
     return true;
 }
 
@@ -109,9 +95,10 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
         *err = "cannot allocate an arena of " + std::to_string(arena_len_) + " bytes";
         return false;
     }
-    kvp_status st = kvp_create(&cfg_, arena_, arena_len_, &cache_);
+    char e[512] = {0};
+    kvp_status st = kvp_create_ex(&cfg_, arena_, arena_len_, &cache_, e, sizeof e);
     if (st != KVP_OK) {
-        *err = std::string("kvp_create: ") + kvp_status_str(st) + ": " + kvp_last_error(nullptr);
+        *err = std::string("kvp_create: ") + e;
         cache_ = nullptr;
         return false;
     }
@@ -122,7 +109,7 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
 bool Session::reset(std::string *err) {
     kvp_status st = kvp_reset(cache_);
     if (st != KVP_OK) {
-        *err = std::string("kvp_reset: ") + kvp_status_str(st);
+        *err = std::string("kvp_reset: ") + kvp_last_error(cache_);
         return false;
     }
     fed_ = 0;
@@ -152,6 +139,12 @@ kvp_stats Session::stats() const {
     s.struct_size = sizeof s;
     if (cache_) kvp_get_stats(cache_, &s);
     return s;
+}
+
+uint32_t Session::max_layer_capacity() const {
+    uint32_t best = 0;
+    for (int l = 0; l < ck_->cfg.n_layers; l++) best = std::max(best, kvp_layer_capacity(cache_, (uint32_t)l));
+    return best;
 }
 
 // Largest chunk every layer can take in turn (the library knows its capacities and, with a

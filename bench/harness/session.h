@@ -19,8 +19,9 @@ namespace kvh {
 // kvp_model for a checkpoint: GPT-J interleaved RoPE over the whole head, theta 10000.
 kvp_model model_geometry(const ModelConfig &c);
 
-// Parses a policy spec against a checkpoint's geometry (kvp_config_default + kvp_config_apply
-// + kvp_config_check). On failure returns false with the library's message in *err.
+// Parses a policy spec against a checkpoint's geometry (resolve_spec without a sequence length:
+// the CLI's strict checks, then kvp_config_default + kvp_config_apply). On failure returns false
+// with "bad policy spec '<spec>': <message>" in *err.
 bool parse_policy(const ModelConfig &mc, const std::string &spec, kvp_config *cfg, std::string *err);
 
 class Session {
@@ -43,6 +44,9 @@ public:
     bool decode(int32_t token, float *logits, std::string *err);
 
     kvp_stats stats() const;
+    // Largest resolved per-layer capacity (kvp_layer_capacity), in token slots.
+    uint32_t max_layer_capacity() const;
+    const kvp_cache *cache() const { return cache_; }  // per-layer figures (kvp_get_layer_stats)
     const kvp_config &config() const { return cfg_; }
     const ModelConfig &model() const { return ck_->cfg; }
     int64_t tokens_fed() const { return fed_; }

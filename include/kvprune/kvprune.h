@@ -15,7 +15,7 @@
  *     kvp_config_default(&cfg, &model);
  *     kvp_config_apply(&cfg, "policy=streaming sinks=4 window=1020", err, sizeof err);
  *     size_t n = kvp_arena_size(&cfg);            // exact bytes, 0 if cfg is invalid
- *     void *arena = aligned_alloc(64, n);         // or any caller memory
+ *     void *arena = ...;                          // n bytes, 64-byte aligned (or NULL: allocated once)
  *     kvp_cache *c; kvp_create(&cfg, arena, n, &c);
  *     for each token: for layer 0..L-1: kvp_decode(c, layer, q, k, v, out);
  *     kvp_destroy(c); free(arena);
@@ -23,6 +23,20 @@
  * Tensors are row-major float32 and pre-RoPE: q is [n_tokens][n_q_heads][head_dim],
  * k and v are [n_tokens][n_kv_heads][head_dim], out is [n_tokens][n_q_heads][head_dim].
  * Query head h attends with KV head h / (n_q_heads / n_kv_heads).
+ * A complete C99 program that checks every status: tests/example.c (also in the README).
+ *
+ * Messages: every error text the library writes (the err buffers of the config functions and
+ * kvp_create_ex, and kvp_last_error) has one format, "<kvp_status_str(status)>: <detail>", e.g.
+ * "KVP_ERR_CONFIG: invalid configuration: unknown key 'windw' (did you mean 'window'?)", so a
+ * caller prints it as it is and adds no status text of its own.
+ *
+ * Versioned structs: kvp_config, kvp_stats, kvp_layer_stats, kvp_selection and kvp_key_info
+ * begin with uint32_t struct_size. A caller's struct_size smaller than this library's is
+ * accepted down to the struct's first released layout (kvp_config: up to and including
+ * channel_score, KVP_CONFIG_SIZE_0_1 bytes; the others: their first layout, which is today's):
+ * the library reads and writes only the caller's bytes, and config fields the caller's struct
+ * lacks take their defaults. A struct_size larger than the library knows, below the first
+ * layout, or not a multiple of 4 is KVP_ERR_ARG.
  */
 #ifndef KVPRUNE_H
 #define KVPRUNE_H
@@ -57,6 +71,7 @@ typedef enum {
     KVP_ERR_NONFINITE = 6,   /**< NaN or Inf in q, k or v */
     KVP_ERR_STATE = 7,       /**< call not valid in the cache's current state (e.g. destroyed) */
     KVP_ERR_UNSUPPORTED = 8, /**< feature recognised but not available in this build/version */
+    KVP_ERR_BUFFER = 9,      /**< caller's output buffer too small; the call reports the size it needs */
     KVP_STATUS_FORCE_INT32_ = 0x7fffffff  /* not a status: keeps the enum int-sized on every ABI */
 } kvp_status;
 
@@ -128,17 +143,17 @@ typedef struct kvp_config {
     uint32_t slack;              /* sigma: H = C + sigma */
     uint32_t max_drop;           /* delta: target min(max(L - delta, C), H); 0 = prune to C */
     /* h2o / snapkv / pyramidkv / asl */
-    uint32_t budget;             /* tokens kept per layer/head */
-    uint32_t recent;             /* most recent tokens always kept (h2o, lethe) */
-    uint32_t obs_window;         /* observation window of queries */
-    uint32_t pool_kernel;        /* pooling kernel width (odd) */
+    uint32_t budget;             /* tokens kept per layer/head (pyramidkv: the mean; lethe: capacity 0 = 2*budget) */
+    uint32_t recent;             /* most recent tokens never evicted by decode eviction (h2o, snapkv, pyramidkv) */
+    uint32_t obs_window;         /* observation window of queries (snapkv: the voting window, kept) */
+    uint32_t pool_kernel;        /* pooling kernel width of the votes (odd) */
     kvp_pool pool;               /* pool=avg|max */
-    float    beta;               /* pyramidkv steepness */
-    /* lethe */
-    float    sparse_ratio;       /* tau */
-    float    recent_ratio;
-    uint32_t segments;           /* D */
-    float    decay;
+    float    beta;               /* pyramidkv steepness (>= 1): min budget = (budget - obs_window) / beta */
+    /* lethe (also `sinks`) */
+    float    sparse_ratio;       /* tau: breakpoint where scores have fallen by this factor */
+    float    recent_ratio;       /* fraction of the layer length always kept as recent tokens */
+    uint32_t segments;           /* D: cut points floor(K d / D) */
+    float    decay;              /* RASR score decay per step */
     /* simlayerkv */
     float    lazy_threshold;
     uint32_t lazy_last;
@@ -157,7 +172,12 @@ typedef struct kvp_config {
     uint32_t total_capacity;     /* total_capacity=N: token slots per KV head summed over layers that the
                                     shared pool holds; 0 (default) or >= the sum of the per-layer
                                     capacities = no sharing */
-    /* ThinK and quantized storage (appended in 0.2) */
+    /* appended in 0.3 (issue 8) */
+    uint32_t evict_threshold;    /* lethe: initial L_evict per layer; 0 = capacity/2 */
+    uint32_t prefill_stage;      /* snapkv/pyramidkv: prompt tokens one kvp_prefill call may take (staged
+                                    in the arena, shared by the layers, before selection); 0 = the
+                                    default max(1024, largest layer capacity) */
+    /* appended for issue 10: ThinK's token policy, the quantization group */
     kvp_policy token_policy;     /* token_policy=full|window|streaming|h2o|...: the token policy that
                                     policy=think composes with (its keys apply); default full */
     uint32_t quant_group;        /* quant_group=N: tokens per quantization group and full-precision
@@ -165,6 +185,9 @@ typedef struct kvp_config {
                                     pruning the storage block is quant_group tokens (`block` applies
                                     to plain f32 storage only) */
 } kvp_config;
+
+/** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
+#define KVP_CONFIG_SIZE_0_1 ((uint32_t)(offsetof(kvp_config, channel_score) + sizeof(uint32_t)))
 
 /** Counters of a cache (kvp_get_stats). Set struct_size = sizeof(kvp_stats) before the call. */
 typedef struct kvp_stats {   /* first member struct_size, like kvp_config; more fields may follow */
@@ -199,7 +222,7 @@ typedef struct kvp_layer_stats {
  * propagate; later layers receive only those tokens with their positions.
  */
 typedef struct kvp_selection {
-    uint32_t struct_size;  /* sizeof(kvp_selection) */
+    uint32_t struct_size;  /* sizeof(kvp_selection); larger than this library knows: KVP_ERR_ARG */
     uint32_t capacity;     /* in: entries `indices` can hold */
     int32_t *indices;      /* in: caller buffer; out: ascending token indices */
     uint32_t n;            /* out: entries written (0 when nothing was selected) */
@@ -218,7 +241,9 @@ const char *kvp_status_str(kvp_status s);
 /**
  * Fills *cfg with defaults for `model`: policy full, capacity 0 (the policy's minimum),
  * positions default, threads 1, f32 storage, float scoring, and each policy's documented
- * defaults (sinks 4, window 1020, compress_every 1, sparse_ratio 400, ...).
+ * defaults (sinks 4, window 1020, compress_every 1, sparse_ratio 400, ...; the full list with
+ * ranges: kvp_config_key, or `kvprune keys`). Writes sizeof(kvp_config) bytes of this library
+ * version; kvp_config_init is the sized form.
  * Returns KVP_ERR_ARG if cfg or model is NULL, KVP_ERR_CONFIG if the geometry is invalid
  * (zero sizes, n_q_heads not a multiple of n_kv_heads, odd or too large rope_dim,
  * non-positive theta with RoPE on). On failure *cfg is unchanged.
@@ -226,20 +251,35 @@ const char *kvp_status_str(kvp_status s);
 kvp_status kvp_config_default(kvp_config *cfg, const kvp_model *model);
 
 /**
+ * kvp_config_default for a caller whose kvp_config has struct_size bytes (bindings and callers
+ * built against another version of this header pass their own sizeof(kvp_config)): writes
+ * exactly struct_size bytes, struct_size included. KVP_ERR_ARG for NULL pointers or a size this
+ * library does not accept (see "Versioned structs" above); KVP_ERR_CONFIG for a bad geometry.
+ */
+kvp_status kvp_config_init(kvp_config *cfg, uint32_t struct_size, const kvp_model *model);
+
+/**
  * Applies a spec: space-separated key=value pairs, e.g. "policy=streaming sinks=4 window=1020".
- * Keys are the kvp_config field names. Returns KVP_ERR_ARG for NULL cfg/spec,
- * KVP_ERR_CONFIG for an unknown key, a malformed or out-of-range value (the message names
- * the key), KVP_ERR_UNSUPPORTED for a recognised value this version does not implement yet.
- * The spec is applied all-or-nothing: on failure *cfg is unchanged. A message is written
- * to err (NUL-terminated, truncated to err_len) when err is not NULL; "" on success.
+ * Keys are the kvp_config field names (a repeated key: the last value wins). Then checks the
+ * whole resulting configuration exactly as kvp_config_check does, so KVP_OK means the config is
+ * valid (a spec that leaves it inconsistent, e.g. "policy=window window=9 capacity=4", fails:
+ * put related keys in one spec). Returns KVP_ERR_ARG for NULL cfg/spec or a bad struct_size,
+ * KVP_ERR_CONFIG for an unknown key (the message suggests the nearest one), a malformed or
+ * out-of-range value (the message names the key and the range), a key the caller's (older)
+ * kvp_config lacks, or an inconsistent result; KVP_ERR_UNSUPPORTED for a recognised value this
+ * version does not implement yet. The spec is applied all-or-nothing: on failure *cfg is
+ * unchanged. A message is written to err (NUL-terminated, truncated to err_len) when err is not
+ * NULL; "" on success.
  */
 kvp_status kvp_config_apply(kvp_config *cfg, const char *spec, char *err, size_t err_len);
 
 /**
- * Checks a whole configuration for consistency (geometry, ranges, capacity >= what the
- * policy needs, e.g. capacity >= max(C+R, H) for streaming). Returns KVP_OK, KVP_ERR_ARG
- * (NULL cfg or wrong struct_size), KVP_ERR_CONFIG or KVP_ERR_UNSUPPORTED, with a message
- * in err as for kvp_config_apply. Never modifies cfg.
+ * Checks a whole configuration for consistency: geometry, every field's range (the same table
+ * kvp_config_apply and kvp_config_key use), and the cross-field rules (capacity >= what the
+ * policy needs, e.g. capacity >= max(C+R, H) for streaming; pool_kernel odd; asl_min_layer <
+ * n_layers). Returns KVP_OK, KVP_ERR_ARG (NULL cfg or a struct_size not accepted),
+ * KVP_ERR_CONFIG or KVP_ERR_UNSUPPORTED, with a message in err as for kvp_config_apply.
+ * Never modifies cfg.
  */
 kvp_status kvp_config_check(const kvp_config *cfg, char *err, size_t err_len);
 
@@ -251,10 +291,20 @@ size_t kvp_arena_size(const kvp_config *cfg);
  * kvp_arena_size(cfg); with arena == NULL the library allocates exactly that once (and
  * frees it in kvp_destroy); builds without heap (KVP_NO_HEAP) return KVP_ERR_UNSUPPORTED
  * for that. Worker threads are started here, so no later call allocates.
- * Returns KVP_ERR_ARG (NULL cfg/out), KVP_ERR_CONFIG/UNSUPPORTED (see kvp_config_check,
- * whose message explains it), KVP_ERR_ARENA (too small or misaligned). *out is set only on success.
+ * Returns KVP_ERR_ARG (NULL cfg/out, bad struct_size), KVP_ERR_CONFIG/UNSUPPORTED (as
+ * kvp_config_check), KVP_ERR_ARENA (too small, misaligned, or the NULL-arena allocation
+ * failed). *out is set only on success. There is no cache to hold a message when this fails:
+ * kvp_create_ex returns it in a caller buffer.
  */
 kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out);
+
+/**
+ * kvp_create that also writes why it failed into err (NUL-terminated, truncated to err_len;
+ * "" on success; err may be NULL). Thread-safe and heap-free: the message lives in the
+ * caller's buffer, not in global or thread-local state.
+ */
+kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out,
+                         char *err, size_t err_len);
 
 /**
  * Destroys a cache (NULL is a no-op). Caller memory is not freed; the arena may be reused.
@@ -262,7 +312,11 @@ kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_
  */
 void kvp_destroy(kvp_cache *c);
 
-/** Starts a new sequence in the same arena: every layer empty, counters zero. KVP_ERR_ARG for NULL. */
+/**
+ * Starts a new sequence in the same arena: every layer empty, counters zero. KVP_ERR_ARG for
+ * NULL or a pointer that is not a cache, KVP_ERR_STATE for a destroyed one (kvp_last_error
+ * says which).
+ */
 kvp_status kvp_reset(kvp_cache *c);
 
 /**
@@ -272,7 +326,9 @@ kvp_status kvp_reset(kvp_cache *c);
  * increasing and after the layer's last position. out may be NULL (attention skipped).
  * sel may be NULL; it is written only by the ASL policy (n = 0 otherwise).
  * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions), KVP_ERR_LAYER,
- * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity: callers chunk long prompts).
+ * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv with q
+ * exceeds `prefill_stage`: callers chunk long prompts by kvp_prefill_room). q is read (and checked)
+ * when out is given or the policy observes the prompt (h2o, snapkv, pyramidkv, lethe).
  */
 kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                        const float *q, const float *k, const float *v, float *out, kvp_selection *sel);
@@ -308,34 +364,93 @@ uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer);
  * then the last layer succeeds from the cache's current state (capacity and, with a shared pool,
  * the blocks the earlier layers of the same chunk take first). A lower bound: the prunes those
  * calls make and self-prunes are not counted. Without a shared pool it is the minimum over layers
- * of kvp_layer_capacity - kvp_layer_len. 0 for NULL c.
+ * of kvp_layer_capacity - kvp_layer_len. Policies that stage the prompt (snapkv, pyramidkv: a
+ * prefill with q goes through a staging area in the arena and only the selected tokens enter the
+ * layer) take any chunk up to `prefill_stage` tokens, whatever the layer holds: that is returned.
+ * 0 for NULL c.
  */
 uint32_t kvp_prefill_room(const kvp_cache *c);
 
 /**
  * Writes the original positions kept by (layer, kv_head), ascending, into out[0..cap).
  * *n receives the number kept. KVP_ERR_ARG for NULL c/n (or NULL out with cap > 0),
- * KVP_ERR_LAYER for a bad layer or head, KVP_ERR_FULL if cap is too small (*n is still set,
- * out is untouched).
+ * KVP_ERR_LAYER for a bad layer or head, KVP_ERR_BUFFER if cap is too small (*n is still set
+ * to the number needed, out is untouched: call with cap 0 to learn it). Failures record a
+ * message for kvp_last_error; the cache is otherwise unchanged.
  */
 kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_head,
                                int32_t *out, uint32_t cap, uint32_t *n);
 
 /**
- * Fills *s (up to s->struct_size bytes). KVP_ERR_ARG for NULL or a struct_size smaller
- * than the first version of kvp_stats.
+ * Fills *s (the fields within s->struct_size bytes; struct_size itself is left as given).
+ * KVP_ERR_ARG for NULL or a struct_size not accepted (see "Versioned structs"); failures
+ * record a message for kvp_last_error.
  */
 kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s);
 
 /**
- * Fills *s (up to s->struct_size bytes) with the figures of one layer. KVP_ERR_ARG for NULL c/s or a
- * struct_size smaller than the first version of kvp_layer_stats, KVP_ERR_LAYER for a bad layer.
- * Never changes the cache.
+ * Fills *s (the fields within s->struct_size bytes; struct_size itself is left as given) with the
+ * figures of one layer. KVP_ERR_ARG for NULL c/s or a struct_size not accepted (see "Versioned
+ * structs"), KVP_ERR_LAYER for a bad layer; failures record a message for kvp_last_error.
+ * Never changes the cache otherwise.
  */
 kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_stats *s);
 
-/** Message of the last failed call on c ("" if none); a static message when c is NULL. Never NULL. */
+/**
+ * Message of the last failed call on c ("" if none), in the format described at the top.
+ * A static message when c is NULL, destroyed or not a cache. Never NULL. kvp_create failures
+ * have no cache: see kvp_create_ex.
+ */
 const char *kvp_last_error(const kvp_cache *c);
+
+/* ---- Configuration keys: the library's own table (names, types, defaults, ranges, policies) ---- */
+
+/** Value type of a configuration key. */
+typedef enum {
+    KVP_KEY_UINT = 0,   /**< unsigned 32-bit integer */
+    KVP_KEY_FLOAT = 1,  /**< 32-bit float (finite) */
+    KVP_KEY_ENUM = 2,   /**< one of the names in `values` */
+    KVP_KEY_FORCE_INT32_ = 0x7fffffff
+} kvp_key_type;
+
+/** Bit of `policy` in kvp_key_info.policies. */
+#define KVP_POLICY_BIT(policy) (1u << (unsigned)(policy))
+/** kvp_key_info.policies of a key every policy uses (policy, capacity, threads, ...). */
+#define KVP_POLICY_ALL 0x3ffu
+
+/**
+ * One row of the key table (kvp_config_key). Set struct_size = sizeof(kvp_key_info) first.
+ * Strings are static and never NULL except `values` and `default_name` for numeric keys.
+ */
+typedef struct kvp_key_info {
+    uint32_t struct_size;
+    const char *name;          /* spec key, the kvp_config field of the same name */
+    kvp_key_type type;
+    double min, max;           /* inclusive range (UINT, FLOAT); ENUM: 0..largest accepted value */
+    double default_value;      /* kvp_config_default's value (ENUM: the enum's number) */
+    const char *values;        /* ENUM: accepted names, '|'-separated, e.g. "avg|max"; else NULL */
+    const char *default_name;  /* ENUM: name of the default value; else NULL */
+    uint32_t policies;         /* KVP_POLICY_BIT(p) set when policy p uses the key (KVP_POLICY_ALL: every policy) */
+    uint32_t config_size;      /* smallest kvp_config struct_size that holds the field */
+    const char *help;          /* one line: meaning, units, special values */
+} kvp_key_info;
+
+/** Number of configuration keys (rows of the table). */
+uint32_t kvp_config_key_count(void);
+
+/**
+ * Fills *info with row `index` (0..kvp_config_key_count()-1), in the order of the kvp_config
+ * fields. KVP_ERR_ARG for NULL info, a bad struct_size or index out of range.
+ */
+kvp_status kvp_config_key(uint32_t index, kvp_key_info *info);
+
+/**
+ * Whether key `name` affects a cache of configuration cfg: 1 when cfg's policy uses it (for
+ * simlayerkv also when its `nonlazy` policy does), 0 when cfg's policy ignores it, -1 for an
+ * unknown key, NULL arguments or a bad struct_size. Front ends use it to reject keys that would
+ * have no effect ("sinks" under policy=window).
+ */
+int kvp_config_key_used(const kvp_config *cfg, const char *name);
 
 #ifdef __cplusplus
 }

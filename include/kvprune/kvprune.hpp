@@ -3,14 +3,12 @@
 //   kvprune::Config cfg(model);
 //   if (cfg.apply("policy=streaming sinks=4 window=1020") != KVP_OK) puts(cfg.error());
 //   kvprune::Cache cache;
-//   if (cache.create(cfg.get()) != KVP_OK) ...;     // owns a 64-byte aligned arena
+//   if (cache.create(cfg.get()) != KVP_OK) puts(cache.create_error());  // owns a 64-byte aligned arena
 //   cache.decode(layer, q, k, v, out);
 //
 // Errors are kvp_status values as in the C API; messages via error()/last_error().
 #pragma once
 #include <stdlib.h>
-
-#include <memory>
 
 #include "kvprune.h"
 
@@ -37,57 +35,92 @@ private:
     char err_[256] = "";
 };
 
-// A cache and the arena it lives in; movable, not copyable.
+// A cache and the arena it lives in; movable, not copyable. The handle lives inside the arena,
+// so every path destroys the handle before it frees the arena (move assignment included).
 class Cache {
 public:
     Cache() = default;
-    // Allocates the arena (the only allocation) and creates the cache in it.
+    ~Cache() { release(); }
+    Cache(const Cache &) = delete;
+    Cache &operator=(const Cache &) = delete;
+    Cache(Cache &&o) noexcept : arena_(o.arena_), handle_(o.handle_) {
+        o.arena_ = nullptr;
+        o.handle_ = nullptr;
+    }
+    Cache &operator=(Cache &&o) noexcept {
+        if (this != &o) {
+            release();  // this cache's handle, then its arena
+            arena_ = o.arena_;
+            handle_ = o.handle_;
+            o.arena_ = nullptr;
+            o.handle_ = nullptr;
+        }
+        return *this;
+    }
+    // Allocates an arena (the only allocation) and creates a cache for cfg in it. On success it
+    // replaces the cache this object held; on failure the old cache is kept, unchanged, and
+    // create_error() says why.
     kvp_status create(const kvp_config &cfg) {
-        reset_handle();
+        err_[0] = '\0';
         const size_t n = kvp_arena_size(&cfg);
-        if (n == 0) return kvp_config_check(&cfg, nullptr, 0);
-        arena_.reset(static_cast<unsigned char *>(aligned_alloc(64, (n + 63) / 64 * 64)));
-        if (!arena_) return KVP_ERR_ARENA;
+        if (n == 0) {
+            const kvp_status st = kvp_config_check(&cfg, err_, sizeof err_);
+            return st != KVP_OK ? st : KVP_ERR_CONFIG;
+        }
+        void *mem = aligned_alloc(64, (n + 63) / 64 * 64);
+        if (!mem) {
+            copy_error("KVP_ERR_ARENA: arena too small or misaligned: cannot allocate the arena");
+            return KVP_ERR_ARENA;
+        }
         kvp_cache *c = nullptr;
-        const kvp_status st = kvp_create(&cfg, arena_.get(), n, &c);
-        if (st == KVP_OK) handle_.reset(c);
-        else arena_.reset();
-        return st;
+        const kvp_status st = kvp_create_ex(&cfg, mem, n, &c, err_, sizeof err_);
+        if (st != KVP_OK) {
+            free(mem);
+            return st;
+        }
+        release();
+        arena_ = mem;
+        handle_ = c;
+        return KVP_OK;
     }
     kvp_status prefill(uint32_t layer, uint32_t n, const int32_t *pos, const float *q, const float *k,
                        const float *v, float *out, kvp_selection *sel = nullptr) {
-        return kvp_prefill(handle_.get(), layer, n, pos, q, k, v, out, sel);
+        return kvp_prefill(handle_, layer, n, pos, q, k, v, out, sel);
     }
     kvp_status decode(uint32_t layer, const float *q, const float *k, const float *v, float *out) {
-        return kvp_decode(handle_.get(), layer, q, k, v, out);
+        return kvp_decode(handle_, layer, q, k, v, out);
     }
     kvp_status append(uint32_t layer, uint32_t n, const int32_t *pos, const float *k, const float *v) {
-        return kvp_append(handle_.get(), layer, n, pos, k, v);
+        return kvp_append(handle_, layer, n, pos, k, v);
     }
-    kvp_status reset() { return kvp_reset(handle_.get()); }
-    uint32_t layer_len(uint32_t layer) const { return kvp_layer_len(handle_.get(), layer); }
+    kvp_status reset() { return kvp_reset(handle_); }
+    uint32_t layer_len(uint32_t layer) const { return kvp_layer_len(handle_, layer); }
     kvp_status stats(kvp_stats *s) const {
         s->struct_size = sizeof *s;
-        return kvp_get_stats(handle_.get(), s);
+        return kvp_get_stats(handle_, s);
     }
-    const char *last_error() const { return kvp_last_error(handle_.get()); }
-    kvp_cache *get() const { return handle_.get(); }
+    // Message of the last failed call on the cache (kvp_last_error).
+    const char *last_error() const { return kvp_last_error(handle_); }
+    // Why the last create() failed ("" after a successful one).
+    const char *create_error() const { return err_; }
+    kvp_cache *get() const { return handle_; }
     explicit operator bool() const { return handle_ != nullptr; }
 
 private:
-    struct Destroy {
-        void operator()(kvp_cache *c) const noexcept { kvp_destroy(c); }
-    };
-    struct Free {
-        void operator()(unsigned char *p) const noexcept { free(p); }
-    };
-    void reset_handle() {
-        handle_.reset();
-        arena_.reset();
+    void release() noexcept {
+        kvp_destroy(handle_);  // first: the handle lives in the arena
+        handle_ = nullptr;
+        free(arena_);
+        arena_ = nullptr;
     }
-    // Declared first so the handle is destroyed before its arena is freed.
-    std::unique_ptr<unsigned char, Free> arena_;
-    std::unique_ptr<kvp_cache, Destroy> handle_;
+    void copy_error(const char *m) {
+        size_t i = 0;
+        for (; m[i] && i + 1 < sizeof err_; ++i) err_[i] = m[i];
+        err_[i] = '\0';
+    }
+    void *arena_ = nullptr;
+    kvp_cache *handle_ = nullptr;
+    char err_[256] = "";
 };
 
 }  // namespace kvprune

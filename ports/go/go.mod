@@ -1,3 +1,3 @@
-module kvprune
+module kvprune.dev/go/kvprune
 
 go 1.19

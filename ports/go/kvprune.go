@@ -28,6 +28,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
@@ -47,12 +48,15 @@ const (
 	ErrNonFinite   Status = C.KVP_ERR_NONFINITE
 	ErrState       Status = C.KVP_ERR_STATE
 	ErrUnsupported Status = C.KVP_ERR_UNSUPPORTED
+	ErrBuffer      Status = C.KVP_ERR_BUFFER
 )
 
 // String is the library's name and meaning of the status (kvp_status_str).
 func (s Status) String() string { return C.GoString(C.kvp_status_str(C.kvp_status(s))) }
 
-// Error is a failed call: the status and the library's (or the binding's) message.
+// Error is a failed call: the status and the library's (or the binding's) message. Messages
+// have the library's one format, "<status>: <detail>" (e.g. "KVP_ERR_LAYER: layer or head out of
+// range: layer 7 ..."), so Error() returns the message as it is.
 type Error struct {
 	Status  Status
 	Message string
@@ -62,7 +66,21 @@ func (e *Error) Error() string {
 	if e.Message == "" {
 		return e.Status.String()
 	}
-	return e.Message + " (" + e.Status.String() + ")"
+	return e.Message
+}
+
+// newError is an error of this binding in the library's format.
+func newError(s Status, format string, a ...interface{}) *Error {
+	return &Error{Status: s, Message: s.String() + ": " + fmt.Sprintf(format, a...)}
+}
+
+// u32 converts a Go int index to the C ABI's uint32_t, rejecting values that would wrap
+// (a layer 1<<32 must not become layer 0).
+func u32(what string, v int) (C.uint32_t, error) {
+	if v < 0 || uint64(v) > math.MaxUint32 {
+		return 0, newError(ErrLayer, "%s %d is out of range (0..%d)", what, v, uint64(math.MaxUint32))
+	}
+	return C.uint32_t(v), nil
 }
 
 // Is lets errors.Is(err, kvprune.ErrFull) etc. match on the status.
@@ -140,12 +158,13 @@ type Config struct {
 	raw C.kvp_config
 }
 
-// NewConfig returns the defaults for m (kvp_config_default) with spec applied ("" for none).
+// NewConfig returns the defaults for m (kvp_config_init with this binding's struct size) with
+// spec applied ("" for none).
 func NewConfig(m Model, spec string) (*Config, error) {
 	cfg := &Config{}
 	mr := m.raw()
-	if s := C.kvp_config_default(&cfg.raw, &mr); s != C.KVP_OK {
-		return nil, &Error{Status: Status(s), Message: fmt.Sprintf("invalid model geometry %+v", m)}
+	if s := C.kvp_config_init(&cfg.raw, C.uint32_t(unsafe.Sizeof(cfg.raw)), &mr); s != C.KVP_OK {
+		return nil, newError(Status(s), "invalid model geometry %+v", m)
 	}
 	if spec != "" {
 		if err := cfg.Apply(spec); err != nil {
@@ -158,7 +177,7 @@ func NewConfig(m Model, spec string) (*Config, error) {
 // Apply applies a spec ("policy=streaming sinks=4 window=1020"), all-or-nothing.
 func (cfg *Config) Apply(spec string) error {
 	if strings.IndexByte(spec, 0) >= 0 {
-		return &Error{Status: ErrArg, Message: "spec contains a NUL byte"}
+		return newError(ErrArg, "spec contains a NUL byte")
 	}
 	cs := C.CString(spec)
 	defer C.free(unsafe.Pointer(cs))
@@ -224,22 +243,17 @@ func NewCacheFromConfig(cfg *Config) (*Cache, error) {
 		if err := cfg.Check(); err != nil {
 			return nil, err
 		}
-		return nil, &Error{Status: ErrConfig, Message: "invalid configuration"}
+		return nil, newError(ErrConfig, "invalid configuration")
 	}
 	arena := C.kvp_go_arena(C.size_t(n))
 	if arena == nil {
-		return nil, &Error{Status: ErrArena, Message: fmt.Sprintf("cannot allocate %d bytes", n)}
+		return nil, newError(ErrArena, "cannot allocate %d bytes", n)
 	}
 	var h *C.kvp_cache
-	if s := C.kvp_create(&cfg.raw, arena, C.size_t(n), &h); s != C.KVP_OK {
-		msg := C.GoString(C.kvp_last_error(nil))
-		if Status(s) == ErrConfig || Status(s) == ErrUnsupported {
-			if err := cfg.Check(); err != nil {
-				msg = err.(*Error).Message
-			}
-		}
+	buf := make([]byte, errLen)
+	if s := C.kvp_create_ex(&cfg.raw, arena, C.size_t(n), &h, (*C.char)(unsafe.Pointer(&buf[0])), errLen); s != C.KVP_OK {
 		C.free(arena)
-		return nil, &Error{Status: Status(s), Message: msg}
+		return nil, errFromBuf(s, buf)
 	}
 	c := &Cache{c: h, arena: arena, arenaLen: n, model: cfg.Model()}
 	runtime.SetFinalizer(c, (*Cache).Close)
@@ -263,7 +277,7 @@ func (c *Cache) Close() error {
 func (c *Cache) Model() Model  { return c.model }
 func (c *Cache) ArenaLen() int { return c.arenaLen }
 
-var errClosed = &Error{Status: ErrState, Message: "cache is closed"}
+var errClosed = newError(ErrState, "cache is closed")
 
 func (c *Cache) lock() error {
 	c.mu.Lock()
@@ -283,7 +297,7 @@ func (c *Cache) status(s C.kvp_status) error {
 }
 
 func argErr(format string, a ...interface{}) error {
-	return &Error{Status: ErrArg, Message: fmt.Sprintf(format, a...)}
+	return newError(ErrArg, format, a...)
 }
 
 // tokens checks slice sizes and returns the token count (from k).
@@ -342,7 +356,11 @@ func (c *Cache) Decode(layer int, q, k, v, out []float32) error {
 	if n != 1 {
 		return argErr("decode takes one token, k holds %d", n)
 	}
-	s := C.kvp_decode(c.c, C.uint32_t(layer), fptr(q), fptr(k), fptr(v), fptr(out))
+	l, err := u32("layer", layer)
+	if err != nil {
+		return err
+	}
+	s := C.kvp_decode(c.c, l, fptr(q), fptr(k), fptr(v), fptr(out))
 	runtime.KeepAlive(c)
 	return c.status(s)
 }
@@ -372,6 +390,13 @@ func (c *Cache) prefill(layer int, q, k, v []float32, positions []int32, out []f
 	if err != nil {
 		return 0, false, err
 	}
+	l, err := u32("layer", layer)
+	if err != nil {
+		return 0, false, err
+	}
+	if uint64(len(indices)) > math.MaxUint32 {
+		return 0, false, argErr("%d indices do not fit in uint32", len(indices))
+	}
 	var selp *C.kvp_selection
 	var cidx *C.int32_t
 	if indices != nil {
@@ -385,7 +410,7 @@ func (c *Cache) prefill(layer int, q, k, v []float32, positions []int32, out []f
 		selp.capacity = C.uint32_t(len(indices))
 		selp.indices = cidx
 	}
-	s := C.kvp_prefill(c.c, C.uint32_t(layer), C.uint32_t(n), iptr(positions), fptr(q), fptr(k), fptr(v), fptr(out), selp)
+	s := C.kvp_prefill(c.c, l, C.uint32_t(n), iptr(positions), fptr(q), fptr(k), fptr(v), fptr(out), selp)
 	runtime.KeepAlive(c)
 	if err := c.status(s); err != nil {
 		return 0, false, err
@@ -411,7 +436,11 @@ func (c *Cache) Append(layer int, k, v []float32, positions []int32) error {
 	if err != nil {
 		return err
 	}
-	s := C.kvp_append(c.c, C.uint32_t(layer), C.uint32_t(n), iptr(positions), fptr(k), fptr(v))
+	l, err := u32("layer", layer)
+	if err != nil {
+		return err
+	}
+	s := C.kvp_append(c.c, l, C.uint32_t(n), iptr(positions), fptr(k), fptr(v))
 	runtime.KeepAlive(c)
 	return c.status(s)
 }
@@ -422,7 +451,11 @@ func (c *Cache) LayerLen(layer int) int {
 		return 0
 	}
 	defer c.mu.Unlock()
-	n := int(C.kvp_layer_len(c.c, C.uint32_t(layer)))
+	l, err := u32("layer", layer)
+	if err != nil {
+		return 0
+	}
+	n := int(C.kvp_layer_len(c.c, l))
 	runtime.KeepAlive(c)
 	return n
 }
@@ -433,16 +466,24 @@ func (c *Cache) LayerPositions(layer, kvHead int) ([]int32, error) {
 		return nil, err
 	}
 	defer c.mu.Unlock()
+	l, err := u32("layer", layer)
+	if err != nil {
+		return nil, err
+	}
+	h, err := u32("kv head", kvHead)
+	if err != nil {
+		return nil, err
+	}
 	var n C.uint32_t
-	s := C.kvp_layer_positions(c.c, C.uint32_t(layer), C.uint32_t(kvHead), nil, 0, &n)
-	if s != C.KVP_OK && s != C.KVP_ERR_FULL {
+	s := C.kvp_layer_positions(c.c, l, h, nil, 0, &n)
+	if s != C.KVP_OK && s != C.KVP_ERR_BUFFER {
 		return nil, c.status(s)
 	}
 	out := make([]int32, int(n))
 	if n == 0 {
 		return out, nil
 	}
-	s = C.kvp_layer_positions(c.c, C.uint32_t(layer), C.uint32_t(kvHead), iptr(out), n, &n)
+	s = C.kvp_layer_positions(c.c, l, h, iptr(out), n, &n)
 	runtime.KeepAlive(c)
 	if err := c.status(s); err != nil {
 		return nil, err

@@ -314,3 +314,60 @@ func TestConcurrentCaches(t *testing.T) {
 		}
 	}
 }
+
+// Issue 11: integers beyond 32 bits are rejected, never truncated (layer 1<<32 is not layer 0).
+func TestIntegersBeyond32Bits(t *testing.T) {
+	c := mustCache(t, "policy=window window=8")
+	defer c.Close()
+	q, kv, out := make([]float32, 4*16), make([]float32, 2*16), make([]float32, 4*16)
+	for _, layer := range []int{1 << 32, 1<<32 + 1, -1, math.MaxInt64} {
+		if err := c.Decode(layer, q, kv, kv, out); StatusOf(err) != ErrLayer {
+			t.Fatalf("Decode(layer %d): %v", layer, err)
+		}
+		if err := c.Append(layer, kv, kv, nil); StatusOf(err) != ErrLayer {
+			t.Fatalf("Append(layer %d): %v", layer, err)
+		}
+		if err := c.Prefill(layer, q, kv, kv, nil, out); StatusOf(err) != ErrLayer {
+			t.Fatalf("Prefill(layer %d): %v", layer, err)
+		}
+		if _, err := c.LayerPositions(0, layer); StatusOf(err) != ErrLayer {
+			t.Fatalf("LayerPositions(head %d): %v", layer, err)
+		}
+		if n := c.LayerLen(layer); n != 0 {
+			t.Fatalf("LayerLen(%d) = %d", layer, n)
+		}
+	}
+	if c.LayerLen(0) != 0 {
+		t.Fatal("a rejected call changed layer 0")
+	}
+	if err := c.Decode(0, q, kv, kv, out); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// One message format ("<status>: <detail>"), never doubled; create failures are explained.
+func TestErrorTextNotDoubled(t *testing.T) {
+	c := mustCache(t, "policy=window window=8")
+	defer c.Close()
+	q, kv, out := make([]float32, 4*16), make([]float32, 2*16), make([]float32, 4*16)
+	err := c.Decode(1, q[:3], kv, kv, out)
+	if !strings.HasPrefix(err.Error(), "KVP_ERR_ARG: ") || strings.Count(err.Error(), "KVP_ERR") != 1 {
+		t.Fatalf("binding error: %q", err)
+	}
+	err = c.Decode(5, q, kv, kv, out)
+	if !strings.HasPrefix(err.Error(), "KVP_ERR_LAYER: ") || strings.Count(err.Error(), "KVP_ERR") != 1 {
+		t.Fatalf("library error: %q", err)
+	}
+	cfg, err := NewConfig(testModel, "policy=window window=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.raw.capacity = 3
+	_, err = NewCacheFromConfig(cfg)
+	if StatusOf(err) != ErrConfig || !strings.Contains(err.Error(), "capacity") || strings.Contains(err.Error(), "NULL cache") {
+		t.Fatalf("create: %v", err)
+	}
+	if _, err := c.LayerPositions(0, 0); err != nil {
+		t.Fatal(err)
+	}
+}

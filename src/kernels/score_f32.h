@@ -14,6 +14,9 @@
 //          ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), like attn expsum.
 //   argmin exact (min is order-independent): the first index holding the minimum, so every
 //          variant returns the same index (ties: the lowest index, i.e. the older token).
+//   dots16 integer (score=fixed, kernels/score_fixed.h): exact int64 sums of int16 products, so
+//          every variant gives the same integers (SIMD: 16-bit pair products summed in 32 bits,
+//          which holds for |x| <= 23170 as score_fixed's rows are, then widened to 64).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -28,12 +31,16 @@ typedef void (*f32_score_acc_fn)(const float *p, size_t ldp, uint32_t rows, cons
 typedef float (*f32_sumsq_fn)(const float *x, uint32_t n);
 // first index of the minimum of x[0..n) (n >= 1; x finite)
 typedef uint32_t (*f32_argmin_fn)(const float *x, uint32_t n);
+// out[r * ldo] = sum_{i < n} q[r*ldq + i] * k[i]   for r < rows   (|q|, |k| <= 23170)
+typedef void (*i16_dots_fn)(const int16_t *q, size_t ldq, uint32_t rows, const int16_t *k, uint32_t n, int64_t *out,
+                            size_t ldo);
 
 struct ScoreF32 {
     const char *name;
     f32_score_acc_fn acc;
     f32_sumsq_fn sumsq;
     f32_argmin_fn argmin;
+    i16_dots_fn dots16;
 };
 
 const ScoreF32 *score_f32_scalar();

@@ -26,7 +26,15 @@ uint32_t argmin_scalar(const float *x, uint32_t n) {
     return best;
 }
 
-constexpr ScoreF32 kScalar = {"scalar", &acc_scalar, &sumsq_scalar, &argmin_scalar};
+void dots16_scalar(const int16_t *q, size_t ldq, uint32_t rows, const int16_t *k, uint32_t n, int64_t *out, size_t ldo) {
+    for (uint32_t r = 0; r < rows; ++r) {
+        int64_t d = 0;
+        for (uint32_t i = 0; i < n; ++i) d += int32_t(q[r * ldq + i]) * int32_t(k[i]);
+        out[r * ldo] = d;
+    }
+}
+
+constexpr ScoreF32 kScalar = {"scalar", &acc_scalar, &sumsq_scalar, &argmin_scalar, &dots16_scalar};
 
 }  // namespace
 

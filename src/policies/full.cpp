@@ -17,6 +17,6 @@ void self_prune(PolicyCtx &, HeadStore &, uint32_t) {}  // never called: evictab
 }  // namespace
 
 const Policy kFullPolicy = {"full", KVP_POS_ORIGINAL, nullptr, &plan, nullptr, nullptr, nullptr, &evictable,
-                            &self_prune};
+                            &self_prune, nullptr};
 
 }  // namespace kvp

@@ -38,17 +38,8 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     p->hole_cap = default_hole_cap(p->cap);
 }
 
-void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const float *obs, size_t ld) {
-    const uint32_t G = ctx.c->group;
-    float *score = ctx.pool->score;
-    for (uint32_t r = 0; r < nr; ++r) {
-        for (uint32_t i = 0; i < runs[r].n; ++i) {
-            const uint32_t j = runs[r].logical + i;
-            float a = obs[j];
-            for (uint32_t g = 1; g < G; ++g) a += obs[g * ld + j];
-            score[runs[r].slot + i] += a;
-        }
-    }
+void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const Obs &obs) {
+    add_observed_mass(ctx, runs, nr, obs);
 }
 
 void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
@@ -69,6 +60,6 @@ void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
 }  // namespace
 
 const Policy kH2oPolicy = {"h2o", KVP_POS_ORIGINAL, &check, &plan, &observe, &prune, nullptr, &evictable,
-                           &self_prune};
+                           &self_prune, nullptr};
 
 }  // namespace kvp

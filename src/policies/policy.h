@@ -5,9 +5,18 @@
 // last `obs_queries` prefill queries when it asks for that), then calls `prune`; after all heads
 // of the layer it calls `layer_phase` once, on the calling thread, for layer-wide decisions
 // (heads are reduced there in fixed head order, so decisions do not depend on thread count).
+//
+// Prompt staging (plan.staged_prefill: snapkv, pyramidkv): a prefill call with queries does not
+// append to the layer's store. Its tokens go to the staging slots of the head's pool (one area
+// per KV head index, shared by all layers, which are prefilled one after another; size
+// `prefill_stage`), attention and observation run over the store plus the staged tokens (one
+// more run), and the policy's prune must then call stage_commit with its victims: the store's
+// victims are evicted and the surviving staged tokens are copied into the store. So a prompt
+// larger than the layer's capacity takes one call.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "kvprune/kvprune.h"
 #include "msg.h"
@@ -29,6 +38,10 @@ struct LayerPlan {
     uint32_t obs_queries;   // prefill: observe the attention rows of the chunk's last queries (0: none)
     uint32_t hole_cap;      // evicted slots a store may keep before one compaction pass (storage.h)
     size_t scratch_bytes;   // per-thread scratch the policy's operations use
+    size_t scratch_per_token;  // plus this many bytes per token one call may see (cap + prefill_stage)
+    bool staged_prefill;    // a prefill with queries goes through the staging area (see above)
+    uint32_t evict_threshold;  // kvp_layer_stats.evict_threshold after create/reset (Lethe's L_evict)
+    uint32_t budget;        // tokens the layer keeps from a prompt (snapkv, pyramidkv), 0 otherwise
 };
 
 // The context of one operation.
@@ -38,6 +51,16 @@ struct PolicyCtx {
     uint32_t head;       // KV head (per-head operations)
     BlockPool *pool;     // the head's pool (per-head operations)
     void *scratch;       // this thread's policy scratch (LayerPlan::scratch_bytes, 64-aligned)
+    uint32_t staged;     // staged prefill: tokens in the staging area (logical hs.len() ..), else 0
+    uint32_t stage_slot; // their first pool slot
+};
+
+// Prefill observation rows: row g (query head g of the group) at g * ld; float sums of normalised
+// weights in float mode (f), Q16 sums of fixed-point weights in fixed mode (u; kernels/score_fixed.h).
+struct Obs {
+    const float *f;
+    const uint32_t *u;
+    size_t ld;
 };
 
 struct Policy {
@@ -46,9 +69,9 @@ struct Policy {
     // Policy-specific consistency of a config whose ranges were checked. May be NULL.
     kvp_status (*check)(const kvp_config &cfg, Msg &m);
     void (*plan)(const kvp_config &cfg, uint32_t layer, LayerPlan *p);
-    // Prefill observation: obs[g * ld + j] = attention mass of query head g of the group on
-    // logical token j (j < hs.len()), summed over the observed queries. May be NULL.
-    void (*observe)(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const float *obs, size_t ld);
+    // Prefill observation: obs row g, entry j = attention mass of query head g of the group on
+    // logical token j (j < hs.len() + ctx.staged), summed over the observed queries. May be NULL.
+    void (*observe)(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs);
     // After the head's tokens were appended and attended. May be NULL.
     void (*prune)(PolicyCtx &ctx, HeadStore &hs, StepMode mode);
     // After all heads of the layer. May be NULL.
@@ -58,6 +81,9 @@ struct Policy {
     // The pool cannot supply the blocks for n new tokens: evict by the policy's own ranking.
     // Must remove at least one token when evictable() > 0; the core calls it until the blocks fit.
     void (*self_prune)(PolicyCtx &ctx, HeadStore &hs, uint32_t n);
+    // Before the per-head work of a call adding n tokens, on the calling thread (layer-wide room
+    // making for policies whose KV heads keep the same tokens). May be NULL.
+    void (*layer_prepare)(PolicyCtx &ctx, uint32_t n, StepMode mode);
 };
 
 // The table of cfg.policy (valid config).
@@ -66,13 +92,33 @@ const Policy &policy_of(const kvp_config &cfg);
 // ---- helpers shared by the scored policies (policy.cpp) ----
 
 // Scores of the store in logical order into out[0..len), and (when slots is not NULL) each
-// token's slot.
+// token's slot. The 32 score bits are copied as they are (float, or uint32 in fixed mode).
 void scores_logical(const HeadStore &hs, const BlockPool &pool, float *out, uint32_t *slots);
+// A slot's score in fixed mode (Q16.16), and a saturating add to it.
+inline uint32_t score_u(const BlockPool &pool, uint32_t slot) {
+    uint32_t u;
+    memcpy(&u, pool.score + slot, 4);
+    return u;
+}
+inline void score_set_u(BlockPool &pool, uint32_t slot, uint32_t u) { memcpy(pool.score + slot, &u, 4); }
 // The hole allowance for a scored store of `cap` tokens: cap/32 (so a compaction moves at most
 // about 32 rows per eviction on average), 0 below 32 tokens (compact at once).
 inline uint32_t default_hole_cap(uint32_t cap) { return cap / 32; }
 // Evicts the `n` tokens with the lowest score among logical [from, to), ties by older (lower
 // index) first. scratch: 12 bytes per token of the store.
 void evict_lowest(PolicyCtx &ctx, HeadStore &hs, uint32_t n, uint32_t from, uint32_t to, void *scratch);
+
+// Adds each token's observed mass summed over the group's query heads (g = 0..G-1 in order)
+// to its slot score: float, or saturating Q16.16 in fixed mode.
+void add_observed_mass(PolicyCtx &ctx, const Run *runs, uint32_t nr, const Obs &obs);
+
+// Staged prefill (see the top): tokens the store may hold after this commit (the blocks it has
+// plus what the pool allows it; capped by its capacity).
+uint32_t stage_room(const PolicyCtx &ctx, const HeadStore &hs);
+// Ends a staged prefill: victims[0..nv) are logical indices in [0, hs.len() + ctx.staged),
+// ascending (overwritten). Store victims are evicted, the other staged tokens join the store in
+// order (the caller keeps their number within stage_room). Counts one prune event when nv > 0.
+// victims == NULL: the newest staged tokens that fit are kept (the core's fallback).
+void stage_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t *victims, uint32_t nv);
 
 }  // namespace kvp

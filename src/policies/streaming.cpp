@@ -71,6 +71,6 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, s
 }  // namespace
 
 const Policy kStreamingPolicy = {"streaming", KVP_POS_REALIGN, &check, &plan, nullptr, &prune, nullptr,
-                                 &ring_evictable, &ring_self_prune};
+                                 &ring_evictable, &ring_self_prune, nullptr};
 
 }  // namespace kvp

@@ -38,6 +38,6 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, r
 }  // namespace
 
 const Policy kWindowPolicy = {"window", KVP_POS_REALIGN, &check, &plan, nullptr, &prune, nullptr,
-                              &ring_evictable, &ring_self_prune};
+                              &ring_evictable, &ring_self_prune, nullptr};
 
 }  // namespace kvp

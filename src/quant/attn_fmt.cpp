@@ -12,7 +12,7 @@ void fmt_qk(const AttnIn &a, const Run &run, uint32_t j0, uint32_t j1, const flo
     const kvp_cache *c = a.c;
     const uint32_t n = j1 - j0;
     if (n == 0) return;
-    const FmtIn &x = *a.fx;
+    const FmtIn &x = *a.fmt;
     if (run.src != kSrcPool) {
         const float *k, *v;
         size_t ld[2];
@@ -69,7 +69,7 @@ void fmt_pv(const AttnIn &a, const Run &run, uint32_t j0, uint32_t j1, const flo
     const kvp_cache *c = a.c;
     const uint32_t n = j1 - j0;
     if (n == 0) return;
-    const FmtIn &x = *a.fx;
+    const FmtIn &x = *a.fmt;
     if (run.src != kSrcPool) {
         const float *k, *v;
         size_t ld[2];
@@ -99,14 +99,14 @@ void fmt_pv(const AttnIn &a, const Run &run, uint32_t j0, uint32_t j1, const flo
 }
 
 void fmt_pv_begin(const AttnIn &a, uint32_t rows) {
-    const FmtIn &x = *a.fx;
+    const FmtIn &x = *a.fmt;
     const StoreFormat &f = x.fc->f;
     memset(x.oacc, 0, size_t(rows) * f.wvp * sizeof(float));
     if (f.v_groups) memset(x.zacc, 0, size_t(rows) * f.v_groups * sizeof(float));
 }
 
 void fmt_pv_rescale(const AttnIn &a, uint32_t row, float alpha) {
-    const FmtIn &x = *a.fx;
+    const FmtIn &x = *a.fmt;
     const StoreFormat &f = x.fc->f;
     float *o = x.oacc + size_t(row) * f.wvp;
     for (uint32_t ch = 0; ch < f.wv; ++ch) o[ch] *= alpha;
@@ -115,7 +115,7 @@ void fmt_pv_rescale(const AttnIn &a, uint32_t row, float alpha) {
 }
 
 void fmt_pv_end(const AttnIn &a, uint32_t rows, float *o, size_t ldo) {
-    const FmtIn &x = *a.fx;
+    const FmtIn &x = *a.fmt;
     const StoreFormat &f = x.fc->f;
     if ((f.thin_k || f.thin_v) && !x.fs->selected) return;  // nothing is converted before ThinK selects
     for (uint32_t r = 0; r < rows; ++r) {

@@ -273,7 +273,7 @@ void fmt_new_rows(const kvp_cache *c, HeadStore &hs, uint32_t slot, bool pinned,
         *vr = nullptr;
         return;
     }
-    const FmtCache &fc = *c->fx;
+    const FmtCache &fc = *c->fmt;
     const uint32_t block = fc.f.block;
     const uint32_t row = pinned ? hs.npin % block : fc.pin_side + slot % block;
     *kr = fmt_store(fc, hs).side_k + size_t(row) * fc.stride;
@@ -282,7 +282,7 @@ void fmt_new_rows(const kvp_cache *c, HeadStore &hs, uint32_t slot, bool pinned,
 
 uint32_t fmt_runs(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool, bool realign, const StagedNew &nw,
                   Run *out) {
-    const FmtCache &fc = *c->fx;
+    const FmtCache &fc = *c->fmt;
     const FmtStore &fs = fmt_store(fc, hs);
     const uint32_t block = pool.block;
     const bool scan = realign && hs.scattered;
@@ -359,7 +359,7 @@ void fmt_run_rows(const FmtCache &fc, const FmtStore &fs, const StagedNew &nw, c
 // ---- conversion -----------------------------------------------------------------------------
 
 void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &nw, const StepObs &obs) {
-    const FmtCache &fc = *c->fx;
+    const FmtCache &fc = *c->fmt;
     const StoreFormat &f = fc.f;
     FmtStore &fs = fmt_store(fc, hs);
     const uint32_t block = pool.block, st = fc.stride;
@@ -437,7 +437,7 @@ void fmt_compact(HeadStore &hs, BlockPool &pool) {
     const uint32_t block = pool.block, st = fc.stride;
     const uint32_t ires = hs.count - hs.nres;  // body index where the residual starts
     const PoolScratch ps = pool_scratch(fc, pool);
-    uint32_t w0 = 0;
+    uint32_t w0 = hs.first_hole;  // a lower bound (storage.h)
     while (pool.pos[body_slot(hs, block, w0)] != kDeadSlot) ++w0;  // the first dead slot (there is one)
     // Rebuild from the block of the first dead slot; the residual lies in the last block, so
     // i0 <= ires. The residual survivors' side rows go to the bounce rows first.
@@ -481,6 +481,10 @@ void fmt_compact(HeadStore &hs, BlockPool &pool) {
         pool.pos[to] = pool.pos[from];
         pool.rot[to] = pool.rot[from];
         pool.score[to] = pool.score[from];
+        if (pool.kq && to != from) {  // score=fixed's int16 key copy
+            memcpy(pool.kq_row(to), pool.kq_row(from), size_t(pool.kq_stride) * sizeof(int16_t));
+            pool.kexp[to] = pool.kexp[from];
+        }
         s[m].slot = to;
         s[m].from = from;
         s[m].kf = s[m].vf = nullptr;
@@ -497,13 +501,13 @@ void fmt_compact(HeadStore &hs, BlockPool &pool) {
     flush(false);
     hs.count = w;
     hs.holes = 0;
-    for (uint32_t b = 0; b < hs.nb; ++b) pool.dead[hs.blk[(hs.bhead + b) % hs.blk_cap]] = 0;
+    for (uint32_t b = (hs.roff + i0) / block; b < hs.nb; ++b) pool.dead[hs.blk[(hs.bhead + b) % hs.blk_cap]] = 0;
 }
 
 // ---- live bytes and reading back ------------------------------------------------------------
 
 uint64_t fmt_store_bytes(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool) {
-    const FmtCache &fc = *c->fx;
+    const FmtCache &fc = *c->fmt;
     const StoreFormat &f = fc.f;
     const uint32_t block = pool.block;
     const FmtStore &fs = fmt_store(fc, hs);
@@ -535,10 +539,10 @@ uint64_t fmt_store_bytes(const kvp_cache *c, const HeadStore &hs, const BlockPoo
 
 bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t j, float *k, float *v, int64_t *rot,
                     float *kstep) {
-    if (!c->fx || layer >= c->cfg.model.n_layers || head >= c->cfg.model.n_kv_heads) return false;
+    if (!c->fmt || layer >= c->cfg.model.n_layers || head >= c->cfg.model.n_kv_heads) return false;
     const HeadStore &hs = head_of(c, layer, head);
     const BlockPool &pool = c->pools[head];
-    const FmtCache &fc = *c->fx;
+    const FmtCache &fc = *c->fmt;
     const StoreFormat &f = fc.f;
     const FmtStore &fs = fmt_store(fc, hs);
     const uint32_t block = pool.block;

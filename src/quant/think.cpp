@@ -76,7 +76,7 @@ size_t think_scratch_bytes(const kvp_config &cfg, uint32_t stride, uint32_t w, u
 
 void think_select(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &nw, const StepObs &obs) {
     const kvp_config &cfg = c->cfg;
-    const FmtCache &fc = *c->fx;
+    const FmtCache &fc = *c->fmt;
     const StoreFormat &f = fc.f;
     FmtStore &fs = fmt_store(fc, hs);
     const uint32_t hd = f.d, G = c->group, st = fc.stride;

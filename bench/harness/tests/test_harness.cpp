@@ -2,6 +2,7 @@
 // independent PyTorch forward, prefill/decode and thread-count consistency, and clear errors
 // for bad inputs.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include "eval.h"
 #include "plot.h"
 #include "session.h"
+#include "spec.h"
 
 #ifndef KVP_HARNESS_MODELS_DIR
 #error "KVP_HARNESS_MODELS_DIR must point at the repository's models/"
@@ -359,4 +361,173 @@ TEST(HarnessOutput, JsonRoundTripAndFields) {
     EXPECT_NE(script.find("'streaming'"), std::string::npos) << script;
 }
 
+
+// ---- issue 11/12: CLI-facing behaviour of the harness library
+
+TEST(HarnessErrors, NotARegularFile) {
+    Checkpoint c;
+    std::string err;
+    EXPECT_FALSE(load_checkpoint(kDir, &c, &err));  // a directory
+    EXPECT_NE(err.find("not a regular file (a directory)"), std::string::npos) << err;
+    const std::string fifo = tmp_path("fifo");
+    std::remove(fifo.c_str());
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    EXPECT_FALSE(load_checkpoint(fifo, &c, &err));  // returns instead of blocking
+    EXPECT_NE(err.find("not a regular file (a FIFO"), std::string::npos) << err;
+    std::vector<int32_t> t;
+    EXPECT_FALSE(load_tokens(fifo, 256, &t, &err));
+    EXPECT_NE(err.find("not a regular file (a FIFO"), std::string::npos) << err;
+    std::remove(fifo.c_str());
+}
+
+TEST(HarnessSpec, StrictChecksAndCompressionRatio) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::string r, err;
+    kvp_config c;
+    struct Bad {
+        const char *spec, *needle;
+    } bad[] = {{"", "empty"},
+               {"   ", "empty"},
+               {"policy=window sinks=3", "'sinks' has no effect under policy=window"},
+               {"policy=streaming budget=3", "'budget' has no effect under policy=streaming"},
+               {"policy=window window=3 window=4", "given more than once"},
+               {"policy=window windwo=3", "did you mean 'window'"},
+               {"window", "expected key=value"},
+               {"policy=full compression_ratio=0.5", "does not apply to policy=full"},
+               {"policy=window window=3 compression_ratio=0.5", "compression_ratio sets window"},
+               {"policy=window compression_ratio=1", "[0, 1)"},
+               {"policy=window compression_ratio=x", "not a number"},
+               {"policy=streaming sinks=4 compression_ratio=0.99", "not more than sinks+extra"},
+               {"policy=window compression_ratio=0.5 compression_ratio=0.5", "more than once"}};
+    for (const Bad &b : bad) {
+        EXPECT_FALSE(resolve_spec(ck.cfg, b.spec, 256, &r, &c, &err)) << b.spec;
+        EXPECT_NE(err.find(b.needle), std::string::npos) << b.spec << " -> " << err;
+    }
+    EXPECT_FALSE(resolve_spec(ck.cfg, "policy=window compression_ratio=0.5", 0, &r, &c, &err));  // no length known
+    struct Good {
+        const char *spec;
+        int64_t len;
+        const char *want;
+    } good[] = {{"policy=window compression_ratio=0.75", 256, "policy=window window=64"},
+                {"policy=streaming sinks=4 compression_ratio=0.5", 256, "policy=streaming sinks=4 window=124"},
+                {"compression_ratio=0.5 policy=streaming", 1024, "policy=streaming window=508"},
+                {" policy=window   window=8 ", 0, "policy=window window=8"}};
+    for (const Good &g : good) {
+        ASSERT_TRUE(resolve_spec(ck.cfg, g.spec, g.len, &r, &c, &err)) << g.spec << ": " << err;
+        EXPECT_EQ(r, g.want);
+    }
+    // The mapping of every policy (set directly: some are not implemented yet).
+    kvp_model m = model_geometry(ck.cfg);
+    ASSERT_EQ(kvp_config_default(&c, &m), KVP_OK);
+    const std::pair<kvp_policy, const char *> map[] = {
+        {KVP_POLICY_WINDOW, "window=100"},     {KVP_POLICY_STREAMING, "window=96"}, {KVP_POLICY_H2O, "budget=100"},
+        {KVP_POLICY_SNAPKV, "budget=100"},     {KVP_POLICY_PYRAMIDKV, "budget=100"}, {KVP_POLICY_ASL, "budget=100"},
+        {KVP_POLICY_LETHE, "capacity=100"},    {KVP_POLICY_SIMLAYERKV, "window=96 budget=100"},
+        {KVP_POLICY_THINK, "key_channel_ratio=0.6 value_channel_ratio=0.6"}};
+    for (const auto &p : map) {
+        c.policy = p.first;
+        EXPECT_EQ(compression_keys(c, 0.6, 250, &err), p.second) << p.first << ": " << err;
+    }
+    c.policy = KVP_POLICY_FULL;
+    EXPECT_EQ(compression_keys(c, 0.6, 250, &err), "");
+}
+
+TEST(HarnessNll, EvalCarriesOnAfterAFailingSpec) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::vector<int32_t> toks = eval_text_tokens();
+    std::vector<EvalResult> rs;
+    std::string err;
+    EXPECT_FALSE(run_eval(ck, toks, 64, 16,
+                          {"policy=window window=8", "policy=window sinks=1", "policy=full capacity=32",
+                           "policy=window window=16"},
+                          &rs, &err));
+    ASSERT_EQ(rs.size(), 2u);
+    EXPECT_EQ(rs[0].policy, "policy=window window=8");
+    EXPECT_EQ(rs[1].policy, "policy=window window=16");
+    EXPECT_GT(rs[1].agreement, 0.0);
+    EXPECT_NE(err.find("policy 'policy=window sinks=1'"), std::string::npos) << err;
+    EXPECT_NE(err.find("policy 'policy=full capacity=32'"), std::string::npos) << err;
+    EXPECT_NE(err.find("KVP_ERR_FULL"), std::string::npos) << err;
+    EXPECT_EQ(err.find("KVP_ERR_FULL: no room in the layer: KVP_ERR_FULL"), std::string::npos) << err;  // not doubled
+    // rows carry what reproduces them
+    EXPECT_EQ(rs[0].prefill, 16);
+    EXPECT_EQ(rs[0].capacity, 9u);
+    EXPECT_EQ(rs[0].threads, 1u);
+    EXPECT_EQ(rs[0].version, library_version());
+    EXPECT_DOUBLE_EQ(rs[0].kv_ratio, 8.0 / 64.0);
+}
+
+TEST(HarnessOutput, ResultsReaderChecksRangesBeforeCasting) {
+    std::vector<EvalResult> back;
+    std::string err;
+    const char *bad[] = {
+        "[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 1e300}]",  "[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": -1}]",
+        "[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 1.5}]",    "[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 2, \"tokens\": 3e9}]",
+        "[{\"policy\": \"x\", \"nll\": 1e999, \"live_bytes\": 2}]",  "[{\"policy\": \"x\", \"nll\": null, \"live_bytes\": 2}]",
+        "[{\"policy\": \"x\", \"nll\": nan, \"live_bytes\": 2}]",     "[{\"policy\": \"x\", \"nll\": 0x10, \"live_bytes\": 2}]",
+        "[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 2, \"prefill\": -1}]",
+        "[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 2, \"model\": 3}]"};
+    for (const char *j : bad) {
+        EXPECT_FALSE(parse_results_json(j, &back, &err)) << j;
+        EXPECT_FALSE(err.empty());
+    }
+    ASSERT_TRUE(parse_results_json("[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 9007199254740992, \"agreement\": null}]",
+                                   &back, &err))
+        << err;
+    EXPECT_EQ(back[0].live_bytes, 9007199254740992ull);
+}
+
+TEST(HarnessOutput, PlotScript) {
+    EvalResult a, b;
+    a.policy = "policy=window window=64";
+    b.policy = "policy=streaming sinks=4 window=60";
+    a.model = b.model = "models/enbytes-1m.bin";
+    a.tokens = b.tokens = 256;
+    a.prefill = b.prefill = 64;
+    a.nll = b.nll = 1.05;
+    a.live_bytes = b.live_bytes = 196608;  // the two series coincide
+    const std::string s = gnuplot_script({a, b}, "/tmp/x.png");
+    EXPECT_NE(s.find("model enbytes-1m.bin, N=256, P=64"), std::string::npos) << s;
+    EXPECT_NE(s.find("dt 1 pt 7 ps 2.20"), std::string::npos) << s;  // first: filled, large, solid
+    EXPECT_NE(s.find("dt 2 pt 6 ps 1.85"), std::string::npos) << s;  // second: open, smaller, dashed
+    EXPECT_NE(s.find("'live KV bytes"), std::string::npos);
+    // a huge value is written in full, never truncated by a fixed buffer
+    EvalResult c = a;
+    c.nll = 1e300;
+    c.live_bytes = 9007199254740992ull;
+    const std::string big = gnuplot_script({c}, "");
+    EXPECT_NE(big.find("9007199254740992 1e+300"), std::string::npos) << big;
+    EXPECT_EQ(big.find("set output"), std::string::npos);  // "" = gnuplot's stdout
+    // long-context files: one point per (family, N) -> N on the x axis
+    std::vector<EvalResult> lc;
+    for (int n : {256, 1024, 2048}) {
+        EvalResult r = a;
+        r.tokens = n;
+        r.prefill = n / 4;
+        lc.push_back(r);
+        r.policy = "policy=full capacity=" + std::to_string(n);
+        lc.push_back(r);
+    }
+    PlotOptions o;
+    EXPECT_EQ(plot_x_axis(lc, o), "n");
+    EXPECT_NE(gnuplot_script(lc, "x.png").find("set xlabel 'N: tokens fed"), std::string::npos);
+    EXPECT_EQ(plot_x_axis({a, b}, o), "bytes");
+    o.x = "bytes";
+    EXPECT_EQ(plot_x_axis(lc, o), "bytes");
+    EXPECT_EQ(plot_format("p.svg", ""), "svg");
+    EXPECT_EQ(plot_format("p.png", ""), "png");
+    EXPECT_EQ(plot_format("p.png", "svg"), "svg");
+    // refusals before gnuplot runs
+    std::string err;
+    EXPECT_FALSE(check_plot_output("-", "png", true, &err));
+    EXPECT_NE(err.find("terminal"), std::string::npos);
+    EXPECT_TRUE(check_plot_output("-", "png", false, &err));
+    EXPECT_TRUE(check_plot_output("-", "svg", true, &err));
+    EXPECT_FALSE(check_plot_output("/no/such/dir/p.png", "png", false, &err));
+    EXPECT_FALSE(check_plot_output(::testing::TempDir(), "png", false, &err));
+    EXPECT_FALSE(plot_results({}, "/tmp/never.png", PlotOptions(), &err));
+    EXPECT_NE(err.find("no results"), std::string::npos);
+}
 }  // namespace

@@ -10,13 +10,19 @@ numpy is installed) or plain sequences of floats::
         out = c.decode(0, q, k, v)          # q: 4*64 floats, k and v: 2*64 floats
         print(c.stats())
 
-The library is static (libkvprune.a); Python loads a shared object made from it. Where it is
-looked for, first match wins:
+The library is static (libkvprune.a); Python loads a shared object made from it.
+``pip install ./ports/python`` (offline: the build backend is in the package) links one from the
+installed library (``pkg-config kvprune``) into the package. Where it is looked for, first match wins:
   1. ``KVPRUNE_LIB``: path of a shared library with the kvp_* symbols;
-  2. ``libkvprune.so`` beside this package or in ``KVPRUNE_LIB_DIR``;
+  2. ``libkvprune.so`` in ``KVPRUNE_LIB_DIR`` or beside this package;
   3. ``ctypes.util.find_library("kvprune")``.
 ``build_shared_library(dest)`` makes that shared object from the installed static library
 (``pkg-config --static --libs kvprune`` and the C++ compiler ``$CXX`` or ``c++``).
+
+Errors are ``KvpError`` with ``status`` (the pinned int), ``name`` and ``message``; every message
+has the library's one format, "<status>: <detail>". Integer arguments must fit the C types:
+layer and KV head in 0..2**32-1 (else ERR_LAYER), positions in int32 (else ERR_ARG) - never
+silently truncated.
 """
 from __future__ import annotations
 
@@ -36,9 +42,10 @@ __all__ = [
 ]
 
 # ---- pinned C enums -------------------------------------------------------------------
-OK, ERR_ARG, ERR_CONFIG, ERR_ARENA, ERR_LAYER, ERR_FULL, ERR_NONFINITE, ERR_STATE, ERR_UNSUPPORTED = range(9)
+(OK, ERR_ARG, ERR_CONFIG, ERR_ARENA, ERR_LAYER, ERR_FULL, ERR_NONFINITE, ERR_STATE, ERR_UNSUPPORTED,
+ ERR_BUFFER) = range(10)
 STATUS_NAMES = {0: "OK", 1: "ERR_ARG", 2: "ERR_CONFIG", 3: "ERR_ARENA", 4: "ERR_LAYER", 5: "ERR_FULL",
-                6: "ERR_NONFINITE", 7: "ERR_STATE", 8: "ERR_UNSUPPORTED"}
+                6: "ERR_NONFINITE", 7: "ERR_STATE", 8: "ERR_UNSUPPORTED", 9: "ERR_BUFFER"}
 ROPE_NONE, ROPE_NEOX, ROPE_GPTJ = 0, 1, 2
 (POLICY_FULL, POLICY_WINDOW, POLICY_STREAMING, POLICY_H2O, POLICY_SNAPKV, POLICY_PYRAMIDKV,
  POLICY_LETHE, POLICY_SIMLAYERKV, POLICY_ASL, POLICY_THINK) = range(10)
@@ -69,6 +76,7 @@ class _Config(ctypes.Structure):
         ("asl_min_layer", _u32), ("asl_obs_layers", _u32), ("asl_tau", _f32),
         ("key_channel_ratio", _f32), ("value_channel_ratio", _f32), ("channel_score", _u32),
         ("block", _u32), ("total_capacity", _u32),
+        ("evict_threshold", _u32), ("prefill_stage", _u32),
         ("token_policy", _enum), ("quant_group", _u32),
     ]
 
@@ -97,10 +105,13 @@ def _declare(lib):
         "kvp_version": (_u32, []),
         "kvp_status_str": (ctypes.c_char_p, [_u32]),
         "kvp_config_default": (_u32, [ctypes.POINTER(_Config), ctypes.POINTER(_Model)]),
+        "kvp_config_init": (_u32, [ctypes.POINTER(_Config), _u32, ctypes.POINTER(_Model)]),
         "kvp_config_apply": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_config_check": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_arena_size": (ctypes.c_size_t, [ctypes.POINTER(_Config)]),
         "kvp_create": (_u32, [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_CP)]),
+        "kvp_create_ex": (_u32, [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_CP),
+                                 ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_destroy": (None, [_CP]),
         "kvp_reset": (_u32, [_CP]),
         "kvp_prefill": (_u32, [_CP, _u32, _u32, _IP, _FP, _FP, _FP, _FP, ctypes.POINTER(_Selection)]),
@@ -191,21 +202,40 @@ def status_str(status):
 
 
 class KvpError(Exception):
-    """A failed call: ``status`` (int, the pinned kvp_status) and ``message``."""
+    """A failed call: ``status`` (int, the pinned kvp_status) and ``message`` ("<status>: <detail>",
+    the library's one format; str(error) is the message, the status text is not repeated)."""
 
     def __init__(self, status, message=""):
         self.status = status
         self.message = message
-        text = status_str(status)
-        super().__init__("%s (%s)" % (message, text) if message else text)
+        super().__init__(message if message else status_str(status))
 
     @property
     def name(self):
         return STATUS_NAMES.get(self.status, "UNKNOWN")
 
 
+def _error(status, detail):
+    """An error of this binding in the library's format."""
+    return KvpError(status, "%s: %s" % (status_str(status), detail))
+
+
 def _arg_error(msg):
-    return KvpError(ERR_ARG, msg)
+    return _error(ERR_ARG, msg)
+
+
+_U32_MAX = 2 ** 32 - 1
+
+
+def _index(value, what):
+    """A layer or KV head index as uint32_t: values that would wrap are ERR_LAYER, not truncated."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise _arg_error("%s must be an integer, got %r" % (what, value))
+    if v != value or not 0 <= v <= _U32_MAX:
+        raise _error(ERR_LAYER, "%s %r is out of range (0..%d)" % (what, value, _U32_MAX))
+    return v
 
 
 _ERR_LEN = 512
@@ -239,9 +269,9 @@ class Config:
         lib = load_library()
         self._raw = _Config()
         m = model._raw()
-        st = lib.kvp_config_default(ctypes.byref(self._raw), ctypes.byref(m))
+        st = lib.kvp_config_init(ctypes.byref(self._raw), ctypes.sizeof(_Config), ctypes.byref(m))
         if st != OK:
-            raise KvpError(st, "invalid model geometry %r" % (model,))
+            raise _error(st, "invalid model geometry %r" % (model,))
         self.model = model
         if spec:
             self.apply(spec)
@@ -331,10 +361,13 @@ def _fp(arr):
 def _positions(p, n):
     if p is None:
         return None
-    arr = (ctypes.c_int32 * len(p))(*[int(i) for i in p])
     if len(p) != n:
         raise _arg_error("positions has %d entries, expected %d" % (len(p), n))
-    return arr
+    vals = [int(i) for i in p]
+    for i, v in enumerate(vals):
+        if not -2 ** 31 <= v < 2 ** 31:  # ctypes would wrap 2**32+5 to 5
+            raise _arg_error("positions[%d]=%d does not fit in int32" % (i, v))
+    return (ctypes.c_int32 * len(vals))(*vals)
 
 
 class Cache:
@@ -349,22 +382,16 @@ class Cache:
         n = cfg.arena_size
         if n == 0:
             cfg.check()
-            raise KvpError(ERR_CONFIG, "invalid configuration")
+            raise _error(ERR_CONFIG, "invalid configuration")
         # Arena from Python memory, 64-byte aligned inside an over-sized buffer; this object keeps it alive.
         self._buf = ctypes.create_string_buffer(n + 64)
         addr = ctypes.addressof(self._buf)
         self._arena = addr + (-addr % 64)
         self.arena_len = n
         h = _CP()
-        st = lib.kvp_create(ctypes.byref(cfg._raw), ctypes.c_void_p(self._arena), n, ctypes.byref(h))
-        if st != OK:
-            msg = lib.kvp_last_error(None).decode("utf-8", "replace")
-            if st in (ERR_CONFIG, ERR_UNSUPPORTED):
-                try:
-                    cfg.check()
-                except KvpError as e:
-                    msg = e.message
-            raise KvpError(st, msg)
+        err = ctypes.create_string_buffer(_ERR_LEN)
+        st = lib.kvp_create_ex(ctypes.byref(cfg._raw), ctypes.c_void_p(self._arena), n, ctypes.byref(h), err, _ERR_LEN)
+        _check_buf(st, err)
         self._lib = lib
         self._handle = h
         self._qw = self.model.n_q_heads * self.model.head_dim
@@ -394,7 +421,7 @@ class Cache:
 
     def _h(self):
         if self._handle is None:
-            raise KvpError(ERR_STATE, "cache is closed")
+            raise _error(ERR_STATE, "cache is closed")
         return self._handle
 
     def _check(self, st):
@@ -402,8 +429,9 @@ class Cache:
             raise KvpError(st, self._lib.kvp_last_error(self._handle).decode("utf-8", "replace"))
 
     def _new_out(self, n, like):
-        if _is_numpy(like):
-            return _np.zeros(n, dtype=_np.float32)
+        if _is_numpy(like):  # same shape as the query: (n_q*hd,), (n_q, hd), (tokens, n_q, hd), ...
+            shape = like.shape if like.size == n else (n,)
+            return _np.zeros(shape, dtype=_np.float32)
         return array.array("f", bytes(4 * n))
 
     def _tokens(self, kn, vn, qn=None):
@@ -419,7 +447,9 @@ class Cache:
 
     # -- calls --
     def decode(self, layer, q, k, v, out=None):
-        """Decodes one token of ``layer``; returns ``out`` (new array('f'), or numpy for numpy q)."""
+        """Decodes one token of ``layer``; returns ``out`` (new array('f'), or for a numpy q a numpy
+        array of q's shape)."""
+        layer = _index(layer, "layer")
         qa, qk, qn = _as_floats(q, "q")
         ka, kk, kn = _as_floats(k, "k")
         va, vk, vn = _as_floats(v, "v")
@@ -439,7 +469,10 @@ class Cache:
         """Prefills a chunk (token count from k). ``out``: True (default) returns a new output
         array, None/False skips attention output, or a writable float32 buffer to fill.
         ``selection`` > 0 asks for the ASL selection (up to that many indices): then returns
-        (out, Selection(selected, indices))."""
+        (out, Selection(selected, indices)). A numpy q gives a numpy output of q's shape."""
+        layer = _index(layer, "layer")
+        if selection and not 0 < int(selection) <= _U32_MAX:
+            raise _arg_error("selection %r is out of range (1..%d)" % (selection, _U32_MAX))
         qa, qk, qn = _as_floats(q, "q")
         ka, kk, kn = _as_floats(k, "k")
         va, vk, vn = _as_floats(v, "v")
@@ -466,6 +499,7 @@ class Cache:
 
     def append(self, layer, k, v, positions=None):
         """Stores tokens without attention (position-based pruning still applies)."""
+        layer = _index(layer, "layer")
         ka, kk, kn = _as_floats(k, "k")
         va, vk, vn = _as_floats(v, "v")
         n = self._tokens(kn, vn)
@@ -475,16 +509,19 @@ class Cache:
                                              _fp(ka), _fp(va)))
 
     def layer_len(self, layer):
+        layer = _index(layer, "layer")
         with self._lock:
             return self._lib.kvp_layer_len(self._h(), layer)
 
     def layer_positions(self, layer, kv_head):
         """Original positions kept by (layer, kv_head), ascending, as a list."""
+        layer = _index(layer, "layer")
+        kv_head = _index(kv_head, "kv_head")
         with self._lock:
             h = self._h()
             n = _u32(0)
             st = self._lib.kvp_layer_positions(h, layer, kv_head, None, 0, ctypes.byref(n))
-            if st not in (OK, ERR_FULL):
+            if st not in (OK, ERR_BUFFER):
                 self._check(st)
             buf = (ctypes.c_int32 * max(n.value, 1))()
             self._check(self._lib.kvp_layer_positions(h, layer, kv_head, ctypes.cast(buf, _IP), n.value,

@@ -1,7 +1,8 @@
 """unittest suite of the ctypes binding (python3 -m unittest discover -s tests -v).
 
-Needs the shared library: KVPRUNE_LIB=<path>, or run .ci/ports.sh which builds it from the
-installed static library with kvprune.build_shared_library().
+Uses the installed package when there is one (pip install ./ports/python bundles the shared
+library), else the source tree's package with KVPRUNE_LIB=<path> (.ci/ports.sh builds it from the
+installed static library with kvprune.build_shared_library()).
 """
 import array
 import math
@@ -10,8 +11,11 @@ import sys
 import threading
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import kvprune  # noqa: E402
+try:  # the installed package (pip install ./ports/python), else the source tree's
+    import kvprune  # noqa: E402
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import kvprune  # noqa: E402
 from kvprune import KvpError  # noqa: E402
 
 try:
@@ -243,6 +247,60 @@ class CacheTest(unittest.TestCase):
         for t in ts:
             t.join()
         self.assertEqual(errors, [])
+
+class IssueElevenTwelveTest(unittest.TestCase):
+    def test_integers_beyond_32_bits_are_rejected(self):
+        m = kvprune.Model(2, 4, 2, 16, rope=kvprune.ROPE_NEOX)
+        with kvprune.Cache(m, "policy=window window=8") as c:
+            q, kv = [0.1] * 64, [0.2] * 32
+            for layer in (2 ** 32, 2 ** 32 + 1, -1, 2 ** 64):
+                for call in (lambda: c.decode(layer, q, kv, kv), lambda: c.append(layer, kv, kv),
+                             lambda: c.prefill(layer, q, kv, kv), lambda: c.layer_len(layer),
+                             lambda: c.layer_positions(0, layer)):
+                    with self.assertRaises(kvprune.KvpError) as cm:
+                        call()
+                    self.assertEqual(cm.exception.status, kvprune.ERR_LAYER, layer)
+            self.assertEqual(c.layer_len(0), 0)
+            with self.assertRaises(kvprune.KvpError) as cm:
+                c.append(0, kv, kv, positions=[2 ** 32 + 5])  # would wrap to 5
+            self.assertEqual(cm.exception.status, kvprune.ERR_ARG)
+            self.assertIn("int32", cm.exception.message)
+            with self.assertRaises(kvprune.KvpError) as cm:
+                c.append(0, kv, kv, positions=[-2 ** 31 - 1])
+            self.assertEqual(cm.exception.status, kvprune.ERR_ARG)
+            self.assertEqual(c.layer_len(0), 0)
+            c.append(0, kv, kv, positions=[5])
+            self.assertEqual(c.layer_positions(0, 0), [5])
+
+    def test_error_text_not_doubled(self):
+        m = kvprune.Model(2, 4, 2, 16, rope=kvprune.ROPE_NEOX)
+        with kvprune.Cache(m, "policy=window window=8") as c:
+            with self.assertRaises(kvprune.KvpError) as cm:
+                c.decode(1, [0.1] * 63, [0.2] * 32, [0.2] * 32)
+            self.assertTrue(str(cm.exception).startswith("KVP_ERR_ARG: "), str(cm.exception))
+            self.assertEqual(str(cm.exception).count("KVP_ERR"), 1)
+        with self.assertRaises(kvprune.KvpError) as cm:
+            kvprune.Config(m, "bogus=1")
+        self.assertEqual(str(cm.exception).count("KVP_ERR"), 1, str(cm.exception))
+        cfg = kvprune.Config(m, "policy=window window=8")
+        cfg.set("capacity", 3)
+        with self.assertRaises(kvprune.KvpError) as cm:
+            kvprune.Cache(m, config=cfg)
+        self.assertEqual(cm.exception.status, kvprune.ERR_CONFIG)
+        self.assertIn("capacity", cm.exception.message)
+        self.assertNotIn("NULL cache", cm.exception.message)
+
+    @unittest.skipIf(np is None, "numpy not installed")
+    def test_numpy_keeps_the_query_shape(self):
+        m = kvprune.Model(2, 4, 2, 16, rope=kvprune.ROPE_NEOX)
+        with kvprune.Cache(m, "policy=full capacity=16") as c:
+            q = np.full((4, 16), 0.1, dtype=np.float32)
+            kv = np.full((2, 16), 0.2, dtype=np.float32)
+            self.assertEqual(c.decode(0, q, kv, kv).shape, (4, 16))
+            q3 = np.full((3, 4, 16), 0.1, dtype=np.float32)
+            kv3 = np.full((3, 2, 16), 0.2, dtype=np.float32)
+            self.assertEqual(c.prefill(1, q3, kv3, kv3).shape, (3, 4, 16))
+            self.assertEqual(c.decode(0, q.reshape(-1), kv.reshape(-1), kv.reshape(-1)).shape, (64,))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-//! Raw declarations of include/kvprune/kvprune.h (version 0.1). Field order, types and enum
+//! Raw declarations of include/kvprune/kvprune.h (version 0.1, with 0.2's additions). Field order, types and enum
 //! values match the header exactly; C enums are `int`-sized on every supported ABI and are
 //! declared here as `u32` type aliases with their pinned values as constants.
 #![allow(non_camel_case_types)]
@@ -15,6 +15,7 @@ pub const KVP_ERR_FULL: kvp_status = 5;
 pub const KVP_ERR_NONFINITE: kvp_status = 6;
 pub const KVP_ERR_STATE: kvp_status = 7;
 pub const KVP_ERR_UNSUPPORTED: kvp_status = 8;
+pub const KVP_ERR_BUFFER: kvp_status = 9;
 
 pub type kvp_rope_style = u32;
 pub const KVP_ROPE_NONE: kvp_rope_style = 0;
@@ -110,7 +111,10 @@ pub struct kvp_config {
     // shared block pool
     pub block: u32,
     pub total_capacity: u32,
-    // ThinK token policy, quantization group
+    // appended in 0.3: lethe, prompt staging
+    pub evict_threshold: u32,
+    pub prefill_stage: u32,
+    // appended for issue 10: ThinK's token policy, quantization group
     pub token_policy: kvp_policy,
     pub quant_group: u32,
 }
@@ -147,12 +151,21 @@ extern "C" {
     pub fn kvp_version() -> u32;
     pub fn kvp_status_str(s: kvp_status) -> *const c_char;
     pub fn kvp_config_default(cfg: *mut kvp_config, model: *const kvp_model) -> kvp_status;
+    pub fn kvp_config_init(cfg: *mut kvp_config, struct_size: u32, model: *const kvp_model) -> kvp_status;
     pub fn kvp_config_apply(cfg: *mut kvp_config, spec: *const c_char, err: *mut c_char, err_len: usize)
         -> kvp_status;
     pub fn kvp_config_check(cfg: *const kvp_config, err: *mut c_char, err_len: usize) -> kvp_status;
     pub fn kvp_arena_size(cfg: *const kvp_config) -> usize;
     pub fn kvp_create(cfg: *const kvp_config, arena: *mut u8, arena_len: usize, out: *mut *mut kvp_cache)
         -> kvp_status;
+    pub fn kvp_create_ex(
+        cfg: *const kvp_config,
+        arena: *mut u8,
+        arena_len: usize,
+        out: *mut *mut kvp_cache,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
     pub fn kvp_destroy(c: *mut kvp_cache);
     pub fn kvp_reset(c: *mut kvp_cache) -> kvp_status;
     pub fn kvp_prefill(

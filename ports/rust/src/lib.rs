@@ -44,6 +44,8 @@ pub enum Status {
     NonFinite,
     State,
     Unsupported,
+    /// An output buffer too small (the call reports the size it needs).
+    Buffer,
     /// A status this binding does not know (a newer library).
     Unknown(u32),
 }
@@ -60,6 +62,7 @@ impl Status {
             ffi::KVP_ERR_NONFINITE => Status::NonFinite,
             ffi::KVP_ERR_STATE => Status::State,
             ffi::KVP_ERR_UNSUPPORTED => Status::Unsupported,
+            ffi::KVP_ERR_BUFFER => Status::Buffer,
             other => Status::Unknown(other),
         })
     }
@@ -75,6 +78,7 @@ impl Status {
             Status::NonFinite => ffi::KVP_ERR_NONFINITE,
             Status::State => ffi::KVP_ERR_STATE,
             Status::Unsupported => ffi::KVP_ERR_UNSUPPORTED,
+            Status::Buffer => ffi::KVP_ERR_BUFFER,
             Status::Unknown(v) => v,
         }
     }
@@ -86,11 +90,20 @@ impl Status {
 }
 
 /// Error of a failed call: the status and the library's message (`kvp_last_error` or the
-/// `err` buffer of the config functions), or the binding's own message for bad slice sizes.
+/// `err` buffer of the config functions and `kvp_create_ex`), or the binding's own message for
+/// bad slice sizes. Every message has the library's one format, `"<status>: <detail>"` (e.g.
+/// `"KVP_ERR_LAYER: layer or head out of range: layer 7 ..."`), so `Display` prints it as it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
     pub status: Status,
     pub message: String,
+}
+
+impl Error {
+    /// An error of this binding in the library's format: `"<status>: <detail>"`.
+    pub fn new(status: Status, detail: &str) -> Error {
+        Error { status, message: format!("{}: {}", status.describe(), detail) }
+    }
 }
 
 impl fmt::Display for Error {
@@ -98,7 +111,7 @@ impl fmt::Display for Error {
         if self.message.is_empty() {
             write!(f, "{}", self.status.describe())
         } else {
-            write!(f, "{} ({})", self.message, self.status.describe())
+            write!(f, "{}", self.message)
         }
     }
 }
@@ -116,7 +129,7 @@ unsafe fn cstr(p: *const c_char) -> String {
 }
 
 fn arg_error(message: String) -> Error {
-    Error { status: Status::Arg, message }
+    Error::new(Status::Arg, &message)
 }
 
 const ERR_LEN: usize = 512;
@@ -208,14 +221,16 @@ pub struct Config {
 }
 
 impl Config {
-    /// `kvp_config_default`: the defaults for `model` (policy full).
+    /// `kvp_config_init` with this binding's `sizeof(kvp_config)`: the defaults for `model`
+    /// (policy full). A newer library accepts the (smaller) struct of this binding's version.
     pub fn new(model: &Model) -> Result<Config> {
         let m = model.to_raw();
         let mut raw = ffi::kvp_config::default();
-        let s = unsafe { ffi::kvp_config_default(&mut raw, &m) };
+        let size = std::mem::size_of::<ffi::kvp_config>() as u32;
+        let s = unsafe { ffi::kvp_config_init(&mut raw, size, &m) };
         match Status::from_raw(s) {
             None => Ok(Config { raw }),
-            Some(status) => Err(Error { status, message: format!("invalid model geometry {:?}", model) }),
+            Some(status) => Err(Error::new(status, &format!("invalid model geometry {:?}", model))),
         }
     }
 
@@ -288,13 +303,15 @@ struct Arena {
 }
 
 impl Arena {
+    /// A failed allocation of a valid but huge arena is `Status::Arena`, not an abort
+    /// (`handle_alloc_error` would end the process).
     fn new(len: usize) -> Result<Arena> {
-        let layout = Layout::from_size_align(len.max(64), 64)
-            .map_err(|_| Error { status: Status::Arena, message: format!("arena of {} bytes", len) })?;
-        let p = unsafe { alloc::alloc_zeroed(layout) };
+        let too_big = || Error::new(Status::Arena, &format!("cannot allocate an arena of {} bytes", len));
+        let layout = Layout::from_size_align(len.max(64), 64).map_err(|_| too_big())?;
+        let p = unsafe { alloc::alloc(layout) };
         match NonNull::new(p) {
             Some(ptr) => Ok(Arena { ptr, layout }),
-            None => alloc::handle_alloc_error(layout),
+            None => Err(too_big()),
         }
     }
 }
@@ -324,21 +341,16 @@ impl Cache {
         let n = cfg.arena_size();
         if n == 0 {
             cfg.check()?;
-            return Err(Error { status: Status::Config, message: "invalid configuration".to_string() });
+            return Err(Error::new(Status::Config, "invalid configuration"));
         }
         let arena = Arena::new(n)?;
         let mut h: *mut ffi::kvp_cache = ptr::null_mut();
-        let s = unsafe { ffi::kvp_create(&cfg.raw, arena.ptr.as_ptr(), n, &mut h) };
-        if let Some(status) = Status::from_raw(s) {
-            let mut message = unsafe { cstr(ffi::kvp_last_error(ptr::null())) };
-            if status == Status::Config || status == Status::Unsupported {
-                if let Err(e) = cfg.check() {
-                    message = e.message;
-                }
-            }
-            return Err(Error { status, message });
-        }
-        let handle = NonNull::new(h).ok_or_else(|| Error { status: Status::State, message: "kvp_create returned NULL".into() })?;
+        let mut buf = [0u8; ERR_LEN];
+        let s = unsafe {
+            ffi::kvp_create_ex(&cfg.raw, arena.ptr.as_ptr(), n, &mut h, buf.as_mut_ptr() as *mut c_char, ERR_LEN)
+        };
+        check_with_buf(s, &buf)?;
+        let handle = NonNull::new(h).ok_or_else(|| Error::new(Status::State, "kvp_create returned NULL"))?;
         Ok(Cache { handle, arena, arena_len: n, model: cfg.model() })
     }
 
@@ -487,7 +499,7 @@ impl Cache {
     }
 
     /// Original positions kept by (layer, kv_head) into `out`; returns how many. A too small
-    /// `out` is a [`Status::Full`] error.
+    /// `out` is a [`Status::Buffer`] error.
     pub fn layer_positions_into(&self, layer: u32, kv_head: u32, out: &mut [i32]) -> Result<usize> {
         let mut n = 0u32;
         let cap = u32::try_from(out.len()).unwrap_or(u32::MAX);
@@ -500,7 +512,7 @@ impl Cache {
     pub fn layer_positions(&self, layer: u32, kv_head: u32) -> Result<Vec<i32>> {
         let mut n = 0u32;
         let s = unsafe { ffi::kvp_layer_positions(self.handle.as_ptr(), layer, kv_head, ptr::null_mut(), 0, &mut n) };
-        if s != ffi::KVP_OK && s != ffi::KVP_ERR_FULL {
+        if s != ffi::KVP_OK && s != ffi::KVP_ERR_BUFFER {
             self.check(s)?;
         }
         let mut v = vec![0i32; n as usize];

@@ -165,7 +165,7 @@ fn streaming_decode_prunes_and_counts() {
     assert_eq!(s.arena_bytes as usize, c.arena_len());
     // Too small an output slice is the library's KVP_ERR_FULL.
     let mut small = [0i32; 2];
-    assert_eq!(c.layer_positions_into(0, 0, &mut small).unwrap_err().status, Status::Full);
+    assert_eq!(c.layer_positions_into(0, 0, &mut small).unwrap_err().status, Status::Buffer);
 
     c.reset().unwrap();
     assert_eq!(c.layer_len(0), 0);
@@ -275,4 +275,41 @@ fn cache_moves_to_another_thread() {
     let pos = h.join().unwrap();
     assert_eq!(*pos.last().unwrap(), 19);
     assert!(pos.len() >= 8);
+}
+
+// Issue 11: a valid configuration whose arena cannot be allocated is an error, not an abort.
+#[test]
+fn huge_arena_is_an_arena_error() {
+    // 64 layers x 64 KV heads x 2^28 slots x 1024 floats x (K+V): about 2^53 bytes, beyond any
+    // address space, yet a valid configuration with an exact arena size.
+    let m = Model::new(64, 64, 64, 1024);
+    let cfg = Config::from_spec(&m, "capacity=268435456").unwrap();
+    let n = cfg.arena_size();
+    assert!(n > (1usize << 48), "arena {}", n);
+    let e = Cache::new(&cfg).unwrap_err();
+    assert_eq!(e.status, Status::Arena);
+    assert!(e.message.contains("cannot allocate"), "{}", e.message);
+}
+
+// One message format, never doubled; kvp_create_ex explains create failures.
+#[test]
+fn error_text_is_not_doubled() {
+    let m = model();
+    let mut c = Cache::from_spec(&m, "policy=window window=8").unwrap();
+    let (q, k, v) = (vec![0.1f32; 4 * 16], vec![0.2f32; 2 * 16], vec![0.3f32; 2 * 16]);
+    let mut out = vec![0f32; 4 * 16];
+    let e = c.decode(9, &q, &k, &v, &mut out).unwrap_err();
+    let shown = format!("{}", e);
+    assert!(shown.starts_with("KVP_ERR_LAYER: "), "{}", shown);
+    assert_eq!(shown.matches("KVP_ERR").count(), 1, "{}", shown);
+    let e = Config::from_spec(&m, "bogus=1").unwrap_err();
+    assert_eq!(format!("{}", e).matches("KVP_ERR").count(), 1, "{}", e);
+    let e = c.decode(0, &q[..3], &k, &v, &mut out).unwrap_err();
+    assert!(format!("{}", e).starts_with("KVP_ERR_ARG: "), "{}", e);
+    let mut cfg = Config::from_spec(&m, "policy=window window=8").unwrap();
+    cfg.raw_mut().capacity = 3;
+    let e = Cache::new(&cfg).unwrap_err();
+    assert_eq!(e.status, Status::Config);
+    assert!(e.message.contains("capacity"), "{}", e.message);
+    assert!(!e.message.contains("NULL cache"), "{}", e.message);
 }
