@@ -31,6 +31,7 @@ struct LayerState {
 
 struct kvp_cache {
     uint32_t magic;
+    uint32_t busy;             // capi: 1 while a call runs on this cache (one call at a time)
     kvp_config cfg;
     kvp::ArenaPlan plan;
     const kvp::Policy *policy;
@@ -46,6 +47,7 @@ struct kvp_cache {
     char *scratch;             // [threads][plan.scratch_bytes]
     kvp::RopeMemo *memos;      // [threads]
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
+    kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     char last_error[256];
 };
