@@ -386,8 +386,10 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
         m.s("sel: struct_size must be sizeof(kvp_selection) and indices non-NULL when capacity > 0");
         return fail(c, KVP_ERR_ARG, m);
     }
-    // q is read whenever it is given (observation windows score from it even when out is NULL).
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, q, k, v, out, m);
+    // q is read when out is given, and also without out by a policy that scores from the last
+    // queries (its observation window): then it is checked as well.
+    const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && c->layers[layer].geom.lp.obs_queries > 0));
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, reads_q ? q : nullptr, k, v, out, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, q, k, v, out, kvp::StepMode::kPrefill);
     if (sel) { sel->n = 0; sel->selected = 0; }

@@ -348,7 +348,8 @@ kvp_status kvp_reset(kvp_cache *c);
  * the policy's prefill compression once. positions: NULL = next positions, else strictly
  * increasing and after the layer's last position. out may be NULL (attention skipped).
  * sel may be NULL; it is written only by the ASL policy (n = 0 otherwise).
- * q, when given, is read even with out == NULL (policies that score from the last queries).
+ * q is read (and checked) when out is given, and also with out == NULL under a policy that scores
+ * from the last queries of a chunk (h2o's obs_window): pass NULL for q when there are none.
  * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions, out overlapping an input),
  * KVP_ERR_LAYER, KVP_ERR_NONFINITE (q, k or v out of range: see "Input range"),
  * KVP_ERR_FULL (chunk does not fit in capacity: callers chunk long prompts), KVP_ERR_STATE.

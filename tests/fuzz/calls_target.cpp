@@ -88,12 +88,14 @@ void spec_lethe(Bytes &b, std::string &s) {
 struct PolicyRow {
     const char *name;
     SpecFn spec;
-    bool evicts;  // a decode never answers KVP_ERR_FULL (the policy makes room)
+    bool evicts;   // a decode never answers KVP_ERR_FULL (the policy makes room)
+    bool observes; // a prefill reads q even without out (scores from the chunk's last queries)
 };
 const PolicyRow kPolicies[] = {
-    {"full", spec_full, false},          {"window", spec_window, true},   {"streaming", spec_streaming, true},
-    {"h2o", spec_h2o, true},             {"snapkv", spec_snapkv, false},  {"pyramidkv", spec_pyramidkv, false},
-    {"lethe", spec_lethe, true},
+    {"full", spec_full, false, false},         {"window", spec_window, true, false},
+    {"streaming", spec_streaming, true, false}, {"h2o", spec_h2o, true, true},
+    {"snapkv", spec_snapkv, false, true},       {"pyramidkv", spec_pyramidkv, false, true},
+    {"lethe", spec_lethe, true, true},
 };
 constexpr uint32_t kNumRows = sizeof kPolicies / sizeof kPolicies[0];
 
@@ -315,7 +317,7 @@ struct Sequence {
             case kNone: break;
             case kBadLayer: la = L + b.pick(3); break;
             case kNanQ:
-                if (!qa) return;
+                if (!qa || (!out && !kPolicies[row].observes)) return;  // q not read: not checked
                 q[b.u16() % nq] = NAN;
                 break;
             case kInfK: k[b.u16() % nkv] = -INFINITY; break;

@@ -2,6 +2,7 @@
 // inputs, then every file of the committed corpus (tests/fuzz/corpus/<target>/, the seeds the CI
 // fuzz stage starts from and the inputs of defects it found). A violated invariant aborts with
 // its message, which fails the test.
+#define _FILE_OFFSET_BITS 64  // readdir on 32-bit targets: 64-bit inode numbers (else EOVERFLOW)
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <stdio.h>
@@ -143,7 +144,7 @@ TEST(FuzzHarness, ResultsCorpusAndMutations) {
             const size_t at = splitmix(s) % m.size();
             static const char *bits[] = {"1e309", "-0", "null", "\"", "\\u0000", "{", "]", "9007199254740993", "1e-400", ","};
             const std::string ins = bits[splitmix(s) % 10];
-            if (splitmix(s) % 2) m.erase(m.begin() + at, m.begin() + std::min(m.size(), at + 1 + splitmix(s) % 8));
+            if (splitmix(s) % 2) m.erase(m.begin() + at, m.begin() + std::min(m.size(), at + 1 + size_t(splitmix(s) % 8)));
             m.insert(m.begin() + std::min(at, m.size()), ins.begin(), ins.end());
             kvpfuzz::results_target(m.data(), m.size());
         }
