@@ -439,7 +439,7 @@ struct Sequence {
         if (stats) ++stats->sequences;
         const size_t bytes = kvp_arena_size(&cfg);
         KVPF_CHECK(bytes > 0, "kvp_arena_size is 0 for a config kvp_config_apply accepted");
-        if (bytes > (64u << 20)) return;
+        if (bytes > (8u << 20)) return;
         kvp_config tcfg = cfg;
         tcfg.threads = cfg.threads == 1 ? 2 : 1;  // the twin runs the other thread count
         if (b.pick(2)) cfg.threads = 2, tcfg.threads = 1;
