@@ -138,7 +138,7 @@ TEST(FuzzHarness, ResultsCorpusAndMutations) {
     uint64_t s = 9;
     for (const auto &b : inputs) {
         kvpfuzz::results_target(b.data(), b.size());
-        for (int i = 0; i < 200; ++i) {
+        for (int i = 0; i < 40; ++i) {
             std::vector<uint8_t> m = b;
             if (m.empty()) break;
             const size_t at = splitmix(s) % m.size();
