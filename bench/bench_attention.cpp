@@ -13,6 +13,10 @@
 //   bw_frac  = its bytes/s divided by the best BM_ReadBandwidth run (over repetitions) at the
 //              same byte size and thread count
 //   bw_GBps  = that bandwidth, GB/s (1e9 bytes; bytes_per_second prints in 2^30 units)
+// Sweep mode (--sweep, see "sweep mode" below) prints one table of decode over N = 256..65536
+// and prefill against the FMA peak, and writes it as CSV for bench/results/. Crossover mode
+// (--crossover, see "thread crossover mode") measures when a second thread pays for itself.
+//
 // The bandwidth runs are registered first; if a filter skips them, the attention benchmark
 // measures the bandwidth itself before its timed loop.
 //
@@ -22,17 +26,20 @@
 // the 2-thread runs wait for time slices (milliseconds per step); OMP_WAIT_POLICY=passive
 // gives stable figures there.
 #include "kernels/attn_f32.h"
+#include "isa.h"
 #include "kvprune/kvprune.h"
 
 #include <benchmark/benchmark.h>
 #include <simde/x86/avx.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <vector>
 
@@ -79,18 +86,18 @@ double now_s() {
 
 // ---- read bandwidth -------------------------------------------------------------------------
 
-// Sum of x[0..n), n a multiple of 32: four independent 8-lane accumulators.
+// Sum of x[0..n), n a multiple of 32: four independent 8-lane accumulators, compiled for the
+// ISA of the best attention kernel (isa.h: at the baseline ISA the loop is add-bound far below
+// the cache's bandwidth).
 float read_block(const float *x, size_t n) {
-    simde__m256 a0 = simde_mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 32) {
-        a0 = simde_mm256_add_ps(a0, simde_mm256_load_ps(x + i));
-        a1 = simde_mm256_add_ps(a1, simde_mm256_load_ps(x + i + 8));
-        a2 = simde_mm256_add_ps(a2, simde_mm256_load_ps(x + i + 16));
-        a3 = simde_mm256_add_ps(a3, simde_mm256_load_ps(x + i + 24));
-    }
-    float b[8];
-    simde_mm256_storeu_ps(b, simde_mm256_add_ps(simde_mm256_add_ps(a0, a1), simde_mm256_add_ps(a2, a3)));
-    return ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+    static const std::string isa = kvp::kern::attn_f32_best()->name;
+#ifdef KVP_BENCH_AVX512
+    if (isa == "avx512") return kvpbench::read_avx512(x, n);
+#endif
+#ifdef KVP_BENCH_AVX2
+    if (isa == "avx2") return kvpbench::read_avx2(x, n);
+#endif
+    return kvpbench::read_simde(x, n);
 }
 
 const size_t kReadChunk = 16384;  // floats (64 KiB) per OpenMP work item
@@ -104,6 +111,21 @@ float read_all(const float *x, size_t n, int threads) {
     for (long c = 0; c < chunks; ++c) total += read_block(x + (size_t)c * kReadChunk, kReadChunk);
     (void)threads;
     return total + read_block(x + (size_t)chunks * kReadChunk, n - (size_t)chunks * kReadChunk);
+}
+
+// Sum of x[0..n) split into `threads` equal contiguous parts, one per thread (n a multiple of
+// 32 * threads); threads == 1 runs without entering OpenMP, as the library does.
+float read_split(const float *x, size_t n, int threads) {
+    if (threads <= 1) return read_block(x, n);
+    float total = 0.0f;
+    const size_t part = n / (size_t)threads;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : total)
+    total += read_block(x + (size_t)omp_get_thread_num() * part, part);
+#else
+    for (int t = 0; t < threads; ++t) total += read_block(x + (size_t)t * part, part);
+#endif
+    return total;
 }
 
 int effective_threads(int threads) {
@@ -325,14 +347,616 @@ void BM_Decode(benchmark::State &state, uint32_t n, int threads) {
     state.counters["threads_used"] = effective_threads(threads);
 }
 
+
+// ---- sweep mode -----------------------------------------------------------------------------
+//
+// bench_attention --sweep [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2]
+//                         [--no-prefill] [--label L] [--csv PATH]
+//
+// One table (stdout) and the same rows as CSV (--csv, with the CPU model, date, kernel, load
+// average and OMP_WAIT_POLICY as '#' comment lines):
+//   decode  rows: kvp_decode of one token over N cached tokens (32 q / 8 kv heads, d 128, f32,
+//           policy=window window=N), N = nmin..nmax in powers of 2, threads 1 and 2. bytes = the
+//           K+V rows one step reads; frac = (bytes/s of decode) / (bytes/s of a plain SIMD read of
+//           a warm buffer of the same size with the same thread count). Each repetition measures
+//           the read and then the decode back to back (each for --time seconds after a warm-up),
+//           so a ratio compares figures taken within a fraction of a second of each other; the
+//           table gives medians over repetitions (frac: median of the per-repetition ratios, with
+//           their min and max).
+//   prefill rows: kvp_prefill of a causal chunk of 512 tokens over P = 0 and 4096 cached tokens
+//           (same geometry). GFLOPS counts 4*d flops per (query head, visible key) pair (qk and
+//           pv multiply-adds; exp, max and masked key blocks are not counted); peak = the FMA
+//           peak of the kernel's ISA measured in the same run with the same thread count
+//           (isa.h), frac_peak = GFLOPS / peak.
+//   Decode rows also give the roofline: decode does flops_per_byte = 2 * n_q_heads / (2 *
+//   n_kv_heads) = 2 fused multiply-add flops per byte of K+V, so it cannot run faster than
+//   roof = min(read GB/s, FMA peak / flops_per_byte); frac_roof = GB/s / roof. Where the read
+//   bandwidth exceeds the FMA bound (cache-resident N), frac = frac_roof * roof / read GB/s
+//   is capped below 1 by the core's FMA throughput, not by the kernel.
+//
+// Run on an otherwise idle machine with OMP_WAIT_POLICY=passive (see the note at the top).
+
+struct SweepOpts {
+    int reps = 5;
+    double time_s = 0.15;
+    uint32_t nmin = 256, nmax = 65536;
+    std::vector<int> threads{1, 2};
+    bool prefill = true;
+    std::string label = "run";
+    std::string csv;
+};
+
+struct SweepRow {
+    std::string kind;  // decode | prefill
+    uint32_t n;        // cached tokens (decode: attends over n + 1)
+    int threads;
+    double bytes;      // K+V bytes read per step
+    double ms;         // median ms per step
+    double gbps;       // bytes / median time, 1e9
+    double bw_gbps;    // median read bandwidth of the same size (decode)
+    double frac, frac_lo, frac_hi;
+    double gflops, peak_gflops, frac_peak;
+    double roof_gbps, frac_roof;  // decode: min(read, FMA peak / flops per byte), GB/s over it
+};
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+std::string cpu_model() {
+    std::FILE *f = std::fopen("/proc/cpuinfo", "r");
+    if (!f) return "unknown";
+    char line[512];
+    std::string model = "unknown", family, modelno;
+    while (std::fgets(line, sizeof line, f)) {
+        std::string s(line);
+        const size_t colon = s.find(':');
+        if (colon == std::string::npos) continue;
+        std::string key = s.substr(0, colon), val = s.substr(colon + 1);
+        while (!key.empty() && (key.back() == ' ' || key.back() == '\t')) key.pop_back();
+        while (!val.empty() && (val.front() == ' ')) val.erase(0, 1);
+        while (!val.empty() && (val.back() == '\n' || val.back() == ' ')) val.pop_back();
+        if (key == "model name" && model == "unknown") model = val;
+        if (key == "cpu family" && family.empty()) family = val;
+        if (key == "model" && modelno.empty()) modelno = val;
+        if (key == "processor" && val != "0") break;
+    }
+    std::fclose(f);
+    if (!family.empty()) model += " (family " + family + " model " + modelno + ")";
+    return model;
+}
+
+std::string load_average() {
+    std::FILE *f = std::fopen("/proc/loadavg", "r");
+    if (!f) return "unknown";
+    char buf[128] = "";
+    if (!std::fgets(buf, sizeof buf, f)) buf[0] = 0;
+    std::fclose(f);
+    std::string s(buf);
+    // first three fields
+    size_t pos = 0;
+    for (int i = 0; i < 3 && pos != std::string::npos; ++i) pos = s.find(' ', pos + 1);
+    return pos == std::string::npos ? s : s.substr(0, pos);
+}
+
+// Read bandwidth (bytes/s) of a warm buffer, measured for about `secs` after one warm-up pass.
+double read_bw_once(const AlignedBuf &buf, size_t n, int threads, double secs) {
+    benchmark::DoNotOptimize(read_all(buf.p, n, threads));
+    size_t reps = 0;
+    const double t0 = now_s();
+    double t1 = t0;
+    while (reps < 2 || t1 - t0 < secs) {
+        benchmark::DoNotOptimize(read_all(buf.p, n, threads));
+        ++reps;
+        t1 = now_s();
+    }
+    return (double)(reps * n * sizeof(float)) / (t1 - t0);
+}
+
+double fma_peak_gflops(int threads, double secs) {
+    const std::string isa = kvp::kern::attn_f32_best()->name;
+    float (*fn)(uint64_t) = &kvpbench::fma_peak_simde;
+#ifdef KVP_BENCH_AVX2
+    if (isa == "avx2") fn = &kvpbench::fma_peak_avx2;
+#endif
+#ifdef KVP_BENCH_AVX512
+    if (isa == "avx512") fn = &kvpbench::fma_peak_avx512;
+#endif
+    const uint64_t iters = 1u << 22;
+    double best = 0.0;
+    const double t_end = now_s() + secs;
+    do {
+        const double t0 = now_s();
+        float sink = 0.0f;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+#endif
+        sink += fn(iters);
+        const double t = now_s() - t0;
+        benchmark::DoNotOptimize(sink);
+        const double gf = (double)threads * (double)iters * (double)kvpbench::kFmaFlopsPerIter / t / 1e9;
+        if (gf > best) best = gf;
+    } while (now_s() < t_end);
+#ifndef _OPENMP
+    best /= threads;  // no OpenMP: one thread ran the loop once
+#endif
+    return best;
+}
+
+kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err) {
+    kvp_model model;
+    std::memset(&model, 0, sizeof model);
+    model.n_layers = 1;
+    model.n_q_heads = kQHeads;
+    model.n_kv_heads = kKvHeads;
+    model.head_dim = kHeadDim;
+    model.rope = KVP_ROPE_NEOX;
+    model.rope_theta = 10000.0f;
+    kvp_config cfg;
+    char e[256] = "";
+    if (kvp_config_default(&cfg, &model) != KVP_OK || kvp_config_apply(&cfg, spec.c_str(), e, sizeof e) != KVP_OK) {
+        *err = "config (" + spec + "): " + e;
+        return nullptr;
+    }
+    const size_t len = kvp_arena_size(&cfg);
+    *arena = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
+    kvp_cache *c = nullptr;
+    if (!*arena || kvp_create(&cfg, *arena, len, &c) != KVP_OK) {
+        *err = "kvp_create (" + spec + ") failed";
+        std::free(*arena);
+        *arena = nullptr;
+        return nullptr;
+    }
+    return c;
+}
+
+bool append_random(kvp_cache *c, uint32_t n, std::string *err) {
+    const uint32_t chunk = 1024;
+    const size_t row = (size_t)kKvHeads * kHeadDim;
+    std::vector<float> k((size_t)chunk * row), v((size_t)chunk * row);
+    for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
+        const uint32_t m = n - t0 < chunk ? n - t0 : chunk;
+        fill_random(k.data(), m * row, 100 + t0);
+        fill_random(v.data(), m * row, 200 + t0);
+        if (kvp_append(c, 0, m, nullptr, k.data(), v.data()) != KVP_OK) {
+            *err = std::string("kvp_append: ") + kvp_last_error(c);
+            return false;
+        }
+    }
+    return true;
+}
+
+bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, double peak, SweepRow *row, std::string *err) {
+    void *arena = nullptr;
+    kvp_cache *c = make_cache("policy=window window=" + std::to_string(n) + " threads=" + std::to_string(threads) +
+                                  " kv_dtype=f32",
+                              &arena, err);
+    if (!c) return false;
+    bool ok = append_random(c, n, err);
+    const size_t bytes = decode_bytes(n);
+    const size_t nf = (bytes / sizeof(float) + kReadChunk - 1) / kReadChunk * kReadChunk;
+    AlignedBuf buf(nf);
+    for (size_t i = 0; i < nf; ++i) buf.p[i] = 1.0f;
+    std::vector<float> q((size_t)kQHeads * kHeadDim), k((size_t)kKvHeads * kHeadDim),
+        v((size_t)kKvHeads * kHeadDim), out((size_t)kQHeads * kHeadDim);
+    fill_random(q.data(), q.size(), 7);
+    fill_random(k.data(), k.size(), 8);
+    fill_random(v.data(), v.size(), 9);
+    std::vector<double> ms, bw, frac;
+    for (int r = 0; ok && r < o.reps; ++r) {
+        const double bps = read_bw_once(buf, nf, threads, o.time_s);
+        for (int w = 0; w < 2 && ok; ++w) ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+        size_t steps = 0;
+        const double t0 = now_s();
+        double t1 = t0;
+        while (ok && (steps < 3 || t1 - t0 < o.time_s)) {
+            ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+            benchmark::DoNotOptimize(out[0]);
+            ++steps;
+            t1 = now_s();
+        }
+        const double step_s = (t1 - t0) / (double)steps;
+        ms.push_back(step_s * 1e3);
+        bw.push_back(bps);
+        frac.push_back((double)bytes / step_s / bps);
+    }
+    if (!ok && err->empty()) *err = std::string("kvp_decode: ") + kvp_last_error(c);
+    if (ok && kvp_layer_len(c, 0) != n) {
+        ok = false;
+        *err = "window did not keep the layer at N tokens";
+    }
+    kvp_destroy(c);
+    std::free(arena);
+    if (!ok) return false;
+    row->kind = "decode";
+    row->n = n;
+    row->threads = threads;
+    row->bytes = (double)bytes;
+    row->ms = median(ms);
+    row->gbps = (double)bytes / (row->ms * 1e-3) / 1e9;
+    row->bw_gbps = median(bw) / 1e9;
+    row->frac = median(frac);
+    row->frac_lo = *std::min_element(frac.begin(), frac.end());
+    row->frac_hi = *std::max_element(frac.begin(), frac.end());
+    row->gflops = 4.0 * kHeadDim * kQHeads * (double)(n + 1) / (row->ms * 1e-3) / 1e9;
+    row->peak_gflops = peak;
+    row->frac_peak = row->gflops / peak;
+    const double flops_per_byte = 4.0 * kHeadDim * kQHeads / (2.0 * kKvHeads * kHeadDim * sizeof(float));
+    row->roof_gbps = std::min(row->bw_gbps, peak / flops_per_byte);
+    row->frac_roof = row->gbps / row->roof_gbps;
+    return true;
+}
+
+bool sweep_prefill(const SweepOpts &o, uint32_t cached, int threads, double peak, SweepRow *row, std::string *err) {
+    const uint32_t chunk = 512;
+    void *arena = nullptr;
+    kvp_cache *c = make_cache("policy=window window=" + std::to_string(cached + chunk) +
+                                  " threads=" + std::to_string(threads) + " kv_dtype=f32",
+                              &arena, err);
+    if (!c) return false;
+    std::vector<float> q((size_t)chunk * kQHeads * kHeadDim), k((size_t)chunk * kKvHeads * kHeadDim),
+        v((size_t)chunk * kKvHeads * kHeadDim), out((size_t)chunk * kQHeads * kHeadDim);
+    fill_random(q.data(), q.size(), 17);
+    fill_random(k.data(), k.size(), 18);
+    fill_random(v.data(), v.size(), 19);
+    double visible = 0;  // (query token, key) pairs under the causal mask
+    for (uint32_t i = 0; i < chunk; ++i) visible += (double)cached + i + 1;
+    const double flops = 4.0 * kHeadDim * kQHeads * visible;
+    std::vector<double> ms;
+    bool ok = true;
+    for (int r = 0; ok && r < o.reps + 1; ++r) {  // the first one warms up
+        ok = kvp_reset(c) == KVP_OK && append_random(c, cached, err);
+        const double t0 = now_s();
+        ok = ok && kvp_prefill(c, 0, chunk, nullptr, q.data(), k.data(), v.data(), out.data(), nullptr) == KVP_OK;
+        const double t = now_s() - t0;
+        benchmark::DoNotOptimize(out[0]);
+        if (r > 0) ms.push_back(t * 1e3);
+    }
+    if (!ok && err->empty()) *err = std::string("kvp_prefill: ") + kvp_last_error(c);
+    kvp_destroy(c);
+    std::free(arena);
+    if (!ok) return false;
+    row->kind = "prefill";
+    row->n = cached;
+    row->threads = threads;
+    row->bytes = (double)(cached + chunk) * kKvHeads * kHeadDim * sizeof(float) * 2;
+    row->ms = median(ms);
+    row->gbps = row->bytes / (row->ms * 1e-3) / 1e9;
+    row->bw_gbps = 0.0;
+    row->frac = row->frac_lo = row->frac_hi = 0.0;
+    row->gflops = flops / (row->ms * 1e-3) / 1e9;
+    row->peak_gflops = peak;
+    row->frac_peak = row->gflops / peak;
+    row->roof_gbps = row->frac_roof = 0.0;
+    return true;
+}
+
+std::vector<std::string> split(const std::string &s, char sep) {
+    std::vector<std::string> out;
+    size_t a = 0;
+    while (a <= s.size()) {
+        const size_t b = s.find(sep, a);
+        out.push_back(s.substr(a, b == std::string::npos ? std::string::npos : b - a));
+        if (b == std::string::npos) break;
+        a = b + 1;
+    }
+    return out;
+}
+
+int run_sweep(int argc, char **argv) {
+    SweepOpts o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "%s needs a value\n", a.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--sweep") continue;
+        else if (a == "--reps") o.reps = std::atoi(next().c_str());
+        else if (a == "--time") o.time_s = std::atof(next().c_str());
+        else if (a == "--nmin") o.nmin = (uint32_t)std::atol(next().c_str());
+        else if (a == "--nmax") o.nmax = (uint32_t)std::atol(next().c_str());
+        else if (a == "--threads") {
+            o.threads.clear();
+            for (const std::string &t : split(next(), ',')) o.threads.push_back(std::atoi(t.c_str()));
+        } else if (a == "--no-prefill") o.prefill = false;
+        else if (a == "--label") o.label = next();
+        else if (a == "--csv") o.csv = next();
+        else {
+            std::fprintf(stderr,
+                         "usage: %s --sweep [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2] "
+                         "[--no-prefill] [--label L] [--csv PATH]\n",
+                         argv[0]);
+            return 2;
+        }
+    }
+    if (o.reps < 1 || o.nmin < 1 || o.nmax < o.nmin || o.threads.empty()) {
+        std::fprintf(stderr, "bad sweep options\n");
+        return 2;
+    }
+    char date[64] = "";
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
+    const char *wait = std::getenv("OMP_WAIT_POLICY");
+    std::vector<std::string> header;
+    header.push_back("label: " + o.label);
+    header.push_back("cpu: " + cpu_model());
+    header.push_back(std::string("date: ") + date);
+    header.push_back(std::string("kernel: ") + kvp::kern::attn_f32_best()->name);
+    header.push_back(std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"));
+    header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128, f32; decode policy=window window=N");
+    header.push_back("reps: " + std::to_string(o.reps) + ", seconds per measurement: " + std::to_string(o.time_s));
+    header.push_back("loadavg before: " + load_average());
+    for (const std::string &h : header) std::printf("# %s\n", h.c_str());
+    std::vector<double> peaks;  // FMA peak GFLOPS per entry of o.threads
+    for (int t : o.threads) peaks.push_back(fma_peak_gflops(t, 0.3));
+    for (size_t i = 0; i < peaks.size(); ++i)
+        header.push_back("FMA peak, " + std::to_string(o.threads[i]) + " thread(s): " + std::to_string(peaks[i]) +
+                         " GFLOPS");
+    for (size_t i = 0; i < peaks.size(); ++i) std::printf("# %s\n", header[header.size() - peaks.size() + i].c_str());
+    std::printf("%-8s %6s %3s %10s %9s %7s %7s %6s %13s %7s %6s %8s %8s %6s\n", "kind", "N", "thr", "bytes",
+                "ms/step", "GB/s", "readGB/s", "frac", "frac[min,max]", "roofGB/s", "f_roof", "GFLOPS", "peak",
+                "f_peak");
+    std::fflush(stdout);
+    std::vector<SweepRow> rows;
+    auto print = [](const SweepRow &r) {
+        if (r.kind == "decode")
+            std::printf("%-8s %6u %3d %10.0f %9.3f %7.2f %7.2f %6.3f [%5.3f,%5.3f] %8.2f %6.3f %8.2f %8.2f %6.3f\n",
+                        r.kind.c_str(), r.n, r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo,
+                        r.frac_hi, r.roof_gbps, r.frac_roof, r.gflops, r.peak_gflops, r.frac_peak);
+        else
+            std::printf("%-8s %6u %3d %10.0f %9.3f %7.2f %7s %6s %13s %8s %6s %8.2f %8.2f %6.3f\n", r.kind.c_str(),
+                        r.n, r.threads, r.bytes, r.ms, r.gbps, "-", "-", "-", "-", "-", r.gflops, r.peak_gflops,
+                        r.frac_peak);
+        std::fflush(stdout);
+    };
+    for (uint32_t n = o.nmin; n <= o.nmax; n *= 2) {
+        for (size_t ti = 0; ti < o.threads.size(); ++ti) {
+            const int t = o.threads[ti];
+            SweepRow r;
+            std::string err;
+            if (!sweep_decode(o, n, t, peaks[ti], &r, &err)) {
+                std::fprintf(stderr, "decode N=%u threads=%d: %s\n", n, t, err.c_str());
+                return 1;
+            }
+            print(r);
+            rows.push_back(r);
+        }
+        if (n > 0x7fffffffu) break;
+    }
+    if (o.prefill)
+        for (size_t ti = 0; ti < o.threads.size(); ++ti) {
+            const int t = o.threads[ti];
+            const double peak = peaks[ti];
+            for (uint32_t cached : {0u, 4096u}) {
+                SweepRow r;
+                std::string err;
+                if (!sweep_prefill(o, cached, t, peak, &r, &err)) {
+                    std::fprintf(stderr, "prefill P=%u threads=%d: %s\n", cached, t, err.c_str());
+                    return 1;
+                }
+                print(r);
+                rows.push_back(r);
+            }
+        }
+    header.push_back("loadavg after: " + load_average());
+    std::printf("# %s\n", header.back().c_str());
+    if (!o.csv.empty()) {
+        std::FILE *f = std::fopen(o.csv.c_str(), "w");
+        if (!f) {
+            std::fprintf(stderr, "cannot write %s\n", o.csv.c_str());
+            return 1;
+        }
+        for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
+        std::fprintf(f, "kind,N,threads,bytes,ms_per_step,GBps,read_GBps,frac_bw,frac_bw_min,frac_bw_max,GFLOPS,"
+                        "peak_GFLOPS,frac_peak,roof_GBps,frac_roof\n");
+        for (const SweepRow &r : rows)
+            std::fprintf(f, "%s,%u,%d,%.0f,%.4f,%.3f,%.3f,%.4f,%.4f,%.4f,%.3f,%.3f,%.4f,%.3f,%.4f\n", r.kind.c_str(),
+                         r.n, r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo, r.frac_hi, r.gflops,
+                         r.peak_gflops, r.frac_peak, r.roof_gbps, r.frac_roof);
+        std::fclose(f);
+        std::printf("# wrote %s\n", o.csv.c_str());
+    }
+    return 0;
+}
+
+// ---- thread crossover mode ------------------------------------------------------------------
+//
+// bench_attention --crossover [--reps R] [--time S] [--csv PATH]
+//
+// When do 2 threads pay for themselves? Two measurements, each 1 thread vs 2 threads, with
+// repetitions alternating between the two so that both see the same machine:
+//   region  the bare cost of an OpenMP parallel region (fork + join of an empty body) with 2
+//           threads, and a plain read of B bytes with 1 thread vs split over 2 threads, B from
+//           16 KiB to 32 MiB: the smallest B where 2 threads are >= 10% faster is the machine's
+//           crossover for bandwidth-bound work.
+//   decode  kvp_decode through the C API, threads=1 vs threads=2 caches, for the small
+//           model (4 q / 2 kv heads, head_dim 32; 2 layers per step) and the sweep's geometry
+//           (32 q / 8 kv, head_dim 128), N tokens: bytes = K+V bytes one step reads.
+// The wait policy matters (OMP_WAIT_POLICY=passive: sleeping workers must be woken per region;
+// active/unset: they spin, which is fast on an idle machine and ruinous on a busy one); the
+// header records it. Table to stdout, CSV with --csv.
+
+double omp_region_us(int threads, double secs) {
+    std::vector<double> best;
+    size_t reps = 0;
+    const double t0 = now_s();
+    double t1 = t0;
+    while (reps < 100 || t1 - t0 < secs) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+        { benchmark::ClobberMemory(); }
+#endif
+        ++reps;
+        t1 = now_s();
+    }
+    (void)threads;
+    return (t1 - t0) / (double)reps * 1e6;
+}
+
+struct XRow {
+    std::string what;
+    double bytes, t1_us, t2_us;
+};
+
+// Time per call (us) of f(), median over `reps` windows of `secs` each, alternating with g().
+template <class F, class G>
+void alternate(int reps, double secs, F f, G g, double *tf, double *tg) {
+    std::vector<double> a, b;
+    auto window = [&](auto fn) {
+        fn();
+        size_t n = 0;
+        const double t0 = now_s();
+        double t1 = t0;
+        while (n < 3 || t1 - t0 < secs) {
+            fn();
+            ++n;
+            t1 = now_s();
+        }
+        return (t1 - t0) / (double)n * 1e6;
+    };
+    for (int r = 0; r < reps; ++r) {
+        a.push_back(window(f));
+        b.push_back(window(g));
+    }
+    *tf = median(a);
+    *tg = median(b);
+}
+
+int run_crossover(int argc, char **argv) {
+    int reps = 7;
+    double secs = 0.03;
+    std::string csv;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--crossover") continue;
+        if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+        else if (a == "--time" && i + 1 < argc) secs = std::atof(argv[++i]);
+        else if (a == "--csv" && i + 1 < argc) csv = argv[++i];
+        else {
+            std::fprintf(stderr, "usage: %s --crossover [--reps R] [--time S] [--csv PATH]\n", argv[0]);
+            return 2;
+        }
+    }
+    const char *wait = std::getenv("OMP_WAIT_POLICY");
+    char date[64] = "";
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
+    std::vector<std::string> header{"cpu: " + cpu_model(), std::string("date: ") + date,
+                                    std::string("kernel: ") + kvp::kern::attn_f32_best()->name,
+                                    std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"),
+                                    "loadavg before: " + load_average()};
+    for (const std::string &h : header) std::printf("# %s\n", h.c_str());
+    std::vector<XRow> rows;
+    double r1 = 0, r2 = 0;
+    alternate(reps, secs, [] { benchmark::DoNotOptimize(omp_region_us(1, 0.0)); },
+              [] { benchmark::DoNotOptimize(omp_region_us(2, 0.0)); }, &r1, &r2);
+    // the lambdas above time 100 regions each; report per region
+    rows.push_back(XRow{"omp_region(empty, x100)", 0.0, r1 / 100.0, r2 / 100.0});
+    for (size_t bytes = 16384; bytes <= ((size_t)32 << 20); bytes *= 2) {
+        const size_t n = bytes / sizeof(float);
+        AlignedBuf buf(n);
+        for (size_t i = 0; i < n; ++i) buf.p[i] = 1.0f;
+        double t1 = 0, t2 = 0;
+        alternate(reps, secs, [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 1)); },
+                  [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 2)); }, &t1, &t2);
+        rows.push_back(XRow{"read", (double)bytes, t1, t2});
+    }
+    struct Geo {
+        const char *name;
+        uint32_t layers, nq, nkv, hd;
+    };
+    const Geo geos[] = {{"decode 2L 4q/2kv d32", 2, 4, 2, 32}, {"decode 1L 32q/8kv d128", 1, 32, 8, 128}};
+    for (const Geo &g : geos)
+        for (uint32_t n = 16; n <= 8192; n *= 2) {
+            if (g.hd == 32 && n > 4096) break;
+            kvp_cache *c[2] = {nullptr, nullptr};
+            void *arena[2] = {nullptr, nullptr};
+            bool ok = true;
+            for (int t = 0; t < 2 && ok; ++t) {
+                kvp_model model;
+                std::memset(&model, 0, sizeof model);
+                model.n_layers = g.layers;
+                model.n_q_heads = g.nq;
+                model.n_kv_heads = g.nkv;
+                model.head_dim = g.hd;
+                model.rope = KVP_ROPE_NEOX;
+                model.rope_theta = 10000.0f;
+                kvp_config cfg;
+                char e[256] = "";
+                const std::string spec = "policy=window window=" + std::to_string(n) + " threads=" + std::to_string(t + 1);
+                ok = kvp_config_default(&cfg, &model) == KVP_OK && kvp_config_apply(&cfg, spec.c_str(), e, sizeof e) == KVP_OK;
+                const size_t len = ok ? kvp_arena_size(&cfg) : 0;
+                arena[t] = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
+                ok = ok && arena[t] && kvp_create(&cfg, arena[t], len, &c[t]) == KVP_OK;
+                const size_t row = (size_t)g.nkv * g.hd;
+                std::vector<float> k((size_t)n * row), v((size_t)n * row);
+                fill_random(k.data(), k.size(), 3);
+                fill_random(v.data(), v.size(), 4);
+                for (uint32_t l = 0; ok && l < g.layers; ++l) ok = kvp_append(c[t], l, n, nullptr, k.data(), v.data()) == KVP_OK;
+            }
+            if (!ok) {
+                std::fprintf(stderr, "crossover: cache setup failed (%s)\n", g.name);
+                return 1;
+            }
+            std::vector<float> q((size_t)g.nq * g.hd), k1((size_t)g.nkv * g.hd), v1((size_t)g.nkv * g.hd),
+                out((size_t)g.nq * g.hd);
+            fill_random(q.data(), q.size(), 5);
+            fill_random(k1.data(), k1.size(), 6);
+            fill_random(v1.data(), v1.size(), 7);
+            auto step = [&](kvp_cache *cc) {
+                for (uint32_t l = 0; l < g.layers; ++l) kvp_decode(cc, l, q.data(), k1.data(), v1.data(), out.data());
+                benchmark::DoNotOptimize(out[0]);
+            };
+            double t1 = 0, t2 = 0;
+            alternate(reps, secs, [&] { step(c[0]); }, [&] { step(c[1]); }, &t1, &t2);
+            rows.push_back(XRow{g.name, (double)g.layers * (n + 1) * g.nkv * g.hd * sizeof(float) * 2, t1, t2});
+            for (int t = 0; t < 2; ++t) {
+                kvp_destroy(c[t]);
+                std::free(arena[t]);
+            }
+        }
+    header.push_back("loadavg after: " + load_average());
+    std::printf("%-26s %10s %10s %10s %8s\n", "what", "bytes", "1thr_us", "2thr_us", "t1/t2");
+    for (const XRow &r : rows)
+        std::printf("%-26s %10.0f %10.2f %10.2f %8.3f\n", r.what.c_str(), r.bytes, r.t1_us, r.t2_us, r.t1_us / r.t2_us);
+    std::printf("# %s\n", header.back().c_str());
+    if (!csv.empty()) {
+        std::FILE *f = std::fopen(csv.c_str(), "w");
+        if (!f) return 1;
+        for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
+        std::fprintf(f, "what,bytes,t1_us,t2_us,speedup\n");
+        for (const XRow &r : rows)
+            std::fprintf(f, "%s,%.0f,%.3f,%.3f,%.4f\n", r.what.c_str(), r.bytes, r.t1_us, r.t2_us, r.t1_us / r.t2_us);
+        std::fclose(f);
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "--crossover") == 0) return run_crossover(argc, argv);
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "--sweep") == 0) return run_sweep(argc, argv);
     const uint32_t sizes[] = {512, 4096, 32768};
     const int thread_counts[] = {1, 2};
     using kvp::kern::AttnF32;
     const AttnF32 *variants[] = {kvp::kern::attn_f32_scalar(), kvp::kern::attn_f32_simde(),
-                                 kvp::kern::attn_f32_avx2()};
+                                 kvp::kern::attn_f32_avx2(),
+#ifdef KVP_BENCH_AVX512
+                                 kvp::kern::attn_f32_avx512()
+#else
+                                 nullptr
+#endif
+    };
 
     // bandwidth first (the attention benchmarks read their results)
     for (uint32_t n : sizes)

@@ -125,10 +125,8 @@ void BM_PruneEvent(benchmark::State &state) {
     std::vector<float> k(kD, 0.5f), v(kD, 0.25f);
     const uint32_t victim = L - moved;
     for (auto _ : state) {
-        uint32_t slot = 0;
-        kvp::store_for_each_live(hs, pool, [&](uint32_t s, uint32_t n, uint32_t j) {
-            if (victim >= j && victim < j + n) slot = s + (victim - j);
-        });
+        // full stores are dense from the first body slot: the victim's slot by block arithmetic
+        const uint32_t slot = hs.blk[(hs.bhead + victim / pool.block) % hs.blk_cap] * pool.block + victim % pool.block;
         kvp::store_evict(hs, pool, 0, &slot, 1);  // full has no hole allowance: compacts at once
         if (kvp_append(o.c, 0, 1, nullptr, k.data(), v.data()) != KVP_OK) {
             state.SkipWithError(kvp_last_error(o.c));

@@ -101,7 +101,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_pools = off;
     off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
     p->off_pool_meta = off;
-    p->pool_meta_bytes = z.add(z.mul(2, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
+    p->pool_meta_bytes = z.add(z.mul(3, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));

@@ -6,7 +6,7 @@
 //   [block tables]        uint32 per (layer, head): pinned blocks then the circular body list
 //   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared)
 //   [BlockPool x n_kv_heads]
-//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], top[L], held[L]
+//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], bseq[nblocks], top[L], held[L]
 //   [inv_freq x rope_dim/2 doubles]
 //   [RoPE tables for positions 0..2*max_cap-1]          realign with a compacting policy only
 //   per KV head pool, nblocks*block slots:               (head-major)

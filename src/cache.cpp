@@ -168,7 +168,8 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
         char *data = base + plan.off_data + size_t(h) * plan.pool_data_bytes;
         p->next = reinterpret_cast<int32_t *>(meta);
         p->dead = reinterpret_cast<uint32_t *>(meta + align_up(sizeof(int32_t) * plan.nblocks, kAlign));
-        p->top = reinterpret_cast<int32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->bseq = reinterpret_cast<uint32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        p->top = reinterpret_cast<int32_t *>(meta + 3 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
         p->held = reinterpret_cast<uint32_t *>(p->top + L);
         p->home_lo = home_lo;
         p->min_blocks = min_blocks;

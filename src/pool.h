@@ -32,6 +32,7 @@ struct BlockPool {
     float *score;
     int32_t *next;               // [nblocks] free-stack links, -1 ends a stack
     uint32_t *dead;              // [nblocks] dead (evicted, not yet compacted) slots per block
+    uint32_t *bseq;              // [nblocks] a body block's sequence number in its store (storage.h)
     int32_t *top;                // [n_layers] top of each home's free stack, -1 when empty
     uint32_t *held;              // [n_layers] blocks each layer holds
     const uint32_t *home_lo;     // [n_layers + 1] home of layer l = [home_lo[l], home_lo[l+1])

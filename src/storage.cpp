@@ -37,6 +37,7 @@ bool store_reserve(HeadStore &hs, BlockPool &pool, uint32_t layer, uint32_t *slo
         const int32_t b = pool.alloc(layer);
         if (b < 0) return false;
         hs.blk[(hs.bhead + hs.nb) % hs.blk_cap] = uint32_t(b);
+        pool.bseq[b] = hs.seq_head + hs.nb;
         ++hs.nb;
     }
     *slot = hs.blk[(hs.bhead + v / block) % hs.blk_cap] * block + v % block;
@@ -72,6 +73,7 @@ void store_evict_front(HeadStore &hs, BlockPool &pool, uint32_t layer, uint32_t 
     while (hs.nb > 0 && hs.roff >= block) {
         pool.release(layer, hs.blk[hs.bhead]);
         hs.bhead = (hs.bhead + 1) % hs.blk_cap;
+        ++hs.seq_head;
         --hs.nb;
         hs.roff -= block;
     }
@@ -83,9 +85,13 @@ void store_evict_front(HeadStore &hs, BlockPool &pool, uint32_t layer, uint32_t 
 
 void store_evict(HeadStore &hs, BlockPool &pool, uint32_t layer, const uint32_t *slots, uint32_t nv) {
     if (nv == 0) return;
+    if (hs.holes == 0) hs.first_hole = UINT32_MAX;
     for (uint32_t i = 0; i < nv; ++i) {
+        const uint32_t b = slots[i] / pool.block;
         pool.pos[slots[i]] = kDeadSlot;
-        ++pool.dead[slots[i] / pool.block];
+        ++pool.dead[b];
+        const uint32_t v = (pool.bseq[b] - hs.seq_head) * pool.block + slots[i] % pool.block - hs.roff;
+        if (v < hs.first_hole) hs.first_hole = v;
     }
     hs.holes += nv;
     hs.scattered = true;
@@ -109,7 +115,7 @@ void store_compact(HeadStore &hs, BlockPool &pool, uint32_t layer) {
         const uint32_t block = pool.block;
         const size_t row = size_t(pool.stride) * sizeof(float);
         auto slot = [&](uint32_t v) { return hs.blk[(hs.bhead + (hs.roff + v) / block) % hs.blk_cap] * block + (hs.roff + v) % block; };
-        uint32_t w = 0;
+        uint32_t w = hs.first_hole;  // rows before it stay: the cost is the rows moved
         while (pool.pos[slot(w)] != kDeadSlot) ++w;  // the first dead slot (there is one)
         for (uint32_t r = w + 1; r < hs.count; ++r) {
             const uint32_t from = slot(r);
@@ -121,9 +127,10 @@ void store_compact(HeadStore &hs, BlockPool &pool, uint32_t layer) {
             pool.rot[to] = pool.rot[from];
             pool.score[to] = pool.score[from];
         }
+        // blocks before the first hole had no dead slots; the rest are clean now
+        for (uint32_t b = (hs.roff + hs.first_hole) / block; b < hs.nb; ++b) pool.dead[hs.blk[(hs.bhead + b) % hs.blk_cap]] = 0;
         hs.count = w;
         hs.holes = 0;
-        for (uint32_t b = 0; b < hs.nb; ++b) pool.dead[hs.blk[(hs.bhead + b) % hs.blk_cap]] = 0;
     }
     release_tail(hs, pool, layer);
 }
@@ -178,7 +185,7 @@ uint64_t store_blocks_after(const HeadStore &hs, uint32_t block, uint32_t keep, 
 }
 
 void store_clear(HeadStore &hs) {
-    hs.npin = hs.pnb = hs.bhead = hs.nb = hs.roff = hs.count = hs.holes = 0;
+    hs.npin = hs.pnb = hs.bhead = hs.nb = hs.roff = hs.count = hs.holes = hs.first_hole = hs.seq_head = 0;
     hs.shift = 0;
     hs.scattered = false;
     hs.prune_events = hs.evicted = 0;

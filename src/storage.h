@@ -64,6 +64,8 @@ struct HeadStore {
     uint32_t roff;       // evicted slots before the first body slot in its block
     uint32_t count;      // body slots in use, live and dead
     uint32_t holes;      // dead body slots
+    uint32_t first_hole; // a lower bound of the first dead body slot's index (from roff), when holes > 0
+    uint32_t seq_head;   // sequence number of the first body block (pool.bseq)
     int64_t shift;       // realign: tokens removed by evict_front so far
     bool scattered;      // a compaction happened since the last clear
     uint64_t prune_events, evicted;
@@ -76,19 +78,34 @@ struct HeadStore {
     bool next_pinned() const { return npin < pin_cap && count == 0; }
 };
 
-// Calls f(slot, n, j) for each physically contiguous stretch of live tokens, in logical order:
-// slots slot..slot+n-1 hold logical tokens j..j+n-1.
+// Calls f(slot, n, j) for each maximal physically contiguous stretch of live tokens, in logical
+// order: slots slot..slot+n-1 hold logical tokens j..j+n-1. Blocks that follow each other in the
+// pool (the usual case: a layer takes its home blocks in ascending order) form one stretch; the
+// pinned prefix and the body never share one (their realign deltas differ).
 template <class F>
 void store_for_each_live(const HeadStore &hs, const BlockPool &pool, F f) {
     const uint32_t block = pool.block;
+    uint32_t ps = 0, pn = 0, pj = 0;  // the pending stretch
+    auto add = [&](uint32_t slot, uint32_t n, uint32_t j) {
+        if (pn && ps + pn == slot) {
+            pn += n;
+            return;
+        }
+        if (pn) f(ps, pn, pj);
+        ps = slot;
+        pn = n;
+        pj = j;
+    };
     for (uint32_t b = 0; b * block < hs.npin; ++b)
-        f(hs.pin_blk[b] * block, hs.npin - b * block < block ? hs.npin - b * block : block, b * block);
+        add(hs.pin_blk[b] * block, hs.npin - b * block < block ? hs.npin - b * block : block, b * block);
+    if (pn) f(ps, pn, pj);
+    pn = 0;
     uint32_t j = hs.npin, left = hs.count, off = hs.roff;
     for (uint32_t b = 0; left > 0; ++b) {
         const uint32_t n = block - off < left ? block - off : left;
         const uint32_t bid = hs.blk[(hs.bhead + b) % hs.blk_cap], s0 = bid * block + off;
         if (pool.dead[bid] == 0) {
-            f(s0, n, j);
+            add(s0, n, j);
             j += n;
         } else {  // split at dead slots
             uint32_t i = 0;
@@ -97,7 +114,7 @@ void store_for_each_live(const HeadStore &hs, const BlockPool &pool, F f) {
                 uint32_t e = i;
                 while (e < n && pool.pos[s0 + e] != kDeadSlot) ++e;
                 if (e > i) {
-                    f(s0 + i, e - i, j);
+                    add(s0 + i, e - i, j);
                     j += e - i;
                 }
                 i = e;
@@ -106,6 +123,7 @@ void store_for_each_live(const HeadStore &hs, const BlockPool &pool, F f) {
         left -= n;
         off = 0;
     }
+    if (pn) f(ps, pn, pj);
 }
 
 // New blocks the store needs to take n more tokens.

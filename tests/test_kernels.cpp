@@ -27,6 +27,7 @@ std::vector<const AttnF32 *> simd_variants() {
     std::vector<const AttnF32 *> v;
     v.push_back(kvp::kern::attn_f32_simde());
     if (kvp::kern::attn_f32_avx2()) v.push_back(kvp::kern::attn_f32_avx2());
+    if (kvp::kern::attn_f32_avx512()) v.push_back(kvp::kern::attn_f32_avx512());
     return v;
 }
 
@@ -235,6 +236,43 @@ TEST(Kernels, PvRowIndependentOfBatching) {
         }
 }
 
+// The core calls pv once per contiguous run of slots: splitting n into consecutive calls (at
+// any point, inside or across the V tiles and 4-key blocks) gives the same bits, for every
+// variant including the scalar reference. The same for qk: a run's logits do not depend on
+// where the run starts.
+TEST(Kernels, SplitCallsBitIdentical) {
+    std::vector<const AttnF32 *> all = simd_variants();
+    all.insert(all.begin(), kvp::kern::attn_f32_scalar());
+    for (const AttnF32 *var : all)
+        for (uint32_t d : {7u, 33u, 64u, 128u})
+            for (uint32_t rows : {1u, 3u, 4u, 8u}) {
+                const uint32_t n = 150;
+                const Case c = make_case(d, rows, n);
+                const size_t ldp = n + 1, ldv = d + 2, ldo = d + 3;
+                const PvData x = pv_data(c, 900 + d + rows, ldp, ldv, ldo);
+                const QkData y = qk_data(c, 901 + d + rows);
+                std::vector<float> whole = x.o;
+                var->pv(x.p.data(), ldp, rows, x.v.data(), ldv, n, d, whole.data(), ldo);
+                std::vector<float> lw = out_buffer(rows, c.ldl);
+                var->qk(y.q.data(), c.ldq, rows, y.k.data(), c.ldk, n, d, 0.7f, lw.data(), c.ldl);
+                for (uint32_t cut : {1u, 5u, 16u, 31u, 33u, 64u, 97u}) {
+                    const uint32_t cuts[] = {0, cut, cut + 17 < n ? cut + 17 : n, n};
+                    std::vector<float> parts = x.o;
+                    std::vector<float> lp = out_buffer(rows, c.ldl);
+                    for (int i = 0; i < 3; ++i) {
+                        const uint32_t a = cuts[i], b = cuts[i + 1];
+                        var->pv(x.p.data() + a, ldp, rows, x.v.data() + (size_t)a * ldv, ldv, b - a, d, parts.data(), ldo);
+                        var->qk(y.q.data(), c.ldq, rows, y.k.data() + (size_t)a * c.ldk, c.ldk, b - a, d, 0.7f,
+                                lp.data() + a, c.ldl);
+                    }
+                    ASSERT_EQ(std::memcmp(parts.data(), whole.data(), whole.size() * sizeof(float)), 0)
+                        << var->name << " pv d=" << d << " rows=" << rows << " cut=" << cut;
+                    ASSERT_EQ(std::memcmp(lp.data(), lw.data(), lw.size() * sizeof(float)), 0)
+                        << var->name << " qk d=" << d << " rows=" << rows << " cut=" << cut;
+                }
+            }
+}
+
 // ---- max / expsum -----------------------------------------------------------------------
 
 TEST(Kernels, MaxMatchesScalar) {
@@ -385,6 +423,48 @@ TEST(Kernels, AttentionPipelineMatchesDouble) {
     }
 }
 
+// ---- avx512 = avx2, bit for bit -----------------------------------------------------------
+
+// The avx512 variant runs the avx2 arithmetic in the same order with wider blocks (qk 4x4
+// key blocks, 16-lane pv FMAs): every op must give the same bits as avx2, for every shape
+// (rows 1..9, n around the 4-key blocks and the 32-row V tiles, odd and padded dims).
+TEST(Kernels, Avx512BitIdenticalToAvx2) {
+    const AttnF32 *a2 = kvp::kern::attn_f32_avx2(), *a5 = kvp::kern::attn_f32_avx512();
+    if (!a2 || !a5) GTEST_SKIP() << "avx512 variant not available on this CPU/build";
+    const uint32_t dims[] = {1, 7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 47, 63, 64, 65, 79, 96, 127, 128, 129, 192};
+    const uint32_t ns[] = {0, 1, 2, 3, 4, 5, 7, 8, 31, 32, 33, 63, 64, 65, 100};
+    for (uint32_t d : dims)
+        for (uint32_t rows = 1; rows <= kMaxRows; ++rows)
+            for (uint32_t n : ns) {
+                const Case c = make_case(d, rows, n);
+                const QkData x = qk_data(c, 31 + d * 1000 + rows * 100 + n);
+                std::vector<float> l2 = out_buffer(rows, c.ldl), l5 = out_buffer(rows, c.ldl);
+                a2->qk(x.q.data(), c.ldq, rows, x.k.data(), c.ldk, n, d, 0.3f, l2.data(), c.ldl);
+                a5->qk(x.q.data(), c.ldq, rows, x.k.data(), c.ldk, n, d, 0.3f, l5.data(), c.ldl);
+                ASSERT_EQ(std::memcmp(l2.data(), l5.data(), l2.size() * sizeof(float)), 0)
+                    << "qk d=" << d << " rows=" << rows << " n=" << n;
+                const size_t ldp = n + 3, ldv = d + 1, ldo = d + 5;
+                const PvData y = pv_data(c, 77 + d * 1000 + rows * 100 + n, ldp, ldv, ldo);
+                std::vector<float> o2 = y.o, o5 = y.o;
+                a2->pv(y.p.data(), ldp, rows, y.v.data(), ldv, n, d, o2.data(), ldo);
+                a5->pv(y.p.data(), ldp, rows, y.v.data(), ldv, n, d, o5.data(), ldo);
+                ASSERT_EQ(std::memcmp(o2.data(), o5.data(), o2.size() * sizeof(float)), 0)
+                    << "pv d=" << d << " rows=" << rows << " n=" << n;
+            }
+    for (uint32_t n = 0; n <= 70; ++n) {
+        Rng g(5000 + n);
+        std::vector<float> x(n);
+        for (float &e : x) e = g.uniform(-30.0f, 5.0f);
+        EXPECT_EQ(a2->max(x.data(), n), a5->max(x.data(), n)) << "n=" << n;
+        std::vector<float> e2 = x, e5 = x;
+        const float s2 = a2->expsum(e2.data(), n, 5.0f), s5 = a5->expsum(e5.data(), n, 5.0f);
+        EXPECT_EQ(std::memcmp(&s2, &s5, sizeof s2), 0) << "n=" << n;
+        if (n) {
+            EXPECT_EQ(std::memcmp(e2.data(), e5.data(), n * sizeof(float)), 0) << "n=" << n;
+        }
+    }
+}
+
 // ---- dispatch ---------------------------------------------------------------------------
 
 TEST(Kernels, Dispatch) {
@@ -392,16 +472,24 @@ TEST(Kernels, Dispatch) {
     EXPECT_STREQ(kvp::kern::attn_f32_simde()->name, "simde");
     const AttnF32 *best = kvp::kern::attn_f32_best();
     ASSERT_NE(best, nullptr);
-    if (const AttnF32 *a = kvp::kern::attn_f32_avx2()) {
-        EXPECT_STREQ(a->name, "avx2");
+    if (const AttnF32 *a = kvp::kern::attn_f32_avx512()) {
+        EXPECT_STREQ(a->name, "avx512");
         EXPECT_EQ(best, a);
+        EXPECT_NE(kvp::kern::attn_f32_avx2(), nullptr);  // avx512 implies the avx2 variant
+    } else if (const AttnF32 *a2 = kvp::kern::attn_f32_avx2()) {
+        EXPECT_STREQ(a2->name, "avx2");
+        EXPECT_EQ(best, a2);
     } else {
         EXPECT_EQ(best, kvp::kern::attn_f32_simde());
     }
 #if defined(__x86_64__) && defined(__GNUC__)
-    // the avx2 variant is never returned on a CPU without AVX2+FMA
+    // the avx2 variant is never returned on a CPU without AVX2+FMA, avx512 never without F+VL
     if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) {
         EXPECT_EQ(kvp::kern::attn_f32_avx2(), nullptr);
+        EXPECT_EQ(kvp::kern::attn_f32_avx512(), nullptr);
+    }
+    if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))) {
+        EXPECT_EQ(kvp::kern::attn_f32_avx512(), nullptr);
     }
 #endif
     for (const AttnF32 *var : {kvp::kern::attn_f32_scalar(), kvp::kern::attn_f32_simde(), best}) {

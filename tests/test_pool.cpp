@@ -269,7 +269,8 @@ TEST(Pool, ArenaSizeIsExact) {
             const uint32_t stride = (g.hd + 15) / 16 * 16;
             kvp_destroy(c);
             // 16 blocks fewer per pool: K+V rows, pos/rot/score (64-byte multiples for these
-            // block sizes) and 4 B each of free-list link and dead count per block, times the KV heads
+            // block sizes) and 4 B each of free-list link, dead count and sequence number per block, times
+            // the KV heads
             if (sum_cap <= 1 + 16 * uint64_t(block)) continue;
             kvp_config a1 = cfg, a2 = cfg;
             a1.total_capacity = uint32_t(sum_cap - 1);
@@ -278,7 +279,7 @@ TEST(Pool, ArenaSizeIsExact) {
             a2.total_capacity = uint32_t(sum_cap - 1 - 16 * block);
             const size_t s2 = kvp_arena_size(&a2);
             if (s2 == 0) continue;  // below the layers' reservations for this geometry
-            const size_t per_block = size_t(block) * (2 * stride * 4 + 12) + 8;
+            const size_t per_block = size_t(block) * (2 * stride * 4 + 12) + 12;
             EXPECT_EQ(s1 - s2, 16 * per_block * g.nkv) << spec;
             ++diffs_checked;
             // at or above the sum of capacities there is no sharing: the default arena

@@ -5,6 +5,8 @@
 //   simde  - portable 256-bit SIMDe code at the baseline ISA (SSE2 on x86-64, NEON on aarch64,
 //            plain C with SIMDE_NO_NATIVE)
 //   avx2   - the same source compiled with -mavx2 -mfma (x86-64 only), chosen at run time
+//   avx512 - the same source with -mavx512f -mavx512vl as well (x86-64 only), chosen at run
+//            time: wider blocks, the same arithmetic in the same order, so the same bits as avx2
 // Tests compare every variant with the scalar reference (tests/test_kernels.cpp).
 //
 // All kernels are pure functions of their inputs: no allocation, no globals, fixed
@@ -28,25 +30,30 @@ typedef float (*f32_max_fn)(const float *x, uint32_t n);
 typedef float (*f32_expsum_fn)(float *x, uint32_t n, float m);
 
 struct AttnF32 {
-    const char *name;  // "scalar", "simde", "avx2"
+    const char *name;  // "scalar", "simde", "avx2", "avx512"
     f32_qk_fn qk;
     f32_pv_fn pv;
     f32_max_fn max;
     f32_expsum_fn expsum;
 };
 
-// Variants. attn_f32_avx2() is nullptr where not compiled in or not supported by the CPU.
+// Variants. attn_f32_avx2() / attn_f32_avx512() are nullptr where not compiled in or not
+// supported by the CPU (and its OS: libgcc's check includes the XSAVE state).
 const AttnF32 *attn_f32_scalar();
 const AttnF32 *attn_f32_simde();
 const AttnF32 *attn_f32_avx2();
-// Best variant for this CPU (avx2 if available, else simde). Pure; call once at create.
+const AttnF32 *attn_f32_avx512();
+// Best variant for this CPU (avx512, else avx2, else simde); the environment variable
+// KVP_KERNEL=<name> overrides it with an available variant (hosted builds; for benchmarks and
+// A/B runs). Call once at create.
 const AttnF32 *attn_f32_best();
 
 // Internal: the tables defined by attn_f32_simd.inc, one per ISA it is compiled for. They do
-// no CPU check; use attn_f32_simde()/attn_f32_avx2() instead. The avx2 one exists only when
-// the library is built with KVP_HAVE_AVX2.
+// no CPU check; use attn_f32_simde()/attn_f32_avx2()/attn_f32_avx512() instead. The avx2 one
+// exists only when the library is built with KVP_HAVE_AVX2, the avx512 one with KVP_HAVE_AVX512.
 const AttnF32 *attn_f32_simde_table();
 const AttnF32 *attn_f32_avx2_table();
+const AttnF32 *attn_f32_avx512_table();
 
 // Scalar exp used by the scalar reference (the same polynomial as the SIMD variants so that
 // they agree to a few ulp). exp_approx(-inf) == 0.

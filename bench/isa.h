@@ -1,0 +1,37 @@
+// Machine baselines for bench_attention, compiled once per kernel ISA (isa.inc), so that the
+// attention kernels are compared with what the same instruction set can do:
+//   simde  baseline ISA (SSE2 on x86-64: 256-bit SIMDe ops run as two 128-bit halves)
+//   avx2   -mavx2 -mfma (x86-64 only; call only where the CPU has AVX2+FMA)
+//   avx512 -mavx512f -mavx512vl as well: 16-lane FMAs and 64-byte loads (x86-64 only; call only
+//          where attn_f32_avx512() is available)
+//
+// fma_peak_<isa>(iters): `iters` rounds of 12 independent 8-lane fused multiply-adds
+//   (simde_mm256_fmadd_ps, the instruction the kernels use; 12 chains hide the FMA latency on
+//   any core with latency x pipes <= 12). Returns a value that depends on all of them. Flops per
+//   call: iters * kFmaFlopsPerIter.
+// read_<isa>(x, n): sum of x[0..n), n a multiple of 32, x 32-byte aligned: four independent
+//   8-lane accumulators of aligned loads (the plain read that decode attention is measured
+//   against). At the baseline ISA this loop is add-latency bound at cache-resident sizes (about
+//   27 GB/s on the 2-core EPYC VM where AVX2 reads 90-100 GB/s from L2/L3), which is why the
+//   read runs at the kernel's ISA.
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+
+namespace kvpbench {
+
+const uint64_t kFmaChains = 12;
+const uint64_t kFmaFlopsPerIter = kFmaChains * 16;
+
+float fma_peak_simde(uint64_t iters);
+float read_simde(const float *x, size_t n);
+#ifdef KVP_BENCH_AVX2
+float fma_peak_avx2(uint64_t iters);
+float read_avx2(const float *x, size_t n);
+#endif
+#ifdef KVP_BENCH_AVX512
+float fma_peak_avx512(uint64_t iters);
+float read_avx512(const float *x, size_t n);
+#endif
+
+}  // namespace kvpbench
