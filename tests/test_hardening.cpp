@@ -280,6 +280,34 @@ TEST(Lifetime, DestroyTwiceWithLibraryOwnedArena) {
 #endif
 }
 
+// The list of live library-owned caches is shared by every thread: creating and destroying from
+// several threads at once keeps it consistent (ASan/UBSan in CI). (A second kvp_destroy is only a
+// no-op until a kvp_create hands out the same address again, as with free(): not done here.)
+TEST(Lifetime, OwnedCachesFromSeveralThreads) {
+#if !KVP_NO_HEAP
+    const kvp_model m = ref::model(1, 2, 1, 16);
+    kvp_config cfg = make_config(m, "policy=window window=8");
+    std::atomic<int> bad{0};
+    auto worker = [&] {
+        std::vector<float> q(32, 0.5f), kv(16, 0.25f), o(32);
+        kvp_cache *keep[4] = {};
+        for (int i = 0; i < 300; ++i) {
+            kvp_cache *&c = keep[i % 4];
+            kvp_destroy(c);
+            c = nullptr;
+            if (kvp_create(&cfg, nullptr, 0, &c) != KVP_OK) ++bad;
+            if (kvp_decode(c, 0, q.data(), kv.data(), kv.data(), o.data()) != KVP_OK) ++bad;
+        }
+        for (kvp_cache *c : keep) kvp_destroy(c);
+    };
+    std::thread a(worker), b(worker), d(worker);
+    a.join();
+    b.join();
+    d.join();
+    EXPECT_EQ(bad.load(), 0);
+#endif
+}
+
 TEST(Lifetime, DestroyTwiceInCallerMemory) {
     const kvp_model m = ref::model(1, 2, 1, 16);
     kvp_config cfg = make_config(m, "policy=window window=8");

@@ -51,8 +51,9 @@
  * arena. kvp_destroy twice is safe: with caller memory (still allocated) the second call sees a
  * destroyed cache and does nothing; with a library-owned arena (arena == NULL) the handle is
  * tagged, and kvp_destroy frees it only while it is live, so a second call does nothing without
- * reading the freed memory. Any other call on a handle whose library-owned arena was freed is
- * undefined (the memory is gone); on a destroyed cache in caller memory it is KVP_ERR_STATE.
+ * reading the freed memory (until a later kvp_create returns the same address, as with free()).
+ * Any other call on a handle whose library-owned arena was freed is undefined (the memory is
+ * gone); on a destroyed cache in caller memory it is KVP_ERR_STATE.
  *
  * Messages: every error text the library writes (the err buffers of the config functions and
  * kvp_create_ex, and kvp_last_error) has one format, "<kvp_status_str(status)>: <detail>", e.g.
