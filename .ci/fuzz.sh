@@ -34,11 +34,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 B=$ROOT/build-fuzz
+mkdir -p "$B"
 log "clang build (fuzzer-no-link, address, undefined)"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKVP_FUZZ=ON -DKVP_BUILD_TESTS=OFF \
   -DKVP_BUILD_BENCH=OFF -DKVP_OPENMP=OFF -DKVP_WERROR=OFF \
   "-DCMAKE_CXX_FLAGS=-O1 -g -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined" \
-  "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >"$B.configure.log" 2>&1 || { cat "$B.configure.log"; exit 1; }
+  "-DCMAKE_EXE_LINKER_FLAGS=-fsanitize=address,undefined" >"$B/configure.log" 2>&1 || { cat "$B/configure.log"; exit 1; }
 cmake --build "$B" -j"$JOBS" --target "${TARGETS[@]/#/fuzz_}"
 
 mkdir -p "$B/artifacts"
