@@ -27,8 +27,9 @@
  *
  * Threads: one call at a time per cache. Different caches are independent (any threads, at
  * once); calls on one cache must be serialised by the host. Overlapping calls on one cache are
- * caught cheaply rather than corrupting it: every call that takes a cache holds an in-use flag
- * (one atomic exchange) for its duration, and a call that finds the flag held returns
+ * caught cheaply rather than corrupting it: every call that reads or changes a cache's state
+ * (all but kvp_layer_capacity, fixed at create, and kvp_last_error) holds an in-use flag (one
+ * atomic exchange) for its duration, and a call that finds the flag held returns
  * KVP_ERR_STATE and changes nothing, not even the kvp_last_error text (it belongs to the call in
  * progress). The uint32_t queries kvp_layer_len and kvp_prefill_room return 0 then;
  * kvp_destroy does nothing then (the cache stays live: destroy it once the other call returned).
