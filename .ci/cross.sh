@@ -3,6 +3,8 @@
 #
 #   aarch64  GoogleTest cross-built from /usr/src/googletest, then the library and the whole
 #            test suite for aarch64-linux-gnu (SIMDe -> NEON), run by ctest under qemu-aarch64.
+#   armhf    the same for 32-bit ARM (arm-linux-gnueabihf, SIMDe portable path) under qemu-arm: the
+#            32-bit target, where size_t overflow checks matter (issue 11).
 #   hash     tests/test_hash (KVP_HASH lines) on x86-64 and aarch64 (qemu): the portable SIMD
 #            path (SIMDE_NO_NATIVE, KVP_AVX2=OFF, -ffp-contract=off) must give the same hash on
 #            both (fails otherwise); the native paths (AVX2/FMA dispatch vs NEON, default flags)
@@ -13,7 +15,7 @@
 #            references an allocator, operator new/delete or the exception runtime; code size;
 #            a bare-metal example linked with newlib-nano, whose image must contain no allocator.
 #
-#   bash .ci/cross.sh                 # all three
+#   bash .ci/cross.sh                 # all four
 #   bash .ci/cross.sh cortexm hash    # a subset
 #
 # Env: JOBS (default 2), CROSS_CTEST_ARGS (extra ctest args for the qemu run, e.g. -E regex),
@@ -23,7 +25,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-2}
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(aarch64 hash cortexm)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(aarch64 armhf hash cortexm)
 want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
 log() { echo "== cross: $* (+$(( $(date +%s) - t0 ))s)"; }
@@ -33,6 +35,8 @@ status=0
 # ---- packages ----
 pkgs=(cmake ninja-build g++ pkg-config libsimde-dev)
 want aarch64 || want hash && pkgs+=(g++-aarch64-linux-gnu qemu-user googletest libgtest-dev)
+# (not g++-multilib for an i386 build: Debian's gcc-multilib conflicts with the aarch64 cross compiler)
+want armhf && pkgs+=(g++-arm-linux-gnueabihf qemu-user googletest libgtest-dev)
 want cortexm && pkgs+=(gcc-arm-none-eabi binutils-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -87,6 +91,29 @@ if want aarch64; then
     summary+=("aarch64 ctest under qemu: passed")
   else
     status=1; summary+=("aarch64 ctest under qemu: FAILED")
+  fi
+fi
+
+# ---- armhf (32-bit): full suite under qemu-arm ----
+if want armhf; then
+  ARMHF=$ROOT/build-armhf
+  ARMHF_TC=$ROOT/cmake/toolchains/arm-linux-gnueabihf.cmake
+  if [ ! -f "$ARMHF/gtest/lib/cmake/GTest/GTestConfig.cmake" ]; then
+    log "googletest for armhf"
+    cmake -S /usr/src/googletest -B "$ARMHF/gtest-build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$ARMHF_TC" \
+      -DCMAKE_BUILD_TYPE=Release -DBUILD_GMOCK=OFF -DINSTALL_GTEST=ON -DCMAKE_INSTALL_PREFIX="$ARMHF/gtest" >/dev/null
+    cmake --build "$ARMHF/gtest-build" -j"$JOBS" >/dev/null
+    cmake --install "$ARMHF/gtest-build" >/dev/null
+  fi
+  log "armhf build (32-bit)"
+  cfg "$ARMHF/native" -DCMAKE_TOOLCHAIN_FILE="$ARMHF_TC" -DCMAKE_PREFIX_PATH="$ARMHF/gtest"
+  cmake --build "$ARMHF/native" -j"$JOBS"
+  log "armhf ctest under qemu-arm"
+  # shellcheck disable=SC2086
+  if (cd "$ARMHF/native" && ctest -j"$JOBS" --timeout 900 --output-on-failure ${CROSS_CTEST_ARGS:-}); then
+    summary+=("armhf (32-bit) ctest under qemu: passed")
+  else
+    status=1; summary+=("armhf (32-bit) ctest under qemu: FAILED")
   fi
 fi
 

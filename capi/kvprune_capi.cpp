@@ -57,33 +57,129 @@ void copy_out(T *dst, const T &r) {
            n - sizeof(uint32_t));
 }
 
-bool valid(const kvp_cache *c) { return c && c->magic == kvp::kMagic; }
+// ---- handles ----
+// With caller memory the handle is the cache's address (the arena's start). A library-owned
+// arena (kvp_create with arena == NULL) gives out the address + 1 (caches are 64-byte aligned,
+// so bit 0 is free): kvp_destroy tells such a handle from caller memory without reading it, and
+// frees it only while it is on the list of live owned caches, so a second kvp_destroy of it does
+// nothing instead of reading and freeing freed memory.
+constexpr uintptr_t kOwnedTag = 1;
+
+kvp_cache *untag(const kvp_cache *h) {
+    return reinterpret_cast<kvp_cache *>(reinterpret_cast<uintptr_t>(h) & ~kOwnedTag);
+}
+
+uint32_t magic_of(const kvp_cache *c) { return __atomic_load_n(&c->magic, __ATOMIC_RELAXED); }
+
+bool valid(const kvp_cache *c) { return c && magic_of(c) == kvp::kMagic; }
 
 // Status for a handle that is not a live cache: a destroyed one (its caller memory still
 // readable) is a state error, anything else a bad argument.
-kvp_status not_live(const kvp_cache *c) { return c && c->magic == kvp::kDeadMagic ? KVP_ERR_STATE : KVP_ERR_ARG; }
+kvp_status not_live(const kvp_cache *c) { return c && magic_of(c) == kvp::kDeadMagic ? KVP_ERR_STATE : KVP_ERR_ARG; }
 
-// First non-finite float in x[0..n), or n.
-size_t first_nonfinite(const float *x, size_t n) {
+// ---- one call at a time per cache ----
+// Every call that reads or changes a cache's state holds its `busy` flag for the whole call (one
+// atomic exchange in, one store out). A call that finds it held (another thread is inside a call
+// on the same cache: a violation of the one-call-at-a-time rule) returns KVP_ERR_STATE and touches
+// nothing, not even the message slot, which belongs to the call in progress.
+bool acquire(const kvp_cache *c) {
+    return __atomic_exchange_n(&const_cast<kvp_cache *>(c)->busy, 1u, __ATOMIC_ACQUIRE) == 0u;
+}
+void release(const kvp_cache *c) { __atomic_store_n(&const_cast<kvp_cache *>(c)->busy, 0u, __ATOMIC_RELEASE); }
+
+// Holds the flag of a live cache for one call; ok() false when the handle is not a live cache or
+// the cache is busy (status() says which).
+class Guard {
+public:
+    explicit Guard(const kvp_cache *h) : c_(untag(h)) {
+        if (!valid(c_)) st_ = not_live(c_);
+        else if (!acquire(c_)) st_ = KVP_ERR_STATE;
+        else held_ = true;
+    }
+    ~Guard() {
+        if (held_) release(c_);
+    }
+    Guard(const Guard &) = delete;
+    Guard &operator=(const Guard &) = delete;
+    bool ok() const { return held_; }
+    kvp_status status() const { return st_; }
+    kvp_cache *get() const { return c_; }
+
+private:
+    kvp_cache *c_;
+    kvp_status st_ = KVP_OK;
+    bool held_ = false;
+};
+
+#if !KVP_NO_HEAP
+// Live library-owned caches (a list through their own arenas), behind a spin lock taken only by
+// kvp_create and kvp_destroy of such caches.
+uint32_t g_owned_lock = 0;
+kvp_cache *g_owned_head = nullptr;
+
+void owned_lock() {
+    while (__atomic_exchange_n(&g_owned_lock, 1u, __ATOMIC_ACQUIRE) != 0u) {
+    }
+}
+void owned_unlock() { __atomic_store_n(&g_owned_lock, 0u, __ATOMIC_RELEASE); }
+
+void owned_add(kvp_cache *c) {
+    owned_lock();
+    c->owned_next = g_owned_head;
+    g_owned_head = c;
+    owned_unlock();
+}
+
+// Unlinks c when it is a live owned cache that no call is using; false otherwise (destroyed
+// before, never created, or busy), without reading c's memory unless it is on the list.
+bool owned_take(kvp_cache *c) {
+    owned_lock();
+    kvp_cache **p = &g_owned_head;
+    while (*p && *p != c) p = &(*p)->owned_next;
+    const bool found = *p != nullptr && acquire(c);
+    if (found) *p = c->owned_next;
+    owned_unlock();
+    return found;
+}
+#endif
+
+// ---- inputs ----
+// Largest magnitude accepted in q, k and v (KVP_INPUT_LIMIT = 2^56): as float bits, |x| >= 2^56
+// (biased exponent >= 127 + 56) and NaN/Inf (exponent 255) are both abs_bits >= 183 << 23.
+constexpr uint32_t kInputLimitBits = (127u + 56u) << 23;
+static_assert(KVP_INPUT_LIMIT == 72057594037927936.0, "KVP_INPUT_LIMIT is 2^56");
+
+// First float of x[0..n) that is NaN, Inf or |x| >= KVP_INPUT_LIMIT, or n.
+size_t first_out_of_range(const float *x, size_t n) {
     for (size_t i = 0; i < n; ++i) {
         uint32_t b;
         memcpy(&b, &x[i], 4);
-        if ((b & 0x7f800000u) == 0x7f800000u) return i;
+        if ((b & 0x7fffffffu) >= kInputLimitBits) return i;
     }
     return n;
 }
 
 kvp_status check_finite(const char *name, const float *x, size_t n, Msg &m) {
-    const size_t i = first_nonfinite(x, n);
+    const size_t i = first_out_of_range(x, n);
     if (i == n) return KVP_OK;
-    m.s(name).s("[").u(i).s("] is NaN or Inf");
+    m.s(name).s("[").u(i).s("]=").f(double(x[i]));
+    if (x[i] != x[i] || x[i] - x[i] != 0.0f) m.s(" is NaN or Inf");
+    else m.s(" is out of range: |x| must be < KVP_INPUT_LIMIT = 2^56 (attention could overflow)");
     return KVP_ERR_NONFINITE;
 }
 
-// Shared validation of the token-adding calls. q == NULL skips the query checks; `prefill`: a
-// kvp_prefill call (with q, staged policies take the chunk through their staging area).
+// Byte ranges [a, a+an) and [b, b+bn) overlap (addresses compared as integers).
+bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
+    if (!a || !b || !an || !bn) return false;
+    const uintptr_t x = reinterpret_cast<uintptr_t>(a), y = reinterpret_cast<uintptr_t>(b);
+    return x < y ? y - x < an : x - y < bn;
+}
+
+// Shared validation of the token-adding calls. q == NULL skips the query checks; out (may be
+// NULL) must not overlap the inputs; `prefill`: a kvp_prefill call (with q, staged policies take
+// the chunk through their staging area).
 kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions,
-                        const float *q, const float *k, const float *v, bool prefill, Msg &m) {
+                        const float *q, const float *k, const float *v, const float *out, bool prefill, Msg &m) {
     const kvp_model &md = c->cfg.model;
     if (layer >= md.n_layers) {
         m.s("layer ").u(layer).s(" out of range (n_layers=").u(md.n_layers).s(")");
@@ -104,9 +200,23 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
         m.s("positions would exceed INT32_MAX");
         return KVP_ERR_ARG;
     }
-    const size_t nkv = size_t(n) * md.n_kv_heads * md.head_dim;
+    // Sizes of the caller's arrays: in 64 bits (n * heads * head_dim < 2^52), then they must fit
+    // this platform's size_t (32-bit targets) before any pointer arithmetic uses them.
+    const uint64_t nq64 = uint64_t(n) * md.n_q_heads * md.head_dim, nkv64 = uint64_t(n) * md.n_kv_heads * md.head_dim;
+    if (nq64 > SIZE_MAX / sizeof(float)) {
+        m.s("n_tokens=").u(n).s(": q and out would need ").u(nq64 * sizeof(float)).s(" bytes, beyond this platform's address space");
+        return KVP_ERR_ARG;
+    }
+    const size_t nq = size_t(nq64), nkv = size_t(nkv64);
+    if (out && (overlaps(out, nq * sizeof(float), q, nq * sizeof(float)) ||
+                overlaps(out, nq * sizeof(float), k, nkv * sizeof(float)) ||
+                overlaps(out, nq * sizeof(float), v, nkv * sizeof(float)) ||
+                overlaps(out, nq * sizeof(float), positions, positions ? size_t(n) * sizeof(int32_t) : 0))) {
+        m.s("out overlaps q, k, v or positions: outputs are written while the inputs are still read (use a separate buffer)");
+        return KVP_ERR_ARG;
+    }
     kvp_status st;
-    if (q && (st = check_finite("q", q, size_t(n) * md.n_q_heads * md.head_dim, m)) != KVP_OK) return st;
+    if (q && (st = check_finite("q", q, nq, m)) != KVP_OK) return st;
     if ((st = check_finite("k", k, nkv, m)) != KVP_OK) return st;
     if ((st = check_finite("v", v, nkv, m)) != KVP_OK) return st;
     if ((st = kvp::cache_room_check(c, layer, n, prefill && q, m)) != KVP_OK) return st;  // q: read (see kvp_prefill)
@@ -215,33 +325,62 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
         m.s("arena address is not 64-byte aligned (address % 64 = ").u(reinterpret_cast<uintptr_t>(arena) % kvp::kAlign).s(")");
         return report(KVP_ERR_ARENA, m.c_str(), err, err_len);
     }
+    // Two caches in one arena: creating over a live cache (created, not destroyed) would turn
+    // its handle into an alias of the new one. Caught when the arena starts where that cache
+    // does; arenas that overlap at other offsets are the caller's to avoid (kvprune.h).
+    if (!owned && valid(static_cast<const kvp_cache *>(arena))) {
+        m.s("the arena holds a live cache: kvp_destroy it first (or kvp_reset it to start a new sequence)");
+        return report(KVP_ERR_STATE, m.c_str(), err, err_len);
+    }
     kvp_cache *c = kvp::cache_init(full, p, arena);
     c->owned = owned;
+#if !KVP_NO_HEAP
+    if (owned) {
+        owned_add(c);
+        *out = reinterpret_cast<kvp_cache *>(reinterpret_cast<uintptr_t>(c) | kOwnedTag);
+        report(KVP_OK, "", err, err_len);
+        return KVP_OK;
+    }
+#endif
     *out = c;
     report(KVP_OK, "", err, err_len);
     return KVP_OK;
 }
 
-void kvp_destroy(kvp_cache *c) {
-    if (!valid(c)) return;
-    c->magic = kvp::kDeadMagic;
+void kvp_destroy(kvp_cache *h) {
+    kvp_cache *c = untag(h);
+    if (!c) return;
 #if !KVP_NO_HEAP
-    free(c->owned);  // NULL for caller memory
+    if (reinterpret_cast<uintptr_t>(h) & kOwnedTag) {
+        // Only a live owned cache no call is using is destroyed; anything else (destroyed
+        // before, busy) is left alone, and its memory is not read unless it is on the list.
+        if (!owned_take(c)) return;
+        __atomic_store_n(&c->magic, kvp::kDeadMagic, __ATOMIC_RELAXED);
+        free(c->owned);
+        return;
+    }
 #endif
+    // Caller memory: a cache that is busy (another thread is inside a call on it) is left alone;
+    // the flag stays held, so every later call on the handle fails.
+    if (!valid(c) || !acquire(c)) return;
+    __atomic_store_n(&c->magic, kvp::kDeadMagic, __ATOMIC_RELAXED);
 }
 
-kvp_status kvp_reset(kvp_cache *c) {
-    // The only failures are handles that are not live caches: kvp_last_error(c) describes them
-    // (NULL, destroyed, not a cache) without a cache to write to.
-    if (!valid(c)) return not_live(c);
-    kvp::cache_reset(c);
+kvp_status kvp_reset(kvp_cache *h) {
+    // The only failures are handles that are not live caches or busy: kvp_last_error(c)
+    // describes the first kind (NULL, destroyed, not a cache) without a cache to write to.
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    kvp::cache_reset(g.get());
     return KVP_OK;
 }
 
-kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                        const float *q, const float *k, const float *v, float *out, kvp_selection *sel) {
-    if (!valid(c)) return not_live(c);
-    char buf[160];
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    kvp_cache *c = g.get();
+    char buf[192];
     Msg m(buf, sizeof buf);
     if (out && !q) { m.s("q must not be NULL when out is given"); return fail(c, KVP_ERR_ARG, m); }
     if (sel && (!kvp::struct_size_ok(sel->struct_size, kSelectionFirstSize, sizeof(kvp_selection)) || (sel->capacity && !sel->indices))) {
@@ -251,38 +390,42 @@ kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const in
     // q is read when outputs are asked for, and by policies that observe or stage the prompt
     const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
                                                                           c->layers[layer].geom.lp.staged_prefill)));
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, reads_q ? q : nullptr, k, v, true, m);
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, reads_q ? q : nullptr, k, v, out, true, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, q, k, v, out, kvp::StepMode::kPrefill);
     if (sel) { sel->n = 0; sel->selected = 0; }
     return KVP_OK;
 }
 
-kvp_status kvp_decode(kvp_cache *c, uint32_t layer, const float *q, const float *k, const float *v,
+kvp_status kvp_decode(kvp_cache *h, uint32_t layer, const float *q, const float *k, const float *v,
                       float *out) {
-    if (!valid(c)) return not_live(c);
-    char buf[160];
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    kvp_cache *c = g.get();
+    char buf[192];
     Msg m(buf, sizeof buf);
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
-    kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, false, m);
+    kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, out, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, 1, nullptr, q, k, v, out, kvp::StepMode::kDecode);
     return KVP_OK;
 }
 
-kvp_status kvp_append(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+kvp_status kvp_append(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                       const float *k, const float *v) {
-    if (!valid(c)) return not_live(c);
-    char buf[160];
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    kvp_cache *c = g.get();
+    char buf[192];
     Msg m(buf, sizeof buf);
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, false, m);
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, nullptr, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, nullptr, k, v, nullptr, kvp::StepMode::kAppend);
     return KVP_OK;
 }
 
-uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer) {
-    if (!valid(c) || layer >= c->cfg.model.n_layers) return 0;
+namespace {
+uint32_t layer_len_of(const kvp_cache *c, uint32_t layer) {
     uint32_t best = 0;
     for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
         const uint32_t l = kvp::head_of(c, layer, h).len();
@@ -290,20 +433,31 @@ uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer) {
     }
     return best;
 }
+}  // namespace
 
-uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer) {
+uint32_t kvp_layer_len(const kvp_cache *h, uint32_t layer) {
+    Guard g(h);
+    if (!g.ok() || layer >= g.get()->cfg.model.n_layers) return 0;
+    return layer_len_of(g.get(), layer);
+}
+
+uint32_t kvp_layer_capacity(const kvp_cache *h, uint32_t layer) {
+    const kvp_cache *c = untag(h);  // fixed at create: no guard needed
     if (!valid(c) || layer >= c->cfg.model.n_layers) return 0;
     return c->layers[layer].geom.lp.cap;
 }
 
-uint32_t kvp_prefill_room(const kvp_cache *c) {
-    if (!valid(c)) return 0;
-    return kvp::cache_prefill_room(c);
+uint32_t kvp_prefill_room(const kvp_cache *h) {
+    Guard g(h);
+    if (!g.ok()) return 0;
+    return kvp::cache_prefill_room(g.get());
 }
 
-kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_head, int32_t *out,
+kvp_status kvp_layer_positions(const kvp_cache *h, uint32_t layer, uint32_t kv_head, int32_t *out,
                                uint32_t cap, uint32_t *n) {
-    if (!valid(c)) return not_live(c);
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    const kvp_cache *c = g.get();
     char buf[160];
     Msg m(buf, sizeof buf);
     if (!n || (!out && cap > 0)) {
@@ -325,8 +479,10 @@ kvp_status kvp_layer_positions(const kvp_cache *c, uint32_t layer, uint32_t kv_h
     return KVP_OK;
 }
 
-kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s) {
-    if (!valid(c)) return not_live(c);
+kvp_status kvp_get_stats(const kvp_cache *h, kvp_stats *s) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    const kvp_cache *c = g.get();
     char buf[160];
     Msg m(buf, sizeof buf);
     if (!sized_out(s ? &s->struct_size : nullptr, kStatsFirstSize, sizeof(kvp_stats), "kvp_stats", m)) return fail_const(c, KVP_ERR_ARG, m);
@@ -338,17 +494,19 @@ kvp_status kvp_get_stats(const kvp_cache *c, kvp_stats *s) {
     r.peak_live_bytes = c->peak_bytes;
     r.tokens_seen = c->tokens_seen;
     for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l) {
-        for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
-            r.prune_events += kvp::head_of(c, l, h).prune_events;
-            r.tokens_evicted += kvp::head_of(c, l, h).evicted;
+        for (uint32_t hd = 0; hd < c->cfg.model.n_kv_heads; ++hd) {
+            r.prune_events += kvp::head_of(c, l, hd).prune_events;
+            r.tokens_evicted += kvp::head_of(c, l, hd).evicted;
         }
     }
     copy_out(s, r);
     return KVP_OK;
 }
 
-kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_stats *s) {
-    if (!valid(c)) return not_live(c);
+kvp_status kvp_get_layer_stats(const kvp_cache *h, uint32_t layer, kvp_layer_stats *s) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    const kvp_cache *c = g.get();
     char buf[160];
     Msg m(buf, sizeof buf);
     if (!sized_out(s ? &s->struct_size : nullptr, kLayerStatsFirstSize, sizeof(kvp_layer_stats), "kvp_layer_stats", m)) return fail_const(c, KVP_ERR_ARG, m);
@@ -358,11 +516,11 @@ kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_sta
     r.struct_size = sizeof r;
     const kvp::LayerState &ls = c->layers[layer];
     r.capacity = ls.geom.lp.cap;
-    r.len = kvp_layer_len(c, layer);
+    r.len = layer_len_of(c, layer);
     r.live_bytes = ls.bytes;
-    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
-        r.prune_events += kvp::head_of(c, layer, h).prune_events;
-        r.tokens_evicted += kvp::head_of(c, layer, h).evicted;
+    for (uint32_t hd = 0; hd < c->cfg.model.n_kv_heads; ++hd) {
+        r.prune_events += kvp::head_of(c, layer, hd).prune_events;
+        r.tokens_evicted += kvp::head_of(c, layer, hd).evicted;
     }
     r.evict_threshold = ls.evict_threshold;
     r.sparsity = ls.sparsity;
@@ -371,9 +529,10 @@ kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_sta
     return KVP_OK;
 }
 
-const char *kvp_last_error(const kvp_cache *c) {
+const char *kvp_last_error(const kvp_cache *h) {
+    const kvp_cache *c = untag(h);
     if (!c) return "KVP_ERR_ARG: invalid argument: NULL cache (why a kvp_create failed: kvp_create_ex)";
-    if (c->magic == kvp::kDeadMagic) return "KVP_ERR_STATE: invalid in the current state: the cache was destroyed";
+    if (magic_of(c) == kvp::kDeadMagic) return "KVP_ERR_STATE: invalid in the current state: the cache was destroyed";
     if (!valid(c)) return "KVP_ERR_ARG: invalid argument: not a live cache";
     return c->last_error;
 }

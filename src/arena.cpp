@@ -23,6 +23,10 @@ struct Sz {
         return align_up(x, kAlign);
     }
     size_t al16(size_t floats) { return al(mul(floats, sizeof(float))) / sizeof(float); }
+    size_t fit(uint64_t v) {  // a 64-bit count as size_t (32-bit targets)
+        if (v > SIZE_MAX) ok = false;
+        return size_t(v);
+    }
 };
 
 uint32_t ceil_div(uint64_t a, uint32_t b) { return uint32_t((a + b - 1) / b); }
@@ -91,6 +95,9 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (why) *why = "total_capacity is below what the layers need to make progress";
         return false;
     }
+    // Slot ids are uint32 (storage.h), and cache_init's home ranges multiply block counts.
+    if (nblocks * cfg.block > 0xffffffffu) { if (why) *why = "a pool needs more than 2^32-1 slots per KV head"; return false; }
+    if (p->shared && nblocks && sum_blocks > UINT64_MAX / nblocks) { if (why) *why = "the pool's home ranges overflow"; return false; }
     p->nblocks = uint32_t(nblocks);
     p->logit_ld = uint32_t(z.al16(uint64_t(max_cap) + p->stage));
     FmtPlan fp;
@@ -104,7 +111,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_heads = off;
     off = z.add(off, z.al(z.mul(sizeof(HeadStore), z.mul(L, H))));
     p->off_tables = off;
-    off = z.add(off, z.al(z.mul(sizeof(uint32_t), size_t(tables))));
+    off = z.add(off, z.al(z.mul(sizeof(uint32_t), z.fit(tables))));
     p->off_home = off;
     off = z.add(off, z.al(z.mul(sizeof(uint32_t), size_t(L) + 1)));
     p->off_minb = off;
@@ -152,8 +159,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     // Per-thread scratch (bytes; parts 64-aligned).
     const size_t ld = p->logit_ld, st = p->stride, TR = size_t(kTileTokens) * G;
     p->memo_floats = rope_memo_floats(pairs);
-    const size_t dec = z.add(z.add(z.mul(G, ld), z.al16(z.mul(G, st))), 2 * z.al16(G));
-    size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), 2 * z.al16(TR));
+    const size_t dec = z.add(z.add(z.mul(G, ld), z.al16(z.mul(G, st))), z.mul(2, z.al16(G)));
+    size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), z.mul(2, z.al16(TR)));
     if (any_obs) pre = z.add(pre, z.add(z.add(z.al16(z.mul(TR, ld)), z.al16(z.mul(G, ld))), z.al16(TR)));
     const size_t work = dec > pre ? dec : pre;
     p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));

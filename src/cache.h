@@ -32,6 +32,7 @@ struct LayerState {
 
 struct kvp_cache {
     uint32_t magic;
+    uint32_t busy;             // capi: 1 while a call runs on this cache (one call at a time)
     kvp_config cfg;
     kvp::ArenaPlan plan;
     const kvp::Policy *policy;
@@ -52,6 +53,7 @@ struct kvp_cache {
     uint32_t fixed_rope_n;
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
+    kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
     char last_error[256];

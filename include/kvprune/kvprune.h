@@ -25,6 +25,37 @@
  * Query head h attends with KV head h / (n_q_heads / n_kv_heads).
  * A complete C99 program that checks every status: tests/example.c (also in the README).
  *
+ * Threads: one call at a time per cache. Different caches are independent (any threads, at
+ * once); calls on one cache must be serialised by the host. Overlapping calls on one cache are
+ * caught cheaply rather than corrupting it: every call that reads or changes a cache's state
+ * (all but kvp_layer_capacity, fixed at create, and kvp_last_error) holds an in-use flag (one
+ * atomic exchange) for its duration, and a call that finds the flag held returns
+ * KVP_ERR_STATE and changes nothing, not even the kvp_last_error text (it belongs to the call in
+ * progress). The uint32_t queries kvp_layer_len and kvp_prefill_room return 0 then;
+ * kvp_destroy does nothing then (the cache stays live: destroy it once the other call returned).
+ * This is a safety net, not a lock: a host that relies on it to serialise gets spurious
+ * KVP_ERR_STATE results. kvp_last_error returns the slot of the last failed call: read it from
+ * the thread that made that call, before that thread's next call on the cache.
+ *
+ * Input range: every element of q, k and v must be finite with |x| < KVP_INPUT_LIMIT (2^56,
+ * about 7.2e16). Anything else (NaN, Inf, or a finite value that large, e.g. q = k = 1e19 whose
+ * logits would overflow to Inf and make NaN outputs) fails with KVP_ERR_NONFINITE and changes
+ * nothing. In exchange the outputs of every successful call are finite: with |q|,|k| < 2^56 and
+ * head_dim <= 1024 a logit stays below 2^124, and an output is a convex combination of the values.
+ *
+ * Buffers: `out` must not overlap q, k, v or positions (outputs are written while inputs are
+ * still read by other heads): KVP_ERR_ARG. q, k and v may overlap each other (read only).
+ *
+ * Arenas: an arena holds at most one live cache. kvp_create on an arena whose first bytes hold
+ * a live cache (created and not destroyed) is KVP_ERR_STATE; two caches whose arenas overlap at
+ * other offsets are undefined (not detected). Destroy a cache before freeing or reusing its
+ * arena. kvp_destroy twice is safe: with caller memory (still allocated) the second call sees a
+ * destroyed cache and does nothing; with a library-owned arena (arena == NULL) the handle is
+ * tagged, and kvp_destroy frees it only while it is live, so a second call does nothing without
+ * reading the freed memory (until a later kvp_create returns the same address, as with free()).
+ * Any other call on a handle whose library-owned arena was freed is undefined (the memory is
+ * gone); on a destroyed cache in caller memory it is KVP_ERR_STATE.
+ *
  * Messages: every error text the library writes (the err buffers of the config functions and
  * kvp_create_ex, and kvp_last_error) has one format, "<kvp_status_str(status)>: <detail>", e.g.
  * "KVP_ERR_CONFIG: invalid configuration: unknown key 'windw' (did you mean 'window'?)", so a
@@ -54,6 +85,9 @@ extern "C" {
 /** Compile-time version, same encoding as kvp_version(). */
 #define KVP_VERSION ((KVP_VERSION_MAJOR << 16) | (KVP_VERSION_MINOR << 8) | KVP_VERSION_PATCH)
 
+/** Inputs q, k, v must satisfy |x| < KVP_INPUT_LIMIT (2^56); larger or non-finite: KVP_ERR_NONFINITE. */
+#define KVP_INPUT_LIMIT 72057594037927936.0
+
 /*
  * Enums: the numbers are pinned. Each enum ends with a *_FORCE_INT32_ sentinel (not a valid
  * value) so that it is int-sized even on ABIs with short enums (arm-none-eabi), keeping
@@ -68,8 +102,8 @@ typedef enum {
     KVP_ERR_ARENA = 3,       /**< arena NULL-less but too small or misaligned */
     KVP_ERR_LAYER = 4,       /**< layer (or KV head) index out of range */
     KVP_ERR_FULL = 5,        /**< the layer has no room for the tokens and the policy may not evict */
-    KVP_ERR_NONFINITE = 6,   /**< NaN or Inf in q, k or v */
-    KVP_ERR_STATE = 7,       /**< call not valid in the cache's current state (e.g. destroyed) */
+    KVP_ERR_NONFINITE = 6,   /**< NaN, Inf or |x| >= KVP_INPUT_LIMIT in q, k or v */
+    KVP_ERR_STATE = 7,       /**< call not valid in the cache's current state (destroyed, in use by another call, arena holds a live cache) */
     KVP_ERR_UNSUPPORTED = 8, /**< feature recognised but not available in this build/version */
     KVP_ERR_BUFFER = 9,      /**< caller's output buffer too small; the call reports the size it needs */
     KVP_STATUS_FORCE_INT32_ = 0x7fffffff  /* not a status: keeps the enum int-sized on every ABI */
@@ -229,7 +263,7 @@ typedef struct kvp_selection {
     int32_t  selected;     /* out: 1 when this call determined the selection layer */
 } kvp_selection;
 
-/** Opaque cache handle; lives at the start of its arena. */
+/** Opaque cache handle: the arena's address for caller memory; a tagged value for a library-owned arena. */
 typedef struct kvp_cache kvp_cache;
 
 /** Library version: (major<<16)|(minor<<8)|patch. Never fails. */
@@ -292,8 +326,9 @@ size_t kvp_arena_size(const kvp_config *cfg);
  * frees it in kvp_destroy); builds without heap (KVP_NO_HEAP) return KVP_ERR_UNSUPPORTED
  * for that. Worker threads are started here, so no later call allocates.
  * Returns KVP_ERR_ARG (NULL cfg/out, bad struct_size), KVP_ERR_CONFIG/UNSUPPORTED (as
- * kvp_config_check), KVP_ERR_ARENA (too small, misaligned, or the NULL-arena allocation
- * failed). *out is set only on success. There is no cache to hold a message when this fails:
+ * kvp_config_check, or an arena size that overflows this platform's size_t), KVP_ERR_ARENA (too
+ * small, misaligned, or the NULL-arena allocation failed), KVP_ERR_STATE (the arena holds a live
+ * cache). *out is set only on success. There is no cache to hold a message when this fails:
  * kvp_create_ex returns it in a caller buffer.
  */
 kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out);
@@ -309,6 +344,8 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
 /**
  * Destroys a cache (NULL is a no-op). Caller memory is not freed; the arena may be reused.
  * Calls on a destroyed handle whose caller memory is still readable return KVP_ERR_STATE.
+ * A second kvp_destroy is a no-op (also for a library-owned arena); so is kvp_destroy of a cache
+ * another thread's call is using (see "Threads" above).
  */
 void kvp_destroy(kvp_cache *c);
 
@@ -325,10 +362,12 @@ kvp_status kvp_reset(kvp_cache *c);
  * the policy's prefill compression once. positions: NULL = next positions, else strictly
  * increasing and after the layer's last position. out may be NULL (attention skipped).
  * sel may be NULL; it is written only by the ASL policy (n = 0 otherwise).
- * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions), KVP_ERR_LAYER,
- * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv with q
- * exceeds `prefill_stage`: callers chunk long prompts by kvp_prefill_room). q is read (and checked)
- * when out is given or the policy observes the prompt (h2o, snapkv, pyramidkv, lethe).
+ * q is read (and checked) when out is given, and also with out == NULL under a policy that observes
+ * or stages the prompt (h2o, snapkv, pyramidkv, lethe): pass NULL for q when there are none.
+ * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions, out overlapping an input),
+ * KVP_ERR_LAYER, KVP_ERR_NONFINITE (q, k or v out of range: see "Input range"),
+ * KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv with q exceeds
+ * `prefill_stage`: callers chunk long prompts by kvp_prefill_room), KVP_ERR_STATE.
  */
 kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                        const float *q, const float *k, const float *v, float *out, kvp_selection *sel);
@@ -336,7 +375,8 @@ kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const in
 /**
  * Decodes one token at the next position: appends k/v, computes attention of q over the
  * layer (including the new token) into out, then prunes if the policy's trigger fires.
- * Errors: KVP_ERR_ARG (NULL pointers), KVP_ERR_LAYER, KVP_ERR_NONFINITE, KVP_ERR_FULL.
+ * Errors: KVP_ERR_ARG (NULL pointers, out overlapping q/k/v), KVP_ERR_LAYER, KVP_ERR_NONFINITE,
+ * KVP_ERR_FULL, KVP_ERR_STATE.
  */
 kvp_status kvp_decode(kvp_cache *c, uint32_t layer, const float *q, const float *k, const float *v,
                       float *out);

@@ -308,6 +308,9 @@ func (c *Cache) tokens(q []float32, checkQ bool, k, v, out []float32, positions 
 		return 0, argErr("k has %d floats: expected a positive multiple of n_kv_heads*head_dim = %d", len(k), kw)
 	}
 	n := len(k) / kw
+	if qw != 0 && n > int(^uint(0)>>1)/qw { // 32-bit targets: n*qw must not wrap (a short q would pass)
+		return 0, argErr("%d tokens: q would hold more floats than int counts", n)
+	}
 	if len(v) != len(k) {
 		return 0, argErr("v has %d floats, k has %d", len(v), len(k))
 	}

@@ -398,7 +398,11 @@ impl Cache {
         if v != k {
             return Err(arg_error(format!("v has {} floats, k has {}", v, k)));
         }
-        let qn = n * self.q_width();
+        // 32-bit targets: the q/out length of n tokens must fit usize (a wrapped product would let a
+        // short q through and the library read past it).
+        let qn = n
+            .checked_mul(self.q_width())
+            .ok_or_else(|| arg_error(format!("{} tokens: q would hold more floats than usize counts", n)))?;
         if let Some(q) = q {
             if q != qn {
                 return Err(arg_error(format!("q has {} floats, expected {} ({} tokens)", q, qn, n)));

@@ -280,9 +280,10 @@ fn cache_moves_to_another_thread() {
 // Issue 11: a valid configuration whose arena cannot be allocated is an error, not an abort.
 #[test]
 fn huge_arena_is_an_arena_error() {
-    // 64 layers x 64 KV heads x 2^28 slots x 1024 floats x (K+V): about 2^53 bytes, beyond any
-    // address space, yet a valid configuration with an exact arena size.
-    let m = Model::new(64, 64, 64, 1024);
+    // 15 layers x 64 KV heads x 2^28 slots x 1024 floats x (K+V): about 2^51 bytes, beyond any
+    // address space, yet a valid configuration with an exact arena size (a KV head's pool holds
+    // 15 x 2^28 slots, below the 2^32 slot ids allow).
+    let m = Model::new(15, 64, 64, 1024);
     let cfg = Config::from_spec(&m, "capacity=268435456").unwrap();
     let n = cfg.arena_size();
     assert!(n > (1usize << 48), "arena {}", n);

@@ -1,0 +1,476 @@
+// Call sequences against a twin cache (targets.h). The input bytes drive every choice: the
+// configuration (a row of kPolicies, geometry, positions, sharing, block, threads) and then
+// one call after another. Inputs run out as zeros, so every byte string is a valid program.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "kvprune/kvprune.h"
+#include "targets.h"
+
+namespace kvpfuzz {
+
+void violation(const char *target, const char *what) {
+    fprintf(stderr, "kvpfuzz %s: invariant violated: %s\n", target, what);
+    fflush(stderr);
+    abort();
+}
+
+namespace {
+
+struct Bytes {
+    const uint8_t *p;
+    size_t n, i = 0;
+    uint8_t u8() { return i < n ? p[i++] : 0; }
+    uint32_t u16() { return uint32_t(u8()) | uint32_t(u8()) << 8; }
+    uint32_t pick(uint32_t k) { return k ? u8() % k : 0; }  // 0..k-1
+    bool more() const { return i < n; }
+};
+
+// splitmix64: the values of q/k/v come from a seed the bytes choose (the bytes choose structure,
+// not megabytes of floats).
+struct Rng {
+    uint64_t s;
+    uint64_t next() {
+        uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    }
+    float unit() { return float(next() >> 40) / float(1ull << 24) * 2.0f - 1.0f; }
+};
+
+// ---- the policy table: one row per policy; rows of policies this build does not implement
+// (kvp_config_apply says KVP_ERR_UNSUPPORTED) are skipped, so a new policy's row can land with
+// the policy. Each row writes its keys (small values, so sequences reach prunes) into spec.
+using SpecFn = void (*)(Bytes &b, std::string &spec);
+
+std::string kv(const char *k, uint32_t v) { return std::string(" ") + k + "=" + std::to_string(v); }
+
+void spec_full(Bytes &b, std::string &s) { s += kv("capacity", 1 + b.pick(96)); }
+void spec_window(Bytes &b, std::string &s) {
+    const uint32_t w = 1 + b.pick(40);
+    s += kv("window", w);
+    if (b.pick(2)) s += kv("capacity", w + 1 + b.pick(16));
+}
+void spec_streaming(Bytes &b, std::string &s) {
+    const uint32_t S = b.pick(5), W = 1 + b.pick(40), B = b.pick(4), R = b.pick(9), sig = b.pick(9), d = b.pick(9);
+    s += kv("sinks", S) + kv("window", W) + kv("extra", B) + kv("compress_every", R) + kv("slack", sig) + kv("max_drop", d);
+    const uint32_t C = S + W + B, need = (C + R > C + sig) ? C + R : C + sig;
+    if (b.pick(2)) s += kv("capacity", need + b.pick(16));
+}
+void spec_h2o(Bytes &b, std::string &s) {
+    const uint32_t budget = 1 + b.pick(48), recent = b.pick(budget + 1);
+    s += kv("budget", budget) + kv("recent", recent) + kv("obs_window", 1 + b.pick(12));
+    if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(24));
+}
+void spec_snapkv(Bytes &b, std::string &s) {
+    const uint32_t budget = 2 + b.pick(48);
+    s += kv("budget", budget) + kv("obs_window", 1 + b.pick(budget - 1)) + kv("pool_kernel", 1 + 2 * b.pick(4)) +
+         (b.pick(2) ? " pool=avg" : " pool=max");
+    if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(64));
+}
+void spec_pyramidkv(Bytes &b, std::string &s) {
+    spec_snapkv(b, s);
+    s += kv("beta", 1 + b.pick(40));
+}
+void spec_lethe(Bytes &b, std::string &s) {
+    s += kv("sinks", b.pick(4)) + kv("recent", b.pick(8)) + kv("segments", 2 + b.pick(12)) +
+         kv("sparse_ratio", 1 + b.pick(1000));
+    s += std::string(" recent_ratio=0.") + std::to_string(b.pick(10)) + " decay=0." + std::to_string(b.pick(10));
+    if (b.pick(2)) s += kv("capacity", 16 + b.pick(96));
+}
+
+struct PolicyRow {
+    const char *name;
+    SpecFn spec;
+    bool evicts;   // a decode never answers KVP_ERR_FULL (the policy makes room)
+    bool observes; // a prefill reads q even without out (scores from the chunk's last queries)
+};
+const PolicyRow kPolicies[] = {
+    {"full", spec_full, false, false},         {"window", spec_window, true, false},
+    {"streaming", spec_streaming, true, false}, {"h2o", spec_h2o, true, true},
+    {"snapkv", spec_snapkv, false, true},       {"pyramidkv", spec_pyramidkv, false, true},
+    {"lethe", spec_lethe, true, true},
+};
+constexpr uint32_t kNumRows = sizeof kPolicies / sizeof kPolicies[0];
+
+// The rows this build implements (asked once).
+struct Implemented {
+    uint32_t rows[kNumRows];
+    uint32_t n = 0;
+    Implemented() {
+        const kvp_model m = {1, 1, 1, 8, KVP_ROPE_NONE, 0, 10000.0f};
+        for (uint32_t i = 0; i < kNumRows; ++i) {
+            kvp_config c;
+            kvp_config_default(&c, &m);
+            const std::string s = std::string("policy=") + kPolicies[i].name;
+            if (kvp_config_apply(&c, s.c_str(), nullptr, 0) != KVP_ERR_UNSUPPORTED) rows[n++] = i;
+        }
+    }
+};
+const Implemented &implemented() {
+    static const Implemented im;
+    return im;
+}
+
+[[noreturn]] void fail(const std::string &what) { violation("calls", what.c_str()); }
+#define KVPF_CHECK(cond, ...)                                              \
+    do {                                                                   \
+        if (!(cond)) {                                                     \
+            char msg_[512];                                                \
+            snprintf(msg_, sizeof msg_, __VA_ARGS__);                      \
+            fail(std::string(#cond) + ": " + msg_);                        \
+        }                                                                  \
+    } while (0)
+
+struct Arena {
+    void *p = nullptr;
+    explicit Arena(size_t n) { p = n ? aligned_alloc(64, (n + 63) / 64 * 64) : nullptr; }
+    ~Arena() { free(p); }
+};
+
+// What we observe of a cache: per layer its length, capacity and per head positions; counters.
+struct View {
+    std::vector<int64_t> v;
+    bool operator==(const View &o) const { return v == o.v; }
+};
+
+View observe(kvp_cache *c, const kvp_model &m, const char *who) {
+    View w;
+    kvp_stats st;
+    st.struct_size = sizeof st;
+    KVPF_CHECK(kvp_get_stats(c, &st) == KVP_OK, "%s: kvp_get_stats: %s", who, kvp_last_error(c));
+    KVPF_CHECK(st.live_bytes <= st.arena_bytes, "%s: live_bytes %llu > arena_bytes %llu", who,
+               (unsigned long long)st.live_bytes, (unsigned long long)st.arena_bytes);
+    KVPF_CHECK(st.peak_live_bytes >= st.live_bytes, "%s: peak below live", who);
+    w.v = {int64_t(st.live_bytes), int64_t(st.peak_live_bytes), int64_t(st.tokens_seen), int64_t(st.prune_events),
+           int64_t(st.tokens_evicted)};
+    uint64_t live = 0, pe = 0, te = 0;
+    std::vector<int32_t> pos(4096);
+    for (uint32_t l = 0; l < m.n_layers; ++l) {
+        const uint32_t len = kvp_layer_len(c, l), cap = kvp_layer_capacity(c, l);
+        KVPF_CHECK(len <= cap, "%s: layer %u len %u > capacity %u", who, l, len, cap);
+        kvp_layer_stats ls;
+        ls.struct_size = sizeof ls;
+        KVPF_CHECK(kvp_get_layer_stats(c, l, &ls) == KVP_OK, "%s: layer stats", who);
+        KVPF_CHECK(ls.len == len && ls.capacity == cap, "%s: layer stats len/cap", who);
+        KVPF_CHECK(isfinite(ls.sparsity) && ls.sparsity >= 0.0f && ls.sparsity <= 1.0f, "%s: sparsity %g", who,
+                   double(ls.sparsity));
+        live += ls.live_bytes;
+        pe += ls.prune_events;
+        te += ls.tokens_evicted;
+        w.v.insert(w.v.end(), {int64_t(len), int64_t(cap), int64_t(ls.live_bytes), int64_t(ls.prune_events),
+                               int64_t(ls.tokens_evicted), int64_t(ls.evict_threshold), int64_t(ls.lazy)});
+        uint32_t maxlen = 0;
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+            uint32_t n = 0;
+            const kvp_status s0 = kvp_layer_positions(c, l, h, nullptr, 0, &n);
+            KVPF_CHECK((n == 0 && s0 == KVP_OK) || (n > 0 && s0 == KVP_ERR_BUFFER), "%s: positions with cap 0: %d", who,
+                       int(s0));
+            KVPF_CHECK(n <= pos.size(), "%s: %u positions", who, n);
+            KVPF_CHECK(kvp_layer_positions(c, l, h, pos.data(), uint32_t(pos.size()), &n) == KVP_OK, "%s: positions", who);
+            if (n > maxlen) maxlen = n;
+            w.v.push_back(n);
+            for (uint32_t i = 0; i < n; ++i) {
+                KVPF_CHECK(pos[i] >= 0 && (i == 0 || pos[i] > pos[i - 1]), "%s: positions not ascending", who);
+                w.v.push_back(pos[i]);
+            }
+        }
+        KVPF_CHECK(maxlen == len, "%s: layer_len %u is not the max over heads %u", who, len, maxlen);
+    }
+    KVPF_CHECK(live == st.live_bytes && pe == st.prune_events && te == st.tokens_evicted,
+               "%s: layer stats do not sum to the cache's", who);
+    return w;
+}
+
+// One defect injected into an otherwise valid call, and the status it must give.
+enum Defect { kNone, kBadLayer, kNanQ, kInfK, kHugeV, kNullK, kZeroN, kBackwards, kAliasOut, kNumDefects };
+
+struct Sequence {
+    Sequence(Bytes bytes, CallStats *st) : b(bytes), stats(st) {}
+    Bytes b;
+    CallStats *stats;
+    kvp_model m{};
+    kvp_config cfg{};
+    uint32_t row = 0;
+    kvp_cache *a = nullptr, *t = nullptr;  // the cache under attack, its twin
+    std::vector<int64_t> last_pos;        // per layer: last position appended (-1: none)
+    uint64_t seen0 = 0;                   // tokens appended to layer 0
+    std::vector<float> q, k, v, oa, ot;
+    std::vector<int32_t> pos;
+
+    void fill(uint32_t n, uint64_t seed, float scale, bool with_q) {
+        const size_t nq = size_t(n) * m.n_q_heads * m.head_dim, nkv = size_t(n) * m.n_kv_heads * m.head_dim;
+        q.assign(nq + 8, 0.0f);
+        k.assign(nkv + 8, 0.0f);
+        v.assign(nkv + 8, 0.0f);
+        oa.assign(nq + 8, 0.0f);
+        ot.assign(nq + 8, 0.0f);
+        Rng r{seed};
+        if (with_q)
+            for (size_t i = 0; i < nq; ++i) q[i] = r.unit() * scale;
+        for (size_t i = 0; i < nkv; ++i) k[i] = r.unit() * scale;
+        for (size_t i = 0; i < nkv; ++i) v[i] = r.unit() * scale;
+    }
+
+    // Positions for n tokens after layer l's last (gaps from the bytes), or NULL.
+    const int32_t *positions(uint32_t l, uint32_t n, bool given) {
+        if (!given) return nullptr;
+        pos.resize(n);
+        int64_t p = last_pos[l] + 1 + b.pick(3);
+        for (uint32_t i = 0; i < n; ++i) {
+            pos[i] = int32_t(p);
+            p += 1 + b.pick(3);
+        }
+        return pos.data();
+    }
+
+    bool setup() {
+        const Implemented &im = implemented();
+        row = im.rows[b.pick(im.n)];
+        const uint32_t nkv = 1 + b.pick(2), group = 1 + b.pick(3);
+        static const uint32_t dims[] = {4, 8, 16, 20, 32};
+        const uint32_t hd = dims[b.pick(5)];
+        const kvp_rope_style rope = kvp_rope_style(b.pick(3));
+        m = kvp_model{1 + b.pick(3), nkv * group, nkv, hd, rope, 0, 10000.0f};
+        if (rope != KVP_ROPE_NONE && b.pick(4) == 0) m.rope_dim = hd / 2 - (hd / 2) % 2;
+        if (kvp_config_default(&cfg, &m) != KVP_OK) fail("kvp_config_default on a valid model");
+        std::string spec = std::string("policy=") + kPolicies[row].name;
+        kPolicies[row].spec(b, spec);
+        static const char *pos_modes[] = {"", " positions=original", " positions=realign"};
+        spec += pos_modes[b.pick(3)];
+        static const uint32_t blocks[] = {16, 1, 2, 4, 7, 16, 64};
+        spec += kv("block", blocks[b.pick(7)]);
+        char err[320];
+        if (kvp_config_apply(&cfg, spec.c_str(), err, sizeof err) != KVP_OK) {
+            if (stats) ++stats->configs_rejected;
+            return false;
+        }
+        // A shared pool: total_capacity below the sum of capacities (a fraction the bytes pick).
+        if (b.pick(3) == 0) {
+            uint64_t sum = 0;
+            kvp_cache *probe = nullptr;
+            Arena pa(kvp_arena_size(&cfg));
+            if (kvp_create(&cfg, pa.p, kvp_arena_size(&cfg), &probe) == KVP_OK) {
+                for (uint32_t l = 0; l < m.n_layers; ++l) sum += kvp_layer_capacity(probe, l);
+                kvp_destroy(probe);
+            }
+            const uint32_t frac = 1 + b.pick(8);  // eighths of the sum
+            const std::string tc = kv("total_capacity", uint32_t(sum * frac / 8 + b.pick(8)));
+            if (kvp_config_apply(&cfg, tc.c_str(), err, sizeof err) != KVP_OK && stats) ++stats->configs_rejected;
+        }
+        if (stats) ++stats->policy_runs[row];
+        return true;
+    }
+
+    // Runs the same call on the twin after it succeeded on the cache, and compares outputs.
+    void compare_outputs(size_t n_out, const char *what) {
+        for (size_t i = 0; i < n_out; ++i) {
+            KVPF_CHECK(isfinite(oa[i]), "%s: output %zu is %g", what, i, double(oa[i]));
+            KVPF_CHECK(memcmp(&oa[i], &ot[i], 4) == 0, "%s: output %zu differs from the twin (%g vs %g)", what, i,
+                       double(oa[i]), double(ot[i]));
+        }
+    }
+
+    void expect_status(kvp_status st, Defect d, const char *what) {
+        static const kvp_status want[kNumDefects] = {KVP_OK,  KVP_ERR_LAYER, KVP_ERR_NONFINITE, KVP_ERR_NONFINITE,
+                                                     KVP_ERR_NONFINITE, KVP_ERR_ARG, KVP_ERR_ARG, KVP_ERR_ARG,
+                                                     KVP_ERR_ARG};
+        if (d != kNone) {
+            KVPF_CHECK(st == want[d], "%s with defect %d: status %d, want %d (%s)", what, int(d), int(st), int(want[d]),
+                       kvp_last_error(a));
+        } else {
+            KVPF_CHECK(st == KVP_OK || st == KVP_ERR_FULL, "%s: valid call failed with %d (%s)", what, int(st),
+                       kvp_last_error(a));
+        }
+        if (st != KVP_OK) {
+            const char *e = kvp_last_error(a);
+            const char *s = kvp_status_str(st);
+            KVPF_CHECK(strncmp(e, s, strlen(s)) == 0, "%s: message '%s' does not start with '%s'", what, e, s);
+        }
+    }
+
+    // decode / prefill / append with an optional defect.
+    void token_call(int kind) {
+        const uint32_t L = m.n_layers;
+        const Defect d = b.pick(3) == 0 ? Defect(1 + b.pick(kNumDefects - 1)) : kNone;
+        uint32_t layer = b.pick(L);
+        uint32_t n = kind == 0 ? 1 : 1 + b.pick(b.pick(4) == 0 ? 200 : 24);
+        const bool given = kind != 0 && b.pick(2);
+        const bool with_out = kind == 1 ? b.pick(4) != 0 : kind == 0;
+        const bool with_q = kind == 0 || (kind == 1 && (with_out || b.pick(2)));
+        static const float scales[] = {1.0f, 1.0f, 0.01f, 30.0f, 1e6f, 3e16f};
+        fill(n, (uint64_t(b.u16()) << 16) | b.u8(), scales[b.pick(6)], with_q);
+        const int32_t *p = positions(layer, n, given);
+        const size_t nq = size_t(n) * m.n_q_heads * m.head_dim, nkv = size_t(n) * m.n_kv_heads * m.head_dim;
+        const float *qa = with_q ? q.data() : nullptr, *ka = k.data(), *va = v.data();
+        float *out = with_out ? oa.data() : nullptr;
+        uint32_t na = n, la = layer;
+        const int32_t *pa = p;
+        std::vector<int32_t> back;
+        switch (d) {
+            case kNone: break;
+            case kBadLayer: la = L + b.pick(3); break;
+            case kNanQ:
+                if (!qa || (!out && !kPolicies[row].observes)) return;  // q not read: not checked
+                q[b.u16() % nq] = NAN;
+                break;
+            case kInfK: k[b.u16() % nkv] = -INFINITY; break;
+            case kHugeV: v[b.u16() % nkv] = b.pick(2) ? 1e19f : -float(KVP_INPUT_LIMIT); break;
+            case kNullK: ka = nullptr; break;
+            case kZeroN:
+                if (kind == 0) return;
+                na = 0;
+                break;
+            case kBackwards:
+                if (kind == 0) return;
+                back.assign(n, 0);  // not after the layer's last position, or negative
+                back[0] = last_pos[layer] >= 0 ? int32_t(last_pos[layer]) - int32_t(b.pick(2)) : -1 - int32_t(b.pick(5));
+                for (uint32_t i = 1; i < n; ++i) back[i] = back[i - 1] + 1;
+                pa = back.data();
+                break;
+            case kAliasOut:
+                if (!out || !qa) return;
+                out = b.pick(2) ? q.data() : k.data();
+                break;
+            default: break;
+        }
+        if (stats) {
+            ++stats->calls;
+            if (d != kNone) ++stats->bad_inputs;
+        }
+        const View before = observe(a, m, "before");
+        kvp_status st;
+        const char *what = kind == 0 ? "decode" : kind == 1 ? "prefill" : "append";
+        if (kind == 0) st = kvp_decode(a, la, qa, ka, va, out);
+        else if (kind == 1) st = kvp_prefill(a, la, na, pa, qa, ka, va, out, nullptr);
+        else st = kvp_append(a, la, na, pa, ka, va);
+        expect_status(st, d, what);
+        const bool evicts = kPolicies[row].evicts && !(cfg.policy == KVP_POLICY_STREAMING && cfg.compress_every == 0);
+        if (kind == 0 && d == kNone && evicts)
+            KVPF_CHECK(st == KVP_OK, "decode under %s answered %d (%s)", kPolicies[row].name, int(st), kvp_last_error(a));
+        if (st != KVP_OK) {
+            if (stats) ++stats->calls_failed;
+            KVPF_CHECK(observe(a, m, "after a failed call") == before, "a failed %s (status %d) changed the cache", what,
+                       int(st));
+            return;
+        }
+        if (stats) ++stats->calls_ok;
+        kvp_status st2;
+        float *out_t = with_out ? ot.data() : nullptr;
+        if (kind == 0) st2 = kvp_decode(t, layer, qa, ka, va, out_t);
+        else if (kind == 1) st2 = kvp_prefill(t, layer, n, p, qa, ka, va, out_t, nullptr);
+        else st2 = kvp_append(t, layer, n, p, ka, va);
+        KVPF_CHECK(st2 == KVP_OK, "the twin refused a %s the cache took: %d (%s)", what, int(st2), kvp_last_error(t));
+        if (with_out) compare_outputs(nq, what);
+        last_pos[layer] = p ? p[n - 1] : last_pos[layer] + n;
+        if (layer == 0) seen0 += n;
+        KVPF_CHECK(observe(a, m, "cache") == observe(t, m, "twin"), "cache and twin differ after a %s", what);
+    }
+
+    // kvp_prefill_room tokens go into every layer in turn (the header's promise).
+    void room_call() {
+        const uint32_t r = kvp_prefill_room(a);
+        KVPF_CHECK(r == kvp_prefill_room(t), "prefill_room differs from the twin");
+        if (r == 0 || r > 600) return;
+        const uint32_t n = r > 64 && b.pick(2) ? 1 + b.pick(64) : r;
+        fill(n, b.u16(), 1.0f, true);
+        for (uint32_t l = 0; l < m.n_layers; ++l) {
+            const bool out = b.pick(2);
+            kvp_status s1 = kvp_prefill(a, l, n, nullptr, q.data(), k.data(), v.data(), out ? oa.data() : nullptr, nullptr);
+            KVPF_CHECK(s1 == KVP_OK, "prefill of kvp_prefill_room()=%u (n=%u) tokens into layer %u failed: %s", r, n, l,
+                       kvp_last_error(a));
+            kvp_status s2 = kvp_prefill(t, l, n, nullptr, q.data(), k.data(), v.data(), out ? ot.data() : nullptr, nullptr);
+            KVPF_CHECK(s2 == KVP_OK, "twin prefill failed");
+            if (out) compare_outputs(size_t(n) * m.n_q_heads * m.head_dim, "room prefill");
+            last_pos[l] += n;
+            if (l == 0) seen0 += n;
+            if (stats) stats->calls += 2, stats->calls_ok += 2;
+        }
+    }
+
+    void misc_call() {
+        if (stats) ++stats->calls;
+        switch (b.pick(6)) {
+            case 0: {  // reset both
+                KVPF_CHECK(kvp_reset(a) == KVP_OK && kvp_reset(t) == KVP_OK, "reset");
+                for (int64_t &x : last_pos) x = -1;
+                seen0 = 0;
+                break;
+            }
+            case 1: {  // positions with a short buffer / bad head
+                uint32_t n = 99;
+                int32_t buf[4];
+                const uint32_t l = b.pick(m.n_layers + 1), h = b.pick(m.n_kv_heads + 1);
+                const View before = observe(a, m, "before");
+                const kvp_status st = kvp_layer_positions(a, l, h, buf, b.pick(5), &n);
+                if (l >= m.n_layers || h >= m.n_kv_heads) KVPF_CHECK(st == KVP_ERR_LAYER, "positions of a bad layer/head");
+                else KVPF_CHECK(st == KVP_OK || (st == KVP_ERR_BUFFER && n > 0), "positions: %d", int(st));
+                KVPF_CHECK(observe(a, m, "after positions") == before, "kvp_layer_positions changed the cache");
+                break;
+            }
+            case 2: {  // stats with bad sizes
+                kvp_stats s;
+                s.struct_size = b.pick(2) ? 4 : uint32_t(sizeof s) + 4;
+                KVPF_CHECK(kvp_get_stats(a, &s) == KVP_ERR_ARG, "stats with a bad struct_size");
+                kvp_layer_stats ls;
+                ls.struct_size = sizeof ls;
+                KVPF_CHECK(kvp_get_layer_stats(a, m.n_layers, &ls) == KVP_ERR_LAYER, "layer stats of a bad layer");
+                break;
+            }
+            case 3: {  // tokens_seen is exact
+                kvp_stats s;
+                s.struct_size = sizeof s;
+                KVPF_CHECK(kvp_get_stats(a, &s) == KVP_OK && s.tokens_seen == seen0, "tokens_seen %llu, fed %llu",
+                           (unsigned long long)s.tokens_seen, (unsigned long long)seen0);
+                break;
+            }
+            default: room_call(); break;
+        }
+    }
+
+    void run() {
+        if (!setup()) return;
+        if (stats) ++stats->sequences;
+        const size_t bytes = kvp_arena_size(&cfg);
+        KVPF_CHECK(bytes > 0, "kvp_arena_size is 0 for a config kvp_config_apply accepted");
+        if (bytes > (8u << 20)) return;
+        kvp_config tcfg = cfg;
+        tcfg.threads = cfg.threads == 1 ? 2 : 1;  // the twin runs the other thread count
+        if (b.pick(2)) cfg.threads = 2, tcfg.threads = 1;
+        const size_t tbytes = kvp_arena_size(&tcfg);
+        Arena aa(kvp_arena_size(&cfg)), ta(tbytes);
+        char err[320];
+        KVPF_CHECK(kvp_create_ex(&cfg, aa.p, kvp_arena_size(&cfg), &a, err, sizeof err) == KVP_OK, "create: %s", err);
+        KVPF_CHECK(kvp_create_ex(&tcfg, ta.p, tbytes, &t, err, sizeof err) == KVP_OK, "create twin: %s", err);
+        last_pos.assign(m.n_layers, -1);
+        for (int i = 0; i < 400 && b.more(); ++i) {
+            const uint32_t op = b.pick(16);
+            if (op < 6) token_call(0);
+            else if (op < 9) token_call(1);
+            else if (op < 11) token_call(2);
+            else misc_call();
+        }
+        KVPF_CHECK(observe(a, m, "cache") == observe(t, m, "twin"), "cache and twin differ at the end");
+        kvp_destroy(a);
+        kvp_destroy(t);
+        kvp_destroy(a);  // twice: a no-op
+    }
+};
+
+}  // namespace
+
+void calls_target(const uint8_t *data, size_t size, CallStats *stats) {
+    Sequence s(Bytes{data, size}, stats);
+    s.run();
+}
+
+const char *calls_policy_name(uint32_t i) { return i < kNumRows ? kPolicies[i].name : nullptr; }
+uint32_t calls_policy_count() { return kNumRows; }
+
+}  // namespace kvpfuzz

@@ -1,0 +1,75 @@
+// The harness readers (targets.h): checkpoint loader and results-JSON reader.
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "eval.h"
+#include "plot.h"
+#include "targets.h"
+
+namespace kvpfuzz {
+
+void checkpoint_target(const uint8_t *data, size_t size) {
+    // The loader reads a path: one scratch file per process.
+    static std::string path;
+    if (path.empty()) {
+        const char *dir = getenv("TMPDIR");
+        path = std::string(dir && *dir ? dir : "/tmp") + "/kvpfuzz-ckpt-" + std::to_string(getpid()) + ".bin";
+    }
+    FILE *f = fopen(path.c_str(), "wb");
+    if (!f) violation("checkpoint", "cannot write the scratch file");
+    if (size && fwrite(data, 1, size, f) != size) violation("checkpoint", "short write of the scratch file");
+    fclose(f);
+    kvh::Checkpoint ck;
+    std::string err;
+    const bool ok = kvh::load_checkpoint(path, &ck, &err);
+    remove(path.c_str());
+    if (!ok) {
+        if (err.empty()) violation("checkpoint", "failure without a message");
+        return;
+    }
+    // A loaded checkpoint is consistent: sane positive sizes, pointers inside the data, finite weights.
+    const kvh::ModelConfig &c = ck.cfg;
+    if (c.dim <= 0 || c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads <= 0 || c.vocab <= 0 || c.seq_len <= 0 ||
+        c.hidden_dim <= 0 || c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0)
+        violation("checkpoint", "accepted an inconsistent header");
+    const float *lo = ck.data.data(), *hi = ck.data.data() + ck.data.size();
+    for (const float *p : {ck.tok_emb, ck.rms_att, ck.wq, ck.wk, ck.wv, ck.wo, ck.rms_ffn, ck.w1, ck.w2, ck.w3,
+                           ck.rms_final, ck.wcls})
+        if (!p || p < lo || p >= hi) violation("checkpoint", "a tensor pointer outside the data");
+    if (size != 28 + ck.data.size() * 4) violation("checkpoint", "accepted a file whose size the header does not give");
+    for (float x : ck.data)
+        if (!std::isfinite(x)) violation("checkpoint", "accepted a non-finite weight");
+}
+
+void results_target(const uint8_t *data, size_t size) {
+    const std::string text(reinterpret_cast<const char *>(data), size);
+    std::vector<kvh::EvalResult> rs;
+    std::string err;
+    if (!kvh::parse_results_json(text, &rs, &err)) {
+        if (err.empty()) violation("results", "failure without a message");
+        return;
+    }
+    // What was read writes back and reads again to the same figures.
+    std::vector<kvh::EvalResult> again;
+    if (!kvh::parse_results_json(kvh::to_json(rs), &again, &err)) violation("results", ("to_json output does not parse: " + err).c_str());
+    if (again.size() != rs.size()) violation("results", "round trip changed the row count");
+    for (size_t i = 0; i < rs.size(); ++i) {
+        std::string diff;
+        if (!kvh::same_figures(rs[i], again[i], &diff)) violation("results", ("round trip changed " + diff).c_str());
+    }
+    // The plot script of what was read is built without trouble (the numbers were range-checked).
+    (void)kvh::gnuplot_script(rs, "out.png");
+    (void)kvh::to_csv(rs);
+    (void)kvh::to_markdown(rs);
+    // Token text: digits and separators of the same bytes.
+    std::vector<int32_t> toks;
+    (void)kvh::parse_tokens(text, 256, &toks, &err);
+}
+
+}  // namespace kvpfuzz
