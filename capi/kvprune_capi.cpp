@@ -63,18 +63,8 @@ bool valid(const kvp_cache *c) { return c && c->magic == kvp::kMagic; }
 // readable) is a state error, anything else a bad argument.
 kvp_status not_live(const kvp_cache *c) { return c && c->magic == kvp::kDeadMagic ? KVP_ERR_STATE : KVP_ERR_ARG; }
 
-// First non-finite float in x[0..n), or n.
-size_t first_nonfinite(const float *x, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-        uint32_t b;
-        memcpy(&b, &x[i], 4);
-        if ((b & 0x7f800000u) == 0x7f800000u) return i;
-    }
-    return n;
-}
-
-kvp_status check_finite(const char *name, const float *x, size_t n, Msg &m) {
-    const size_t i = first_nonfinite(x, n);
+kvp_status check_finite(const kvp_cache *c, const char *name, const float *x, size_t n, Msg &m) {
+    const size_t i = c->vkern->first_nonfinite(x, n);  // SIMD scan (kernels/vec_f32.h)
     if (i == n) return KVP_OK;
     m.s(name).s("[").u(i).s("] is NaN or Inf");
     return KVP_ERR_NONFINITE;
@@ -105,9 +95,9 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     }
     const size_t nkv = size_t(n) * md.n_kv_heads * md.head_dim;
     kvp_status st;
-    if (q && (st = check_finite("q", q, size_t(n) * md.n_q_heads * md.head_dim, m)) != KVP_OK) return st;
-    if ((st = check_finite("k", k, nkv, m)) != KVP_OK) return st;
-    if ((st = check_finite("v", v, nkv, m)) != KVP_OK) return st;
+    if (q && (st = check_finite(c, "q", q, size_t(n) * md.n_q_heads * md.head_dim, m)) != KVP_OK) return st;
+    if ((st = check_finite(c, "k", k, nkv, m)) != KVP_OK) return st;
+    if ((st = check_finite(c, "v", v, nkv, m)) != KVP_OK) return st;
     if ((st = kvp::cache_room_check(c, layer, n, m)) != KVP_OK) return st;
     return KVP_OK;
 }
@@ -214,7 +204,16 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
         m.s("arena address is not 64-byte aligned (address % 64 = ").u(reinterpret_cast<uintptr_t>(arena) % kvp::kAlign).s(")");
         return report(KVP_ERR_ARENA, m.c_str(), err, err_len);
     }
-    kvp_cache *c = kvp::cache_init(full, p, arena);
+    int terr = 0;
+    kvp_cache *c = kvp::cache_init(full, p, arena, &terr);
+    if (!c) {
+#if !KVP_NO_HEAP
+        free(owned);
+#endif
+        m.s("cannot start ").u(full.threads - 1).s(" worker threads (pthread_create error ").u(uint64_t(terr))
+            .s("): use fewer threads");
+        return report(KVP_ERR_STATE, m.c_str(), err, err_len);
+    }
     c->owned = owned;
     *out = c;
     report(KVP_OK, "", err, err_len);
@@ -223,6 +222,7 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
 
 void kvp_destroy(kvp_cache *c) {
     if (!valid(c)) return;
+    kvp::cache_stop(c);  // joins the worker threads
     c->magic = kvp::kDeadMagic;
 #if !KVP_NO_HEAP
     free(c->owned);  // NULL for caller memory

@@ -4,11 +4,13 @@
 #include <new>
 #include <string.h>
 
+#include <atomic>
+
 #include "attention.h"
 #include "config.h"
 
-#if KVP_OPENMP
-#include <omp.h>
+#if !defined(KVP_NO_HEAP)
+#include <stdlib.h>
 #endif
 
 namespace kvp {
@@ -18,12 +20,15 @@ struct Scratch {
     float *work;
     Run *runs;
     void *policy;
+    float *part;  // decode partials (attention.h)
+    float *priv;  // decode query rows
 };
 
 Scratch scratch_of(kvp_cache *c, size_t tid) {
     char *base = c->scratch + tid * c->plan.scratch_bytes;
     return Scratch{reinterpret_cast<float *>(base + c->plan.scr_work), reinterpret_cast<Run *>(base + c->plan.scr_runs),
-                   base + c->plan.scr_policy};
+                   base + c->plan.scr_policy, reinterpret_cast<float *>(base + c->plan.scr_part),
+                   reinterpret_cast<float *>(base + c->plan.scr_priv)};
 }
 
 // Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
@@ -45,16 +50,15 @@ void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, i
     store_commit(hs);
 }
 
-void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *q,
-               const float *k, const float *v, float *out, StepMode mode, size_t tid) {
+// Makes room in one head and appends the call's n tokens (thread tid's memo and policy
+// scratch). Returns the head's length before the append.
+uint32_t head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *k,
+                     const float *v, size_t tid) {
     const kvp_model &m = c->cfg.model;
     const Policy &pol = *c->policy;
-    const LayerPlan &lp = c->layers[layer].geom.lp;
     HeadStore &hs = head_of(c, layer, h);
     BlockPool &pool = c->pools[h];
-    RopeMemo &memo = c->memos[tid];
-    const Scratch s = scratch_of(c, tid);
-    PolicyCtx ctx{c, layer, h, &pool, s.policy};
+    PolicyCtx ctx{c, layer, h, &pool, scratch_of(c, tid).policy};
 
     // Room first: dead slots are compacted away, then a dry pool makes the policy evict by its
     // own ranking (cache_room_check said that suffices).
@@ -70,33 +74,130 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
     const uint32_t L0 = hs.len();
     for (uint32_t i = 0; i < n; ++i) {
         const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
-        store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo);
+        store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, c->memos[tid]);
     }
     hs.len_after_append = hs.len();
+    return L0;
+}
 
-    const bool realign = c->positions == KVP_POS_REALIGN;
-    const bool attends = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
-    // The run list is O(blocks): built only when queries read the store.
-    const AttnIn a{c, &pool, s.runs, attends ? store_runs(hs, pool, realign, s.runs) : 0, hs.len(), &memo, s.work};
-    const QueryPos qp{&pos, realign, L0};
-    const size_t qoff = size_t(h) * c->group * m.head_dim;
-    if (mode == StepMode::kDecode) {
-        hs.hoyer = attend_decode(a, q + qoff, qp.at(0), out + qoff, lp.decode_scores);
-    } else if (mode == StepMode::kPrefill && q) {
-        const size_t tok_stride = size_t(m.n_q_heads) * m.head_dim;
-        if (out) attend_prefill(a, n, qp, q + qoff, out + qoff, tok_stride);
-        if (lp.obs_queries && pol.observe) {
-            const uint32_t w = lp.obs_queries < n ? lp.obs_queries : n;
-            const float *obs = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
-            pol.observe(ctx, hs, a.runs, a.nr, obs, c->plan.logit_ld);
-        }
+// One call on one layer, shared by its participants (pool_run). Two schedules:
+//   heads  (KV heads >= participants): work item = one KV head, done whole by one thread
+//          (append, attention, observation, prune) in its own scratch.
+//   split  (fewer KV heads than participants; decode and prefill with queries): the caller
+//          appends to every head first (runs into scratch[h]: the head's storage lives in the
+//          scratch of index h < H), then items are chunks of one head (decode: split-K chunks,
+//          attention.h; prefill: groups of query tiles, largest first); the participant that
+//          completes a head's last item merges it (decode_finish), observes and prunes it.
+// Either way every head's arithmetic is fixed by the geometry, not by who runs it.
+constexpr uint32_t kSplitHeadsMax = 256;  // > any head count of a split (H < threads <= 256)
+constexpr uint32_t kPrefillItemTiles = 4; // query tiles per prefill item
+static_assert(kSplitHeadsMax >= kMaxThreads, "a split has fewer KV heads than threads");
+
+struct StepJob {
+    kvp_cache *c;
+    uint32_t layer, n;
+    NewPositions pos;
+    const float *q, *k, *v;
+    float *out;
+    StepMode mode;
+    bool split;
+    uint32_t nitems;
+    std::atomic<uint32_t> next;
+    // split only: items of head h are [base[h], base[h+1]); left[h] counts those not done
+    uint32_t base[kSplitHeadsMax + 1];
+    std::atomic<uint32_t> left[kSplitHeadsMax];
+    uint32_t nr[kSplitHeadsMax], L0[kSplitHeadsMax];
+};
+
+AttnIn attn_in(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t nr, size_t own, size_t tid) {
+    const Scratch so = scratch_of(c, own), st = scratch_of(c, tid);
+    return AttnIn{c, &c->pools[h], so.runs, nr, head_of(c, layer, h).len(), &c->memos[tid], so.work, so.part, st.priv};
+}
+
+// Observation and prune of one head after its attention (thread tid's scratch).
+void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, uint32_t L0, size_t tid) {
+    kvp_cache *c = j.c;
+    const kvp_model &m = c->cfg.model;
+    const Policy &pol = *c->policy;
+    const LayerPlan &lp = c->layers[j.layer].geom.lp;
+    HeadStore &hs = head_of(c, j.layer, h);
+    PolicyCtx ctx{c, j.layer, h, &c->pools[h], scratch_of(c, tid).policy};
+    if (j.mode == StepMode::kPrefill && j.q && lp.obs_queries && pol.observe) {
+        const QueryPos qp{&j.pos, c->positions == KVP_POS_REALIGN, L0};
+        const size_t tok_stride = size_t(m.n_q_heads) * m.head_dim, qoff = size_t(h) * c->group * m.head_dim;
+        const uint32_t w = lp.obs_queries < j.n ? lp.obs_queries : j.n;
+        AttnIn ao = a;
+        ao.work = scratch_of(c, tid).work;
+        const float *obs = observe_prefill(ao, j.n, qp, j.q + qoff, tok_stride, w);
+        pol.observe(ctx, hs, a.runs, a.nr, obs, c->plan.logit_ld);
     }
-    if (pol.prune) pol.prune(ctx, hs, mode);
+    if (pol.prune) pol.prune(ctx, hs, j.mode);
+}
+
+// The heads schedule: all of head h on thread tid.
+void head_step(StepJob &j, uint32_t h, size_t tid) {
+    kvp_cache *c = j.c;
+    const kvp_model &m = c->cfg.model;
+    const LayerPlan &lp = c->layers[j.layer].geom.lp;
+    HeadStore &hs = head_of(c, j.layer, h);
+    const uint32_t L0 = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, tid);
+    const bool attends = j.mode == StepMode::kDecode || (j.mode == StepMode::kPrefill && j.q);
+    // The run list is O(blocks): built only when queries read the store.
+    const uint32_t nr = attends ? store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, scratch_of(c, tid).runs) : 0;
+    const AttnIn a = attn_in(c, j.layer, h, nr, tid, tid);
+    const QueryPos qp{&j.pos, c->positions == KVP_POS_REALIGN, L0};
+    const size_t qoff = size_t(h) * c->group * m.head_dim;
+    if (j.mode == StepMode::kDecode) {
+        hs.hoyer = attend_decode(a, j.q + qoff, qp.at(0), j.out + qoff, lp.decode_scores);
+    } else if (j.mode == StepMode::kPrefill && j.q && j.out) {
+        attend_prefill(a, j.n, qp, j.q + qoff, j.out + qoff, size_t(m.n_q_heads) * m.head_dim);
+    }
+    head_observe_prune(j, h, a, L0, tid);
+}
+
+// The split schedule: item i (decode: a split-K chunk; prefill: kPrefillItemTiles query tiles).
+void split_item(StepJob &j, uint32_t i, size_t tid) {
+    kvp_cache *c = j.c;
+    const kvp_model &m = c->cfg.model;
+    if (j.mode == StepMode::kPrefill) i = j.nitems - 1 - i;  // the longest (last) tiles first
+    uint32_t h = 0;
+    while (i >= j.base[h + 1]) ++h;
+    const uint32_t ci = i - j.base[h];
+    AttnIn a = attn_in(c, j.layer, h, j.nr[h], h, tid);
+    if (j.mode == StepMode::kPrefill) a.work = scratch_of(c, tid).work;  // tile scratch: the running thread's
+    const QueryPos qp{&j.pos, c->positions == KVP_POS_REALIGN, j.L0[h]};
+    const size_t qoff = size_t(h) * c->group * m.head_dim;
+    if (j.mode == StepMode::kDecode) {
+        int64_t cur = INT64_MIN;
+        decode_chunk(a, j.q + qoff, qp.at(0), ci, &cur);
+    } else if (j.out) {
+        const uint32_t t0 = ci * kPrefillItemTiles * kTileTokens;
+        const uint32_t t1 = j.n - t0 < kPrefillItemTiles * kTileTokens ? j.n : t0 + kPrefillItemTiles * kTileTokens;
+        attend_prefill_tiles(a, j.n, qp, j.q + qoff, j.out + qoff, size_t(m.n_q_heads) * m.head_dim, t0, t1);
+    }
+    if (j.left[h].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // The head's last item: merge, observe, prune (every other item of it is done and visible).
+    if (j.mode == StepMode::kDecode)
+        head_of(c, j.layer, h).hoyer = decode_finish(a, j.out + qoff, c->layers[j.layer].geom.lp.decode_scores);
+    head_observe_prune(j, h, a, j.L0[h], tid);
+}
+
+void step_worker(void *arg, uint32_t tid) {
+    StepJob &j = *static_cast<StepJob *>(arg);
+    for (;;) {
+        const uint32_t i = j.next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= j.nitems) return;
+        if (j.split) split_item(j, i, tid);
+        else head_step(j, i, tid);
+    }
 }
 
 }  // namespace
 
-kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena) {
+// Placeholder until measured (bench_attention --crossover).
+const uint64_t kParallelWork = uint64_t(1) << 20;
+
+kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err) {
     char *base = static_cast<char *>(arena);
     kvp_cache *c = new (base) kvp_cache;
     memset(c, 0, sizeof *c);
@@ -111,6 +212,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     c->scale = float(1.0 / sqrt(double(m.head_dim)));
     c->kern = kern::attn_f32_best();
     c->skern = kern::score_f32_best();
+    c->vkern = kern::vec_f32_best();
 
     double *freqs = reinterpret_cast<double *>(base + plan.off_freqs);
     c->rope.style = m.rope;
@@ -122,6 +224,12 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     for (uint32_t pos = 0; pos < plan.rope_full_n; ++pos) rope_table(c->rope, pos, full + size_t(pos) * c->rope.full_floats);
     c->rope.full = full;
     c->rope.full_n = plan.rope_full_n;
+    c->rope.rot = m.rope == KVP_ROPE_GPTJ ? c->vkern->rope_gptj : c->vkern->rope_neox;
+    c->rope.call = reinterpret_cast<float *>(base + plan.off_rope_call);
+    c->rope.call_first[0] = c->rope.call_first[1] = 0;
+    c->rope.call_n[0] = c->rope.call_n[1] = 0;
+    c->rope.call_cap = plan.rope_call_n;
+    c->rope.call_ranges = plan.rope_call_ranges;
 
     c->layers = reinterpret_cast<LayerState *>(base + plan.off_layers);
     c->heads = reinterpret_cast<HeadStore *>(base + plan.off_heads);
@@ -192,15 +300,21 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
                        uint32_t(plan.memo_floats / kRopeMemoEntries));
     }
     cache_reset(c);
-#if KVP_OPENMP
-    // Start the worker threads now: the OpenMP runtime allocates its pool on first use, and
-    // no call after kvp_create may allocate.
-    if (cfg.threads > 1) {
-#pragma omp parallel num_threads(cfg.threads)
-        { (void)omp_get_thread_num(); }
-    }
+    c->par_work = kParallelWork;
+#if !defined(KVP_NO_HEAP)
+    // Tests and benchmarks force the parallel paths on small work: KVP_PAR_WORK=<units>
+    // (0: every call uses all threads its items allow).
+    if (const char *e = getenv("KVP_PAR_WORK")) c->par_work = strtoull(e, nullptr, 10);
 #endif
+    // The worker threads start now and wait, asleep, for calls (threads.h).
+    c->tpool = pool_start(cfg.threads, base + plan.off_threads, thread_err);
+    if (*thread_err) return nullptr;
     return c;
+}
+
+void cache_stop(kvp_cache *c) {
+    pool_stop(c->tpool);
+    c->tpool = nullptr;
 }
 
 void cache_reset(kvp_cache *c) {
@@ -309,24 +423,97 @@ uint32_t cache_prefill_room(const kvp_cache *c) {
     return lo;
 }
 
+double step_work(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
+    const kvp_model &m = c->cfg.model;
+    const double row = 2.0 * m.head_dim * sizeof(float), fl = 4.0 * m.head_dim * c->group;
+    double work = 0;
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+        const double L0 = head_of(c, layer, h).len();
+        if (mode == StepMode::kDecode) {
+            work += (L0 + 1) * (fl / 2 > row ? fl / 2 : row);
+        } else if (queries) {  // causal: new token i sees L0 + i + 1 keys; K/V are re-read per tile
+            const double pairs = double(n) * L0 + double(n) * (n + 1) / 2;
+            work += pairs * (fl / 2 > row / kTileTokens ? fl / 2 : row / kTileTokens);
+        } else {
+            work += double(n) * row;
+        }
+    }
+    return work;
+}
+
+namespace {
+
+// Threads a call pays for (DECISIONS.md "Threads and allocation"): below c->par_work units of
+// step_work the caller runs alone and touches no other thread; from there on each further
+// thread needs par_work/2 more.
+uint32_t threads_for(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
+    const uint32_t T = c->cfg.threads;
+    if (T <= 1 || !c->tpool) return 1;
+    if (c->par_work == 0) return T;
+    const double work = step_work(c, layer, n, mode, queries);
+    if (work < double(c->par_work)) return 1;
+    const double k = 2.0 * work / double(c->par_work);
+    return k >= T ? T : uint32_t(k);
+}
+
+}  // namespace
+
 void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q,
                 const float *k, const float *v, float *out, StepMode mode) {
     const kvp_model &m = c->cfg.model;
     LayerState &ls = c->layers[layer];
     NewPositions pos{positions, ls.next_pos};
-
-    const int nkv = int(m.n_kv_heads);
-    auto run = [&](int h, size_t tid) { head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, tid); };
-#if KVP_OPENMP
-    // threads == 1 never enters OpenMP: libgomp allocates a team even for an if(false) region.
-    if (c->cfg.threads > 1) {
-#pragma omp parallel for num_threads(c->cfg.threads) schedule(static)
-        for (int h = 0; h < nkv; ++h) run(h, size_t(omp_get_thread_num()));
-    } else
-#endif
-    {
-        for (int h = 0; h < nkv; ++h) run(h, 0);
+    // RoPE tables of the call's positions, shared by every head and thread (rope.h): original
+    // positions when contiguous (positions NULL, or given without gaps); realign: the positions
+    // of the first head (the others' are the same unless their stores differ: those use the
+    // memo).
+    if (c->rope.call_cap) {
+        if (c->positions == KVP_POS_ORIGINAL) {
+            if (!positions || int64_t(positions[n - 1]) - positions[0] == int64_t(n) - 1)
+                rope_call_prepare(c->rope, 0, pos.at(0), n);
+        } else {
+            const HeadStore &h0 = head_of(c, layer, 0);
+            rope_call_prepare(c->rope, 0, int64_t(h0.len()) + (h0.next_pinned() ? 0 : h0.shift), n);
+            rope_call_prepare(c->rope, 1, h0.len(), n);
+        }
     }
+
+    StepJob j;
+    j.c = c;
+    j.layer = layer;
+    j.n = n;
+    j.pos = pos;
+    j.q = q;
+    j.k = k;
+    j.v = v;
+    j.out = out;
+    j.mode = mode;
+    j.next.store(0, std::memory_order_relaxed);
+    const uint32_t H = m.n_kv_heads;
+    const bool queries = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
+    uint32_t nt = threads_for(c, layer, n, mode, queries);
+    j.split = nt > H && queries && (mode == StepMode::kDecode || out);
+    if (j.split) {
+        // The caller appends to every head (H < nt: a few heads) and builds its runs in
+        // scratch[h]; the chunks are the items.
+        const bool realign = c->positions == KVP_POS_REALIGN;
+        j.base[0] = 0;
+        for (uint32_t h = 0; h < H; ++h) {
+            j.L0[h] = head_append(c, layer, h, n, pos, k, v, 0);
+            HeadStore &hs = head_of(c, layer, h);
+            j.nr[h] = store_runs(hs, c->pools[h], realign, scratch_of(c, h).runs);
+            const uint32_t items = mode == StepMode::kDecode
+                                       ? (hs.len() + c->plan.granule - 1) / c->plan.granule
+                                       : (n + kPrefillItemTiles * kTileTokens - 1) / (kPrefillItemTiles * kTileTokens);
+            j.base[h + 1] = j.base[h] + items;
+            j.left[h].store(items, std::memory_order_relaxed);
+        }
+        j.nitems = j.base[H];
+    } else {
+        j.nitems = H;
+    }
+    if (nt > j.nitems) nt = j.nitems;
+    pool_run(c->tpool, nt, step_worker, &j);
 
     // Peak: after every head appended, before the policy's prunes.
     uint64_t appended = 0;
