@@ -194,8 +194,19 @@ void step_worker(void *arg, uint32_t tid) {
 
 }  // namespace
 
-// Placeholder until measured (bench_attention --crossover).
-const uint64_t kParallelWork = uint64_t(1) << 20;
+// The thread crossover, measured on the project machine (shared 2-core AMD EPYC VM, Zen 4,
+// 2026-11-22; bench_attention --crossover, bench/results/crossover-pool.csv; README
+// "Benchmarks"). A 2-thread call with the worker asleep costs the caller 6 us at the median
+// and 11 us at the 90th percentile (futex wake, join) at load 2.7, 11 and 18 us at load 10; a
+// sleeping worker claims its id 4 us after the wake (p50; 7 us p90 at load 10). By that fixed
+// cost alone a second thread would pay from about 30 us of one-thread work, 1 MiB of
+// cache-resident decode. On this machine, whose other core is usually busy (load average 3-9
+// on 2 cores), calls forced onto 2 threads were 0.8-1.0x the 1-thread time up to 2 MiB of work
+// and first faster at 4-8 MiB (prefill of 32 tokens, 4.3M units: 1.16x; decode of 8.4 MB,
+// 32 q / 8 kv heads: 1.29x in-process A/B), so the constant is 4 MiB; the back-off in
+// threads_for covers busier spells. Memory-bound decode gains nothing from a second thread
+// here at any size (a plain 2-thread read of main memory is no faster than a 1-thread one).
+const uint64_t kParallelWork = uint64_t(4) << 20;
 
 kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err) {
     char *base = static_cast<char *>(arena);
@@ -301,6 +312,8 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     }
     cache_reset(c);
     c->par_work = kParallelWork;
+    c->par_shift = c->par_skips = 0;
+    c->par_late = 0.0f;
 #if !defined(KVP_NO_HEAP)
     // Tests and benchmarks force the parallel paths on small work: KVP_PAR_WORK=<units>
     // (0: every call uses all threads its items allow).
@@ -445,15 +458,43 @@ namespace {
 
 // Threads a call pays for (DECISIONS.md "Threads and allocation"): below c->par_work units of
 // step_work the caller runs alone and touches no other thread; from there on each further
-// thread needs par_work/2 more.
-uint32_t threads_for(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
+// thread needs par_work/2 more. Back-off on a busy machine: pool_run reports the share of a
+// parallel call its caller spent waiting at the join for a worker (one preempted while it holds
+// an item); when the running average of that share (weight 1/8 per parallel call) exceeds
+// kParLate, the threshold doubles (par_shift) and the average restarts at half of kParLate, so
+// it takes several late calls in a row; after kParProbe calls that ran alone only because of
+// the back-off it halves again (a probe). Scheduling only: the bits never depend on it.
+constexpr float kParLate = 0.3f;
+constexpr uint32_t kParProbe = 32;
+constexpr uint32_t kParShiftMax = 16;
+
+uint32_t threads_for(kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
     const uint32_t T = c->cfg.threads;
     if (T <= 1 || !c->tpool) return 1;
     if (c->par_work == 0) return T;
     const double work = step_work(c, layer, n, mode, queries);
     if (work < double(c->par_work)) return 1;
-    const double k = 2.0 * work / double(c->par_work);
+    const double thr = double(c->par_work) * double(uint64_t(1) << c->par_shift);
+    if (work < thr) {
+        if (++c->par_skips >= kParProbe) {
+            c->par_skips = 0;
+            --c->par_shift;
+        }
+        return 1;
+    }
+    const double k = 2.0 * work / thr;
     return k >= T ? T : uint32_t(k);
+}
+
+// After a call on nt threads whose caller waited `late` of it at the join.
+void threads_feedback(kvp_cache *c, uint32_t nt, double late) {
+    if (nt <= 1 || !c->par_work) return;
+    c->par_late += (float(late) - c->par_late) / 8.0f;
+    if (c->par_late > kParLate && c->par_shift < kParShiftMax) {
+        ++c->par_shift;
+        c->par_skips = 0;
+        c->par_late = kParLate / 2;
+    }
 }
 
 }  // namespace
@@ -513,7 +554,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         j.nitems = H;
     }
     if (nt > j.nitems) nt = j.nitems;
-    pool_run(c->tpool, nt, step_worker, &j);
+    threads_feedback(c, nt, pool_run(c->tpool, nt, step_worker, &j));
 
     // Peak: after every head appended, before the policy's prunes.
     uint64_t appended = 0;

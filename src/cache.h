@@ -50,6 +50,9 @@ struct kvp_cache {
     kvp::RopeMemo *memos;      // [threads]
     kvp::ThreadPool *tpool;    // the worker threads (NULL: threads == 1 or no thread support)
     uint64_t par_work;         // work a call needs before a second thread joins (cache.cpp)
+    uint32_t par_shift;        // back-off: the threshold is par_work << par_shift (cache.cpp)
+    uint32_t par_skips;        // calls run alone since the last back-off or probe
+    float par_late;            // running average of the callers' join-wait share of parallel calls
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     char last_error[256];

@@ -125,12 +125,13 @@ void pool_stop(ThreadPool *p) {
     p->~ThreadPool();
 }
 
-void pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg) {
+double pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg) {
     if (!p || k <= 1 || p->nworkers == 0) {
         fn(arg, 0);
-        return;
+        return 0.0;
     }
     if (k > p->nworkers + 1) k = p->nworkers + 1;
+    const uint64_t t_start = now_ns();
     // No participant of the previous job is left (it was joined), so these plain writes race
     // with nothing; a worker reads them only after claiming an id of the job published below.
     p->fn = fn;
@@ -147,18 +148,21 @@ void pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg) {
     // Close the job: no claims from now on; wait for those who claimed.
     const uint64_t s = p->state.fetch_and(~kOpen, std::memory_order_acq_rel);
     const uint32_t parts = st_next(s) - 1;
-    if (p->finished.load(std::memory_order_acquire) >= parts) return;
+    if (p->finished.load(std::memory_order_acquire) >= parts) return 0.0;
     const uint64_t t0 = now_ns();
     for (uint32_t i = 1; p->finished.load(std::memory_order_acquire) < parts; ++i) {
         cpu_relax();
         if ((i & 63) == 0 && now_ns() - t0 > kJoinSpinNs) break;
     }
-    if (p->finished.load(std::memory_order_acquire) >= parts) return;
-    pthread_mutex_lock(&p->mu);
-    p->caller_waiting.store(1, std::memory_order_seq_cst);
-    while (p->finished.load(std::memory_order_seq_cst) < parts) pthread_cond_wait(&p->done, &p->mu);
-    p->caller_waiting.store(0, std::memory_order_relaxed);
-    pthread_mutex_unlock(&p->mu);
+    if (p->finished.load(std::memory_order_acquire) < parts) {
+        pthread_mutex_lock(&p->mu);
+        p->caller_waiting.store(1, std::memory_order_seq_cst);
+        while (p->finished.load(std::memory_order_seq_cst) < parts) pthread_cond_wait(&p->done, &p->mu);
+        p->caller_waiting.store(0, std::memory_order_relaxed);
+        pthread_mutex_unlock(&p->mu);
+    }
+    const uint64_t t1 = now_ns();
+    return t1 > t_start ? double(t1 - t0) / double(t1 - t_start) : 0.0;
 }
 
 #else  // no thread support: the caller does everything
@@ -169,7 +173,10 @@ ThreadPool *pool_start(uint32_t, void *, int *err) {
     return nullptr;
 }
 void pool_stop(ThreadPool *) {}
-void pool_run(ThreadPool *, uint32_t, pool_fn fn, void *arg) { fn(arg, 0); }
+double pool_run(ThreadPool *, uint32_t, pool_fn fn, void *arg) {
+    fn(arg, 0);
+    return 0.0;
+}
 
 #endif
 

@@ -66,6 +66,9 @@ ThreadPool *pool_start(uint32_t threads, void *mem, int *err);
 void pool_stop(ThreadPool *p);
 // Runs fn(arg, tid) on the caller (tid 0) and on up to k-1 workers (tids 1..k-1, each at most
 // once), returns when every participant returned. p may be NULL (or k <= 1): fn(arg, 0) only.
-void pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg);
+// Returns the share of the call (0..1) the caller spent waiting, after its own fn returned, for
+// participants still running (0 when it ran alone): a worker preempted while it holds an item
+// makes it large (cache.cpp backs off then).
+double pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg);
 
 }  // namespace kvp

@@ -91,6 +91,37 @@ TEST(Pool, EveryParticipantAtMostOnceAndAllItemsDone) {
     }
 }
 
+// pool_run reports the share of the call the caller spent waiting for participants after its
+// own part: about 1 when a worker holds an item long after the caller is done, 0 alone.
+void slow_worker_fn(void *arg, uint32_t tid) {
+    std::atomic<int> &claimed = *static_cast<std::atomic<int> *>(arg);
+    if (tid == 0) {  // wait (bounded) until the worker has started, then return at once
+        for (int i = 0; i < 200000 && claimed.load() == 0; ++i) {
+#if defined(__linux__)
+            timespec ts{0, 1000};
+            nanosleep(&ts, nullptr);
+#endif
+        }
+        return;
+    }
+    claimed.store(1);
+#if defined(__linux__)
+    timespec ts{0, 100 * 1000 * 1000};
+    nanosleep(&ts, nullptr);
+#endif
+}
+
+TEST(Pool, ReportsTheCallersJoinWait) {
+    PoolMem pm(2);
+    ASSERT_NE(pm.p, nullptr);
+    std::atomic<int> claimed{0};
+    const double late = kvp::pool_run(pm.p, 2, slow_worker_fn, &claimed);
+    ASSERT_EQ(claimed.load(), 1);
+    EXPECT_GT(late, 0.3);  // 100 ms of waiting after however long the wake took
+    Tally t;
+    EXPECT_EQ(kvp::pool_run(pm.p, 1, tally_fn, &t), 0.0);
+}
+
 TEST(Pool, WorkersWakeAndJoin) {
     PoolMem pm(3);
     ASSERT_NE(pm.p, nullptr);
