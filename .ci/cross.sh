@@ -183,7 +183,7 @@ FORBIDDEN='^(malloc|calloc|realloc|free|aligned_alloc|posix_memalign|memalign|va
 if want cortexm; then
   for cpu in cortex-m7 cortex-m4; do
     dir=$ROOT/build-cortexm; [ $cpu = cortex-m4 ] && dir=$ROOT/build-cortexm-m4
-    log "arm-none-eabi $cpu (KVP_NO_HEAP=ON, KVP_OPENMP=OFF, MinSizeRel)"
+    log "arm-none-eabi $cpu (KVP_NO_HEAP=ON, KVP_THREADS=OFF, MinSizeRel)"
     mkdir -p "$dir"
     cmake -S "$ROOT" -B "$dir" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$CM_TC" -DKVP_CORTEX_CPU=$cpu \
       -DCMAKE_BUILD_TYPE=MinSizeRel >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }

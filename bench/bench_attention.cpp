@@ -27,6 +27,19 @@
 // gives stable figures there.
 #include "kernels/attn_f32.h"
 #include "isa.h"
+// KVP_BENCH_POOL: the library has its worker pool (src/threads.h) and the work estimate
+// (cache.h step_work). Without it (e.g. this file built against an older library to measure a
+// "before") those rows and columns are left out / 0.
+#ifdef KVP_BENCH_POOL
+#include "cache.h"
+#include "threads.h"
+#define KVP_BENCH_WORK(c, n, decode) \
+    kvp::step_work(c, 0, n, (decode) ? kvp::StepMode::kDecode : kvp::StepMode::kPrefill, true)
+#define KVP_BENCH_PAR_WORK std::to_string(kvp::kParallelWork)
+#else
+#define KVP_BENCH_WORK(c, n, decode) ((void)(c), 0.0)
+#define KVP_BENCH_PAR_WORK std::string("(none: OpenMP over KV heads)")
+#endif
 #include "kvprune/kvprune.h"
 
 #include <benchmark/benchmark.h>
@@ -40,7 +53,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <atomic>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #ifdef _OPENMP
@@ -382,6 +398,7 @@ struct SweepOpts {
     uint32_t nmin = 256, nmax = 65536;
     std::vector<int> threads{1, 2};
     bool prefill = true;
+    bool extra = true;  // the MQA, 2-KV-head and small-model rows
     std::string label = "run";
     std::string csv;
 };
@@ -486,13 +503,22 @@ double fma_peak_gflops(int threads, double secs) {
     return best;
 }
 
-kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err) {
+// Decode geometry of a sweep row.
+struct SweepGeo {
+    const char *kind;  // CSV kind: decode (the main table), decode-mqa, decode-kv2, small
+    uint32_t layers, nq, nkv, hd;
+    size_t bytes(uint32_t n) const { return (size_t)layers * (n + 1) * nkv * hd * sizeof(float) * 2; }
+    double flops(uint32_t n) const { return 4.0 * hd * nq * layers * (double)(n + 1); }
+};
+const SweepGeo kMainGeo{"decode", 1, kQHeads, kKvHeads, kHeadDim};
+
+kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err, const SweepGeo &g = kMainGeo) {
     kvp_model model;
     std::memset(&model, 0, sizeof model);
-    model.n_layers = 1;
-    model.n_q_heads = kQHeads;
-    model.n_kv_heads = kKvHeads;
-    model.head_dim = kHeadDim;
+    model.n_layers = g.layers;
+    model.n_q_heads = g.nq;
+    model.n_kv_heads = g.nkv;
+    model.head_dim = g.hd;
     model.rope = KVP_ROPE_NEOX;
     model.rope_theta = 10000.0f;
     kvp_config cfg;
@@ -513,47 +539,55 @@ kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err) {
     return c;
 }
 
-bool append_random(kvp_cache *c, uint32_t n, std::string *err) {
+bool append_random(kvp_cache *c, uint32_t n, std::string *err, const SweepGeo &g = kMainGeo) {
     const uint32_t chunk = 1024;
-    const size_t row = (size_t)kKvHeads * kHeadDim;
+    const size_t row = (size_t)g.nkv * g.hd;
     std::vector<float> k((size_t)chunk * row), v((size_t)chunk * row);
-    for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
-        const uint32_t m = n - t0 < chunk ? n - t0 : chunk;
-        fill_random(k.data(), m * row, 100 + t0);
-        fill_random(v.data(), m * row, 200 + t0);
-        if (kvp_append(c, 0, m, nullptr, k.data(), v.data()) != KVP_OK) {
-            *err = std::string("kvp_append: ") + kvp_last_error(c);
-            return false;
+    for (uint32_t l = 0; l < g.layers; ++l)
+        for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
+            const uint32_t m = n - t0 < chunk ? n - t0 : chunk;
+            fill_random(k.data(), m * row, 100 + t0 + l);
+            fill_random(v.data(), m * row, 200 + t0 + l);
+            if (kvp_append(c, l, m, nullptr, k.data(), v.data()) != KVP_OK) {
+                *err = std::string("kvp_append: ") + kvp_last_error(c);
+                return false;
+            }
         }
-    }
     return true;
 }
 
-bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, double peak, SweepRow *row, std::string *err) {
+bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, double peak, SweepRow *row, std::string *err,
+                  const SweepGeo &g = kMainGeo) {
     void *arena = nullptr;
     kvp_cache *c = make_cache("policy=window window=" + std::to_string(n) + " threads=" + std::to_string(threads) +
                                   " kv_dtype=f32",
-                              &arena, err);
+                              &arena, err, g);
     if (!c) return false;
-    bool ok = append_random(c, n, err);
-    const size_t bytes = decode_bytes(n);
+    bool ok = append_random(c, n, err, g);
+    const size_t bytes = g.bytes(n);
     const size_t nf = (bytes / sizeof(float) + kReadChunk - 1) / kReadChunk * kReadChunk;
     AlignedBuf buf(nf);
     for (size_t i = 0; i < nf; ++i) buf.p[i] = 1.0f;
-    std::vector<float> q((size_t)kQHeads * kHeadDim), k((size_t)kKvHeads * kHeadDim),
-        v((size_t)kKvHeads * kHeadDim), out((size_t)kQHeads * kHeadDim);
+    std::vector<float> q((size_t)g.nq * g.hd), k((size_t)g.nkv * g.hd), v((size_t)g.nkv * g.hd),
+        out((size_t)g.nq * g.hd);
     fill_random(q.data(), q.size(), 7);
     fill_random(k.data(), k.size(), 8);
     fill_random(v.data(), v.size(), 9);
+    auto step = [&]() {
+        bool good = true;
+        for (uint32_t l = 0; l < g.layers; ++l)
+            good = good && kvp_decode(c, l, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+        return good;
+    };
     std::vector<double> ms, bw, frac;
     for (int r = 0; ok && r < o.reps; ++r) {
         const double bps = read_bw_once(buf, nf, threads, o.time_s);
-        for (int w = 0; w < 2 && ok; ++w) ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+        for (int w = 0; w < 2 && ok; ++w) ok = step();
         size_t steps = 0;
         const double t0 = now_s();
         double t1 = t0;
         while (ok && (steps < 3 || t1 - t0 < o.time_s)) {
-            ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+            ok = step();
             benchmark::DoNotOptimize(out[0]);
             ++steps;
             t1 = now_s();
@@ -571,7 +605,7 @@ bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, double peak, Swee
     kvp_destroy(c);
     std::free(arena);
     if (!ok) return false;
-    row->kind = "decode";
+    row->kind = g.kind;
     row->n = n;
     row->threads = threads;
     row->bytes = (double)bytes;
@@ -581,10 +615,10 @@ bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, double peak, Swee
     row->frac = median(frac);
     row->frac_lo = *std::min_element(frac.begin(), frac.end());
     row->frac_hi = *std::max_element(frac.begin(), frac.end());
-    row->gflops = 4.0 * kHeadDim * kQHeads * (double)(n + 1) / (row->ms * 1e-3) / 1e9;
+    row->gflops = g.flops(n) / (row->ms * 1e-3) / 1e9;
     row->peak_gflops = peak;
     row->frac_peak = row->gflops / peak;
-    const double flops_per_byte = 4.0 * kHeadDim * kQHeads / (2.0 * kKvHeads * kHeadDim * sizeof(float));
+    const double flops_per_byte = g.flops(n) / (double)bytes;
     row->roof_gbps = std::min(row->bw_gbps, peak / flops_per_byte);
     row->frac_roof = row->gbps / row->roof_gbps;
     return true;
@@ -666,12 +700,13 @@ int run_sweep(int argc, char **argv) {
             o.threads.clear();
             for (const std::string &t : split(next(), ',')) o.threads.push_back(std::atoi(t.c_str()));
         } else if (a == "--no-prefill") o.prefill = false;
+        else if (a == "--no-extra") o.extra = false;
         else if (a == "--label") o.label = next();
         else if (a == "--csv") o.csv = next();
         else {
             std::fprintf(stderr,
                          "usage: %s --sweep [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2] "
-                         "[--no-prefill] [--label L] [--csv PATH]\n",
+                         "[--no-prefill] [--no-extra] [--label L] [--csv PATH]\n",
                          argv[0]);
             return 2;
         }
@@ -690,7 +725,10 @@ int run_sweep(int argc, char **argv) {
     header.push_back(std::string("date: ") + date);
     header.push_back(std::string("kernel: ") + kvp::kern::attn_f32_best()->name);
     header.push_back(std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"));
-    header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128, f32; decode policy=window window=N");
+    header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128, f32; decode policy=window window=N; "
+                     "decode-mqa 8 q / 1 kv, decode-kv2 8 q / 2 kv (head_dim 128), small 2 layers x 4 q / 2 kv, "
+                     "head_dim 32 (bytes and ms per step of both layers)");
+    header.push_back(std::string("kParallelWork: ") + KVP_BENCH_PAR_WORK);
     header.push_back("reps: " + std::to_string(o.reps) + ", seconds per measurement: " + std::to_string(o.time_s));
     header.push_back("loadavg before: " + load_average());
     for (const std::string &h : header) std::printf("# %s\n", h.c_str());
@@ -706,7 +744,7 @@ int run_sweep(int argc, char **argv) {
     std::fflush(stdout);
     std::vector<SweepRow> rows;
     auto print = [](const SweepRow &r) {
-        if (r.kind == "decode")
+        if (r.kind != "prefill")
             std::printf("%-8s %6u %3d %10.0f %9.3f %7.2f %7.2f %6.3f [%5.3f,%5.3f] %8.2f %6.3f %8.2f %8.2f %6.3f\n",
                         r.kind.c_str(), r.n, r.threads, r.bytes, r.ms, r.gbps, r.bw_gbps, r.frac, r.frac_lo,
                         r.frac_hi, r.roof_gbps, r.frac_roof, r.gflops, r.peak_gflops, r.frac_peak);
@@ -729,6 +767,32 @@ int run_sweep(int argc, char **argv) {
             rows.push_back(r);
         }
         if (n > 0x7fffffffu) break;
+    }
+    if (o.extra) {
+        // Few KV heads (split-K decode: threads share one head's tokens) and the small
+        // model (2 layers of 4 q / 2 kv heads, head_dim 32, 64 tokens; bytes and ms are per step
+        // of both layers): ratios against the read bandwidth of the same bytes, as above.
+        const SweepGeo mqa{"decode-mqa", 1, 8, 1, kHeadDim}, kv2{"decode-kv2", 1, 8, 2, kHeadDim},
+            small{"small", 2, 4, 2, 32};
+        struct Extra {
+            const SweepGeo *g;
+            uint32_t n;
+        };
+        std::vector<Extra> ex;
+        for (const SweepGeo *g : {&mqa, &kv2})
+            for (uint32_t n = o.nmin > 1024 ? o.nmin : 1024; n <= o.nmax; n *= 4) ex.push_back(Extra{g, n});
+        ex.push_back(Extra{&small, 64});
+        for (const Extra &e : ex)
+            for (size_t ti = 0; ti < o.threads.size(); ++ti) {
+                SweepRow r;
+                std::string err;
+                if (!sweep_decode(o, e.n, o.threads[ti], peaks[ti], &r, &err, *e.g)) {
+                    std::fprintf(stderr, "%s N=%u threads=%d: %s\n", e.g->kind, e.n, o.threads[ti], err.c_str());
+                    return 1;
+                }
+                print(r);
+                rows.push_back(r);
+            }
     }
     if (o.prefill)
         for (size_t ti = 0; ti < o.threads.size(); ++ti) {
@@ -770,18 +834,22 @@ int run_sweep(int argc, char **argv) {
 //
 // bench_attention --crossover [--reps R] [--time S] [--csv PATH]
 //
-// When do 2 threads pay for themselves? Two measurements, each 1 thread vs 2 threads, with
-// repetitions alternating between the two so that both see the same machine:
-//   region  the bare cost of an OpenMP parallel region (fork + join of an empty body) with 2
-//           threads, and a plain read of B bytes with 1 thread vs split over 2 threads, B from
-//           16 KiB to 32 MiB: the smallest B where 2 threads are >= 10% faster is the machine's
-//           crossover for bandwidth-bound work.
-//   decode  kvp_decode through the C API, threads=1 vs threads=2 caches, for the small
-//           model (4 q / 2 kv heads, head_dim 32; 2 layers per step) and the sweep's geometry
-//           (32 q / 8 kv, head_dim 128), N tokens: bytes = K+V bytes one step reads.
-// The wait policy matters (OMP_WAIT_POLICY=passive: sleeping workers must be woken per region;
-// active/unset: they spin, which is fast on an idle machine and ruinous on a busy one); the
-// header records it. Table to stdout, CSV with --csv.
+// When does a second thread pay for itself? Every row times one thing three ways, the
+// repetitions alternating so that all see the same machine: 1 thread, 2 threads on every call
+// (KVP_PAR_WORK=0 at create: the parallel path forced), and 2 threads as the library chooses
+// per call (the default crossover, src/cache.cpp kParallelWork):
+//   region  the bare round trip of the library's worker pool (src/threads.h: wake a sleeping
+//           worker, run an empty job on both, join) next to an OpenMP parallel region of an
+//           empty body (the bench's own libgomp, OMP_WAIT_POLICY as set), and a plain read of B
+//           bytes with 1 thread vs split over 2 OpenMP threads;
+//   decode  kvp_decode through the C API for the small model (2 layers of 4 q / 2 kv
+//           heads, head_dim 32; one row = both layers), the sweep's geometry (32 q / 8 kv,
+//           head_dim 128) and MQA (8 q / 1 kv, head_dim 128: split-K decode), N tokens;
+//   prefill kvp_prefill of a chunk of n tokens over nothing cached (32 q / 8 kv, d 128).
+// `work` is the library's estimate of the call (cache.h step_work: bytes of K+V read, or half
+// the flops when that is more), the unit of kParallelWork: the crossover is the smallest work
+// from which the forced 2-thread time stays below the 1-thread time.
+// Table to stdout, CSV with --csv.
 
 double omp_region_us(int threads, double secs) {
     std::vector<double> best;
@@ -802,14 +870,15 @@ double omp_region_us(int threads, double secs) {
 
 struct XRow {
     std::string what;
-    double bytes, t1_us, t2_us;
+    double n, bytes, work, t1_us, t2_us, ta_us;  // ta: 2 threads, automatic (0: not measured)
 };
 
-// Time per call (us) of f(), median over `reps` windows of `secs` each, alternating with g().
-template <class F, class G>
-void alternate(int reps, double secs, F f, G g, double *tf, double *tg) {
-    std::vector<double> a, b;
-    auto window = [&](auto fn) {
+// Time per call (us) of each of fns, median over `reps` windows of `secs` each, alternating.
+template <class... F>
+std::vector<double> alternate(int reps, double secs, F... fns) {
+    std::vector<std::function<void()>> fs{fns...};
+    std::vector<std::vector<double>> t(fs.size());
+    auto window = [&](const std::function<void()> &fn) {
         fn();
         size_t n = 0;
         const double t0 = now_s();
@@ -821,12 +890,45 @@ void alternate(int reps, double secs, F f, G g, double *tf, double *tg) {
         }
         return (t1 - t0) / (double)n * 1e6;
     };
-    for (int r = 0; r < reps; ++r) {
-        a.push_back(window(f));
-        b.push_back(window(g));
+    for (int r = 0; r < reps; ++r)
+        for (size_t i = 0; i < fs.size(); ++i) t[i].push_back(window(fs[i]));
+    std::vector<double> out;
+    for (auto &x : t) out.push_back(median(x));
+    return out;
+}
+
+// A cache of the given geometry with N tokens in every layer. force: every call on all threads.
+kvp_cache *x_cache(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t hd, uint32_t cap, uint32_t n, int threads,
+                   bool force, void **arena) {
+    kvp_model model;
+    std::memset(&model, 0, sizeof model);
+    model.n_layers = layers;
+    model.n_q_heads = nq;
+    model.n_kv_heads = nkv;
+    model.head_dim = hd;
+    model.rope = KVP_ROPE_NEOX;
+    model.rope_theta = 10000.0f;
+    kvp_config cfg;
+    char e[256] = "";
+    const std::string spec = "policy=window window=" + std::to_string(cap) + " threads=" + std::to_string(threads);
+    if (kvp_config_default(&cfg, &model) != KVP_OK || kvp_config_apply(&cfg, spec.c_str(), e, sizeof e) != KVP_OK)
+        return nullptr;
+    const size_t len = kvp_arena_size(&cfg);
+    *arena = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
+    kvp_cache *c = nullptr;
+    if (force) setenv("KVP_PAR_WORK", "0", 1);
+    const bool ok = *arena && kvp_create(&cfg, *arena, len, &c) == KVP_OK;
+    if (force) unsetenv("KVP_PAR_WORK");
+    if (!ok) return nullptr;
+    if (n) {
+        const size_t row = (size_t)nkv * hd;
+        std::vector<float> k((size_t)n * row), v((size_t)n * row);
+        fill_random(k.data(), k.size(), 3);
+        fill_random(v.data(), v.size(), 4);
+        for (uint32_t l = 0; l < layers; ++l)
+            if (kvp_append(c, l, n, nullptr, k.data(), v.data()) != KVP_OK) return nullptr;
     }
-    *tf = median(a);
-    *tg = median(b);
+    return c;
 }
 
 int run_crossover(int argc, char **argv) {
@@ -850,58 +952,87 @@ int run_crossover(int argc, char **argv) {
     std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
     std::vector<std::string> header{"cpu: " + cpu_model(), std::string("date: ") + date,
                                     std::string("kernel: ") + kvp::kern::attn_f32_best()->name,
-                                    std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"),
+                                    std::string("OMP_WAIT_POLICY (bench's own reads only): ") + (wait ? wait : "(unset)"),
+                                    "kParallelWork: " + KVP_BENCH_PAR_WORK,
                                     "loadavg before: " + load_average()};
     for (const std::string &h : header) std::printf("# %s\n", h.c_str());
     std::vector<XRow> rows;
-    double r1 = 0, r2 = 0;
-    alternate(reps, secs, [] { benchmark::DoNotOptimize(omp_region_us(1, 0.0)); },
-              [] { benchmark::DoNotOptimize(omp_region_us(2, 0.0)); }, &r1, &r2);
-    // the lambdas above time 100 regions each; report per region
-    rows.push_back(XRow{"omp_region(empty, x100)", 0.0, r1 / 100.0, r2 / 100.0});
-    for (size_t bytes = 16384; bytes <= ((size_t)32 << 20); bytes *= 2) {
+#ifdef KVP_BENCH_POOL
+    {
+        const size_t pb = kvp::pool_bytes(2);
+        void *mem = std::aligned_alloc(64, (pb + 63) / 64 * 64);
+        int err = 0;
+        kvp::ThreadPool *tp = kvp::pool_start(2, mem, &err);
+        auto noop = [](void *, uint32_t) {};
+        const std::vector<double> t = alternate(
+            reps, secs, [&] { for (int i = 0; i < 100; ++i) kvp::pool_run(tp, 1, noop, nullptr); },
+            [&] { for (int i = 0; i < 100; ++i) kvp::pool_run(tp, 2, noop, nullptr); });
+        rows.push_back(XRow{"pool_run(empty)", 0, 0, 0, t[0] / 100.0, t[1] / 100.0, 0});
+        // With the worker asleep (calls 1 ms apart, as between layers of a model): the caller's
+        // time for a 2-thread call of an empty job (wake syscall, closing the job), and how long
+        // a sleeping worker takes from the wake to claiming its id (the caller waits for it, at
+        // most 5 ms). Medians and 90th percentiles over 300 calls.
+        struct Wake {
+            std::atomic<double> t_claim{0};
+        } wk;
+        auto claim = [](void *arg, uint32_t tid) {
+            Wake &w = *static_cast<Wake *>(arg);
+            if (tid == 1) {
+                w.t_claim.store(now_s());
+                return;
+            }
+            for (double t0 = now_s(); w.t_claim.load() == 0 && now_s() - t0 < 5e-3;) {
+            }
+        };
+        std::vector<double> call_us, wake_us;
+        for (int i = 0; i < 300; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            double t0 = now_s();
+            kvp::pool_run(tp, 2, noop, nullptr);
+            call_us.push_back((now_s() - t0) * 1e6);
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            wk.t_claim.store(0);
+            t0 = now_s();
+            kvp::pool_run(tp, 2, claim, &wk);
+            if (wk.t_claim.load() > 0) wake_us.push_back((wk.t_claim.load() - t0) * 1e6);
+        }
+        auto pct = [](std::vector<double> v, double p) {
+            if (v.empty()) return 0.0;
+            std::sort(v.begin(), v.end());
+            return v[std::min(v.size() - 1, (size_t)(p * (double)v.size()))];
+        };
+        rows.push_back(XRow{"pool call, worker asleep p50/p90", 0, 0, 0, pct(call_us, 0.5), pct(call_us, 0.9), 0});
+        rows.push_back(XRow{"pool wake to claim p50/p90", 0, 0, 0, pct(wake_us, 0.5), pct(wake_us, 0.9), 0});
+        kvp::pool_stop(tp);
+        std::free(mem);
+    }
+#endif
+    {
+        const std::vector<double> t = alternate(reps, secs, [] { benchmark::DoNotOptimize(omp_region_us(1, 0.0)); },
+                                                [] { benchmark::DoNotOptimize(omp_region_us(2, 0.0)); });
+        rows.push_back(XRow{"omp_region(empty)", 0, 0, 0, t[0] / 100.0, t[1] / 100.0, 0});  // 100 regions each
+    }
+    for (size_t bytes = 16384; bytes <= ((size_t)32 << 20); bytes *= 4) {
         const size_t n = bytes / sizeof(float);
         AlignedBuf buf(n);
         for (size_t i = 0; i < n; ++i) buf.p[i] = 1.0f;
-        double t1 = 0, t2 = 0;
-        alternate(reps, secs, [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 1)); },
-                  [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 2)); }, &t1, &t2);
-        rows.push_back(XRow{"read", (double)bytes, t1, t2});
+        const std::vector<double> t = alternate(reps, secs, [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 1)); },
+                                                [&] { benchmark::DoNotOptimize(read_split(buf.p, n, 2)); });
+        rows.push_back(XRow{"read (omp)", 0, (double)bytes, (double)bytes, t[0], t[1], 0});
     }
     struct Geo {
         const char *name;
-        uint32_t layers, nq, nkv, hd;
+        uint32_t layers, nq, nkv, hd, nmin, nmax;
     };
-    const Geo geos[] = {{"decode 2L 4q/2kv d32", 2, 4, 2, 32}, {"decode 1L 32q/8kv d128", 1, 32, 8, 128}};
+    const Geo geos[] = {{"decode 2L 4q/2kv d32", 2, 4, 2, 32, 16, 4096},
+                        {"decode 1L 32q/8kv d128", 1, 32, 8, 128, 16, 8192},
+                        {"decode 1L 8q/1kv d128 (MQA)", 1, 8, 1, 128, 64, 16384}};
     for (const Geo &g : geos)
-        for (uint32_t n = 16; n <= 8192; n *= 2) {
-            if (g.hd == 32 && n > 4096) break;
-            kvp_cache *c[2] = {nullptr, nullptr};
-            void *arena[2] = {nullptr, nullptr};
-            bool ok = true;
-            for (int t = 0; t < 2 && ok; ++t) {
-                kvp_model model;
-                std::memset(&model, 0, sizeof model);
-                model.n_layers = g.layers;
-                model.n_q_heads = g.nq;
-                model.n_kv_heads = g.nkv;
-                model.head_dim = g.hd;
-                model.rope = KVP_ROPE_NEOX;
-                model.rope_theta = 10000.0f;
-                kvp_config cfg;
-                char e[256] = "";
-                const std::string spec = "policy=window window=" + std::to_string(n) + " threads=" + std::to_string(t + 1);
-                ok = kvp_config_default(&cfg, &model) == KVP_OK && kvp_config_apply(&cfg, spec.c_str(), e, sizeof e) == KVP_OK;
-                const size_t len = ok ? kvp_arena_size(&cfg) : 0;
-                arena[t] = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
-                ok = ok && arena[t] && kvp_create(&cfg, arena[t], len, &c[t]) == KVP_OK;
-                const size_t row = (size_t)g.nkv * g.hd;
-                std::vector<float> k((size_t)n * row), v((size_t)n * row);
-                fill_random(k.data(), k.size(), 3);
-                fill_random(v.data(), v.size(), 4);
-                for (uint32_t l = 0; ok && l < g.layers; ++l) ok = kvp_append(c[t], l, n, nullptr, k.data(), v.data()) == KVP_OK;
-            }
-            if (!ok) {
+        for (uint32_t n = g.nmin; n <= g.nmax; n *= 2) {
+            void *arena[3] = {nullptr, nullptr, nullptr};
+            kvp_cache *c[3];
+            for (int i = 0; i < 3; ++i) c[i] = x_cache(g.layers, g.nq, g.nkv, g.hd, n, n, i ? 2 : 1, i == 1, &arena[i]);
+            if (!c[0] || !c[1] || !c[2]) {
                 std::fprintf(stderr, "crossover: cache setup failed (%s)\n", g.name);
                 return 1;
             }
@@ -914,26 +1045,53 @@ int run_crossover(int argc, char **argv) {
                 for (uint32_t l = 0; l < g.layers; ++l) kvp_decode(cc, l, q.data(), k1.data(), v1.data(), out.data());
                 benchmark::DoNotOptimize(out[0]);
             };
-            double t1 = 0, t2 = 0;
-            alternate(reps, secs, [&] { step(c[0]); }, [&] { step(c[1]); }, &t1, &t2);
-            rows.push_back(XRow{g.name, (double)g.layers * (n + 1) * g.nkv * g.hd * sizeof(float) * 2, t1, t2});
-            for (int t = 0; t < 2; ++t) {
-                kvp_destroy(c[t]);
-                std::free(arena[t]);
+            const double work = g.layers * KVP_BENCH_WORK(c[0], 1, true);
+            const std::vector<double> t =
+                alternate(reps, secs, [&] { step(c[0]); }, [&] { step(c[1]); }, [&] { step(c[2]); });
+            rows.push_back(XRow{g.name, (double)n, (double)g.layers * (n + 1) * g.nkv * g.hd * sizeof(float) * 2, work,
+                                t[0], t[1], t[2]});
+            for (int i = 0; i < 3; ++i) {
+                kvp_destroy(c[i]);
+                std::free(arena[i]);
             }
         }
+    for (uint32_t n = 1; n <= 256; n *= 2) {  // prefill of n tokens over nothing: reset per call
+        void *arena[3] = {nullptr, nullptr, nullptr};
+        kvp_cache *c[3];
+        for (int i = 0; i < 3; ++i) c[i] = x_cache(1, 32, 8, 128, 512, 0, i ? 2 : 1, i == 1, &arena[i]);
+        if (!c[0] || !c[1] || !c[2]) return 1;
+        std::vector<float> q((size_t)n * 32 * 128), k((size_t)n * 8 * 128), v(k.size()), out(q.size());
+        fill_random(q.data(), q.size(), 8);
+        fill_random(k.data(), k.size(), 9);
+        fill_random(v.data(), v.size(), 10);
+        auto step = [&](kvp_cache *cc) {
+            kvp_reset(cc);
+            kvp_prefill(cc, 0, n, nullptr, q.data(), k.data(), v.data(), out.data(), nullptr);
+            benchmark::DoNotOptimize(out[0]);
+        };
+        const double work = KVP_BENCH_WORK(c[0], n, false);
+        const std::vector<double> t = alternate(reps, secs, [&] { step(c[0]); }, [&] { step(c[1]); }, [&] { step(c[2]); });
+        rows.push_back(XRow{"prefill 1L 32q/8kv d128", (double)n, (double)n * 8 * 128 * 8, work, t[0], t[1], t[2]});
+        for (int i = 0; i < 3; ++i) {
+            kvp_destroy(c[i]);
+            std::free(arena[i]);
+        }
+    }
     header.push_back("loadavg after: " + load_average());
-    std::printf("%-26s %10s %10s %10s %8s\n", "what", "bytes", "1thr_us", "2thr_us", "t1/t2");
+    std::printf("%-28s %6s %10s %11s %9s %9s %9s %7s %7s\n", "what", "N", "bytes", "work", "1thr_us", "2thr_us",
+                "auto_us", "t1/t2", "t1/auto");
     for (const XRow &r : rows)
-        std::printf("%-26s %10.0f %10.2f %10.2f %8.3f\n", r.what.c_str(), r.bytes, r.t1_us, r.t2_us, r.t1_us / r.t2_us);
+        std::printf("%-28s %6.0f %10.0f %11.0f %9.2f %9.2f %9.2f %7.3f %7.3f\n", r.what.c_str(), r.n, r.bytes, r.work,
+                    r.t1_us, r.t2_us, r.ta_us, r.t1_us / r.t2_us, r.ta_us > 0 ? r.t1_us / r.ta_us : 0.0);
     std::printf("# %s\n", header.back().c_str());
     if (!csv.empty()) {
         std::FILE *f = std::fopen(csv.c_str(), "w");
         if (!f) return 1;
         for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
-        std::fprintf(f, "what,bytes,t1_us,t2_us,speedup\n");
+        std::fprintf(f, "what,N,bytes,work,t1_us,t2_forced_us,t2_auto_us,speedup_forced,speedup_auto\n");
         for (const XRow &r : rows)
-            std::fprintf(f, "%s,%.0f,%.3f,%.3f,%.4f\n", r.what.c_str(), r.bytes, r.t1_us, r.t2_us, r.t1_us / r.t2_us);
+            std::fprintf(f, "%s,%.0f,%.0f,%.0f,%.3f,%.3f,%.3f,%.4f,%.4f\n", r.what.c_str(), r.n, r.bytes, r.work, r.t1_us,
+                         r.t2_us, r.ta_us, r.t1_us / r.t2_us, r.ta_us > 0 ? r.t1_us / r.ta_us : 0.0);
         std::fclose(f);
     }
     return 0;

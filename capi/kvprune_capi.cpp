@@ -149,18 +149,10 @@ bool owned_take(kvp_cache *c) {
 constexpr uint32_t kInputLimitBits = (127u + 56u) << 23;
 static_assert(KVP_INPUT_LIMIT == 72057594037927936.0, "KVP_INPUT_LIMIT is 2^56");
 
-// First float of x[0..n) that is NaN, Inf or |x| >= KVP_INPUT_LIMIT, or n.
-size_t first_out_of_range(const float *x, size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-        uint32_t b;
-        memcpy(&b, &x[i], 4);
-        if ((b & 0x7fffffffu) >= kInputLimitBits) return i;
-    }
-    return n;
-}
+static_assert(kInputLimitBits == kvp::kern::kOutOfRangeBits, "the scan kernel's limit");
 
-kvp_status check_finite(const char *name, const float *x, size_t n, Msg &m) {
-    const size_t i = first_out_of_range(x, n);
+kvp_status check_finite(const kvp_cache *c, const char *name, const float *x, size_t n, Msg &m) {
+    const size_t i = c->vkern->first_out_of_range(x, n);  // SIMD scan (kernels/vec_f32.h)
     if (i == n) return KVP_OK;
     m.s(name).s("[").u(i).s("]=").f(double(x[i]));
     if (x[i] != x[i] || x[i] - x[i] != 0.0f) m.s(" is NaN or Inf");
@@ -216,9 +208,9 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
         return KVP_ERR_ARG;
     }
     kvp_status st;
-    if (q && (st = check_finite("q", q, nq, m)) != KVP_OK) return st;
-    if ((st = check_finite("k", k, nkv, m)) != KVP_OK) return st;
-    if ((st = check_finite("v", v, nkv, m)) != KVP_OK) return st;
+    if (q && (st = check_finite(c, "q", q, nq, m)) != KVP_OK) return st;
+    if ((st = check_finite(c, "k", k, nkv, m)) != KVP_OK) return st;
+    if ((st = check_finite(c, "v", v, nkv, m)) != KVP_OK) return st;
     if ((st = kvp::cache_room_check(c, layer, n, prefill && q, m)) != KVP_OK) return st;  // q: read (see kvp_prefill)
     return KVP_OK;
 }
@@ -332,7 +324,16 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
         m.s("the arena holds a live cache: kvp_destroy it first (or kvp_reset it to start a new sequence)");
         return report(KVP_ERR_STATE, m.c_str(), err, err_len);
     }
-    kvp_cache *c = kvp::cache_init(full, p, arena);
+    int terr = 0;
+    kvp_cache *c = kvp::cache_init(full, p, arena, &terr);
+    if (!c) {
+#if !KVP_NO_HEAP
+        free(owned);
+#endif
+        m.s("cannot start ").u(full.threads - 1).s(" worker threads (pthread_create error ").u(uint64_t(terr))
+            .s("): use fewer threads");
+        return report(KVP_ERR_STATE, m.c_str(), err, err_len);
+    }
     c->owned = owned;
 #if !KVP_NO_HEAP
     if (owned) {
@@ -355,6 +356,7 @@ void kvp_destroy(kvp_cache *h) {
         // Only a live owned cache no call is using is destroyed; anything else (destroyed
         // before, busy) is left alone, and its memory is not read unless it is on the list.
         if (!owned_take(c)) return;
+        kvp::cache_stop(c);  // joins the worker threads
         __atomic_store_n(&c->magic, kvp::kDeadMagic, __ATOMIC_RELAXED);
         free(c->owned);
         return;
@@ -363,6 +365,7 @@ void kvp_destroy(kvp_cache *h) {
     // Caller memory: a cache that is busy (another thread is inside a call on it) is left alone;
     // the flag stays held, so every later call on the handle fails.
     if (!valid(c) || !acquire(c)) return;
+    kvp::cache_stop(c);  // joins the worker threads
     __atomic_store_n(&c->magic, kvp::kDeadMagic, __ATOMIC_RELAXED);
 }
 

@@ -3,6 +3,7 @@
 #include "cache.h"
 #include "config.h"
 #include "storage.h"
+#include "threads.h"
 
 namespace kvp {
 namespace {
@@ -56,7 +57,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint32_t max_cap = 0, max_pin = 0;
     size_t max_runs = 0;
-    bool any_obs = false, staged = false, any_compacting = false, any_scoring = false;
+    bool any_obs = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
@@ -72,6 +73,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (g.lp.staged_prefill) staged = true;
         if (g.lp.decode_scores || g.lp.obs_queries) any_scoring = true;
         if (!g.lp.front_evict) any_compacting = true;
+        if (g.pin_blk_cap) any_pinned = true;
     }
     // Prompt staging (policy.h): prefill_stage, default max(1024, the largest capacity).
     p->stage = !staged ? 0 : cfg.prefill_stage ? cfg.prefill_stage : max_cap > 1024 ? max_cap : 1024;
@@ -137,6 +139,16 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_fmt = off;
     off = z.add(off, fp.on ? z.al(fp.bytes) : 0);
 
+    // Tables of one call's positions (rope.h Rope::call): a prefill chunk's, decode's one; a
+    // second range for the queries over streaming's sinks in realign mode.
+    p->rope_call_n = pairs && !p->rope_full_n ? (max_cap < kRopeCallTables ? max_cap : kRopeCallTables) : 0;
+    p->rope_call_ranges = any_pinned && config_positions(cfg) == KVP_POS_REALIGN ? 2 : 1;
+    p->off_rope_call = off;
+    off = z.add(off, z.mul(z.mul(z.mul(p->rope_call_n, p->rope_call_ranges), rope_table_floats(pairs)), sizeof(float)));
+    p->off_threads = off;
+    p->threads_bytes = z.al(pool_bytes(cfg.threads));
+    off = z.add(off, p->threads_bytes);
+
     const size_t slots = z.add(z.mul(p->nblocks, p->block), p->stage);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));
     p->data_v = rows;
@@ -159,13 +171,18 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     // Per-thread scratch (bytes; parts 64-aligned).
     const size_t ld = p->logit_ld, st = p->stride, TR = size_t(kTileTokens) * G;
     p->memo_floats = rope_memo_floats(pairs);
-    const size_t dec = z.add(z.add(z.mul(G, ld), z.al16(z.mul(G, st))), z.mul(2, z.al16(G)));
-    size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), z.mul(2, z.al16(TR)));
+    p->granule = decode_granule(p->stride);
+    p->max_chunks = (max_cap + p->granule - 1) / p->granule;  // decode reads at most a layer's capacity
+    p->part_floats = z.add(z.al16(z.mul(3, G)), z.mul(G, st));
+    const size_t dec = z.mul(G, ld);  // the group's logits; partials and query rows follow
+    size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), 2 * z.al16(TR));
     if (any_obs) pre = z.add(pre, z.add(z.add(z.al16(z.mul(TR, ld)), z.al16(z.mul(G, ld))), z.al16(TR)));
     const size_t work = dec > pre ? dec : pre;
     p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));
     p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));
-    p->scr_policy = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
+    p->scr_part = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
+    p->scr_priv = z.add(p->scr_part, z.al(z.mul(z.mul(p->max_chunks, p->part_floats), sizeof(float))));
+    p->scr_policy = z.add(p->scr_priv, z.al(z.mul(z.al16(z.mul(G, st)), sizeof(float))));
     size_t fx = z.add(p->scr_policy, z.al(pol_scratch));
     p->fx_qx = p->fx_qr = p->fx_qe = p->fx_z = p->fx_cs = p->fx_y = p->fx_obs = 0;
     if (fixed) {

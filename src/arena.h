@@ -16,8 +16,13 @@
 //     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch instead of K, V)
 //     score=fixed: kq [slots][kq_stride] i16, kexp [slots] i16
 //     (the last `stage` slots are the prompt staging area of staged policies, policy.h)
+//   [RoPE tables of a call's positions: 1 or 2 ranges of min(max_cap, kRopeCallTables)]   (rope.h;
+//                                                        none where the realign tables above exist)
+//   [ThreadPool + thread handles]                       threads > 1 with thread support only
 //   RopeMemo x threads
-//   scratch x threads:   RoPE tables | runs | attention work floats | policy scratch | fixed-point work | formatted
+//   scratch x threads:   RoPE tables | runs | attention work floats | decode partials (per
+//                        split-K chunk) | decode query rows | policy scratch | fixed-point work |
+//                        formatted
 //
 // Every region starts on a 64-byte boundary; a row's stride is head_dim rounded up to 16 floats,
 // so every K/V row is 64-byte aligned. Blocks: each layer needs at most
@@ -39,6 +44,18 @@ namespace kvp {
 constexpr size_t kAlign = 64;
 constexpr uint32_t kTileTokens = 4;   // prefill: query tokens per tile
 constexpr uint32_t kKeyBlock = 128;   // prefill: keys per online-softmax block
+constexpr uint32_t kRopeCallTables = 512;  // RoPE tables of one call's positions (rope.h Rope::call)
+
+// Decode split-K (attention.h): a KV head's keys are attended in chunks of this many logical
+// tokens, on every path and for every thread count, so outputs do not depend on how many
+// threads share the chunks. Chosen from the row stride alone: about kSplitBytes of K+V per chunk
+// (a power of two, at least 64 tokens): 256 tokens at head_dim 128, 1024 at head_dim 32.
+constexpr size_t kSplitBytes = size_t(256) << 10;
+inline uint32_t decode_granule(uint32_t stride) {
+    uint32_t g = 64;
+    while (size_t(g) * 2 * 2 * stride * sizeof(float) <= kSplitBytes) g *= 2;
+    return g;
+}
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -70,8 +87,15 @@ struct ArenaPlan {
     size_t off_fixed_rope;
     size_t off_freqs, off_fixed_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
     size_t data_kq, data_kexp;  // score=fixed (pool data offsets; 0 otherwise)
+    uint32_t rope_call_n;    // RoPE call tables per range (0: none)
+    uint32_t rope_call_ranges;
+    size_t off_rope_call;
+    size_t off_threads, threads_bytes;  // ThreadPool region (0 bytes: none)
+    uint32_t granule;        // decode split-K chunk (tokens)
+    uint32_t max_chunks;     // chunks of the longest layer
+    size_t part_floats;      // decode partials per chunk: m, l, sumsq (G each, padded), o [G][stride]
     size_t off_memos, off_scratch, scratch_bytes;
-    size_t memo_floats, scr_runs, scr_work, scr_policy;
+    size_t memo_floats, scr_runs, scr_work, scr_part, scr_priv, scr_policy;
     // score=fixed scratch (offsets in a thread's scratch): quantized and rotated query rows
     // [G][kq_stride] i16, their exponents [G] i32, a rotation table [kq_stride] i16, logits
     // [G][logit_ld] i64, observation sums [G][logit_ld] u32.

@@ -95,68 +95,140 @@ void fixed_decode_scores(const AttnIn &a, const float *q, int64_t qpos) {
     }
 }
 
+// The first run that holds logical index j or a later one (runs are in logical order).
+uint32_t first_run(const AttnIn &a, uint32_t j) {
+    uint32_t lo = 0, hi = a.nr;
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (a.runs[mid].logical + a.runs[mid].n <= j) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 }  // namespace
 
-float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
+uint32_t decode_chunks(const AttnIn &a) {
+    const uint32_t g = a.c->plan.granule;
+    return (a.L + g - 1) / g;
+}
+
+void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, int64_t *cur) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
-    const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride, L = a.L;
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
     const size_t ld = c->plan.logit_ld;
-    float *logits = a.work;
-    float *qr = logits + G * ld;
-    float *sums = qr + align_up(size_t(G) * st, kR16);
-    float *inv = sums + align_up(G, kR16);
+    const uint32_t j0 = ci * c->plan.granule, j1 = a.L - j0 < c->plan.granule ? a.L : j0 + c->plan.granule;
+    const uint32_t nj = j1 - j0;
+    float *logits = a.work, *qr = a.priv;
+    float *pc = a.part + size_t(ci) * c->plan.part_floats;
+    float *m = pc, *l = pc + G, *ss = pc + 2 * G, *o = pc + align_up(3 * size_t(G), kR16);
 
-    int64_t cur = INT64_MIN;
-    for (uint32_t r = 0; r < a.nr; ++r) {
+    const uint32_t r0 = first_run(a, j0);
+    for (uint32_t r = r0; r < a.nr && a.runs[r].logical < j1; ++r) {
         const Run &run = a.runs[r];
-        if (qpos + run.delta != cur) {
-            cur = qpos + run.delta;
-            load_rotated(c, *a.memo, cur, q, hd, G, qr);
+        const uint32_t s0 = run.logical > j0 ? run.logical : j0;
+        const uint32_t s1 = run.logical + run.n < j1 ? run.logical + run.n : j1;
+        if (qpos + run.delta != *cur) {
+            *cur = qpos + run.delta;
+            load_rotated(c, *a.memo, *cur, q, hd, G, qr);
         }
-        if (a.fmt) fmt_qk(a, run, run.logical, run.logical + run.n, qr, st, G, logits + run.logical, ld);
-        else K.qk(qr, st, G, a.pool->k_row(run.slot), st, run.n, hd, c->scale, logits + run.logical, ld);
-    }
-    for (uint32_t g = 0; g < G; ++g) {
-        float *row = logits + g * ld;
-        sums[g] = K.expsum(row, L, K.max(row, L));
-        inv[g] = 1.0f / sums[g];
-    }
-    for (uint32_t g = 0; g < G; ++g) memset(out + size_t(g) * hd, 0, hd * sizeof(float));
-    if (a.fmt) fmt_pv_begin(a, G);
-    for (uint32_t r = 0; r < a.nr; ++r) {
-        const Run &run = a.runs[r];
-        if (a.fmt) fmt_pv(a, run, run.logical, run.logical + run.n, logits + run.logical, ld, G, out, hd);
-        else K.pv(logits + run.logical, ld, G, a.pool->v_row(run.slot), st, run.n, hd, out, hd);
-    }
-    if (a.fmt) fmt_pv_end(a, G, out, hd);
-    for (uint32_t g = 0; g < G; ++g) {
-        float *o = out + size_t(g) * hd;
-        for (uint32_t j = 0; j < hd; ++j) o[j] *= inv[g];
+        if (a.fmt) fmt_qk(a, run, s0, s1, qr, st, G, logits + s0, ld);
+        else K.qk(qr, st, G, a.pool->k_row(slot_at(run, s0)), st, s1 - s0, hd, c->scale, logits + s0, ld);
     }
     const kern::ScoreF32 &S = *c->skern;
-    if (scores && a.fx) {
-        fixed_decode_scores(a, q, qpos);
-    } else if (scores) {
-        for (uint32_t r = 0; r < a.nr; ++r) {
-            const Run &run = a.runs[r];
-            S.acc(logits + run.logical, ld, G, inv, run.n, a.pool->score + run.slot);
-        }
+    for (uint32_t g = 0; g < G; ++g) {
+        float *row = logits + g * ld + j0;
+        m[g] = K.max(row, nj);
+        l[g] = K.expsum(row, nj, m[g]);
+        ss[g] = S.sumsq(row, nj);
     }
+    memset(o, 0, size_t(G) * st * sizeof(float));
+    if (a.fmt) fmt_pv_begin(a, G);
+    for (uint32_t r = r0; r < a.nr && a.runs[r].logical < j1; ++r) {
+        const Run &run = a.runs[r];
+        const uint32_t s0 = run.logical > j0 ? run.logical : j0;
+        const uint32_t s1 = run.logical + run.n < j1 ? run.logical + run.n : j1;
+        if (a.fmt) fmt_pv(a, run, s0, s1, logits + s0, ld, G, o, st);
+        else K.pv(logits + s0, ld, G, a.pool->v_row(slot_at(run, s0)), st, s1 - s0, hd, o, st);
+    }
+    if (a.fmt) fmt_pv_end(a, G, o, st);
+}
+
+float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
+    const kvp_cache *c = a.c;
+    const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride, L = a.L;
+    const size_t ld = c->plan.logit_ld, pf = c->plan.part_floats, ooff = align_up(3 * size_t(G), kR16);
+    const uint32_t nch = decode_chunks(a);
+    float *inv = a.priv, *wv = a.priv + G;  // the query rows are no longer needed
     float hoyer = 0.0f;
-    if (L > 1) {
-        const double rl = sqrt(double(L));
-        for (uint32_t g = 0; g < G; ++g) {
-            const double l2 = sqrt(double(S.sumsq(logits + g * ld, L))) * double(inv[g]);  // |p|_2, |p|_1 = 1
+    const double rl = sqrt(double(L));
+    for (uint32_t g = 0; g < G; ++g) {
+        float mx = -INFINITY;
+        for (uint32_t ci = 0; ci < nch; ++ci) mx = a.part[ci * pf + g] > mx ? a.part[ci * pf + g] : mx;
+        float sum = 0.0f;
+        double sq = 0.0;
+        for (uint32_t ci = 0; ci < nch; ++ci) {
+            float *pc = a.part + ci * pf;
+            const float w = kern::exp_approx(pc[g] - mx);  // exactly 1 for the chunk holding the max
+            pc[g] = w;                                      // m_c is not needed again: keep w_c
+            sum = sum + w * pc[G + g];
+            sq += double(w) * double(w) * double(pc[2 * G + g]);
+        }
+        inv[g] = 1.0f / sum;
+        const float ig = inv[g];
+        float *o = out + size_t(g) * hd;
+        const float *oc = a.part + ooff + size_t(g) * st;
+        if (nch == 1) {  // w = 1: (1 * o_0) * inv in one pass
+            for (uint32_t j = 0; j < hd; ++j) o[j] = oc[j] * ig;
+        } else {
+            const float w0 = a.part[g];
+            for (uint32_t j = 0; j < hd; ++j) o[j] = w0 * oc[j];
+            for (uint32_t ci = 1; ci < nch; ++ci) {
+                const float w = a.part[ci * pf + g];
+                const float *occ = a.part + ci * pf + ooff + size_t(g) * st;
+                for (uint32_t j = 0; j < hd; ++j) o[j] = o[j] + w * occ[j];
+            }
+            for (uint32_t j = 0; j < hd; ++j) o[j] *= ig;
+        }
+        if (L > 1) {
+            const double l2 = sqrt(sq) * double(ig);  // |p|_2, |p|_1 = 1
             double h = l2 > 0 ? (rl - 1.0 / l2) / (rl - 1.0) : 0.0;
             h = h < 0 ? 0 : h > 1 ? 1 : h;
             hoyer += float(h);
         }
     }
+    if (scores && a.fx) {
+        fixed_decode_scores(a, q, qpos);
+    } else if (scores) {
+        const kern::ScoreF32 &S = *c->skern;
+        for (uint32_t ci = 0; ci < nch; ++ci) {
+            const float *pc = a.part + ci * pf;
+            for (uint32_t g = 0; g < G; ++g) wv[g] = pc[g] * inv[g];
+            const uint32_t j0 = ci * c->plan.granule, j1 = L - j0 < c->plan.granule ? L : j0 + c->plan.granule;
+            for (uint32_t r = first_run(a, j0); r < a.nr && a.runs[r].logical < j1; ++r) {
+                const Run &run = a.runs[r];
+                const uint32_t s0 = run.logical > j0 ? run.logical : j0;
+                const uint32_t s1 = run.logical + run.n < j1 ? run.logical + run.n : j1;
+                S.acc(a.work + s0, ld, G, wv, s1 - s0, a.pool->score + slot_at(run, s0));
+            }
+        }
+    }
     return hoyer;
 }
 
+float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
+    int64_t cur = INT64_MIN;
+    for (uint32_t ci = 0, nch = decode_chunks(a); ci < nch; ++ci) decode_chunk(a, q, qpos, ci, &cur);
+    return decode_finish(a, q, qpos, out, scores);
+}
+
 void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out, size_t tok_stride) {
+    attend_prefill_tiles(a, n, qp, q, out, tok_stride, 0, n);
+}
+
+void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out,
+                          size_t tok_stride, uint32_t i_begin, uint32_t i_end) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
@@ -169,7 +241,7 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
     float *lrow = mrow + align_up(TR, kR16);
 
     const uint32_t L = a.L, L0 = L - n;
-    for (uint32_t i0 = 0; i0 < n; i0 += kTileTokens) {
+    for (uint32_t i0 = i_begin; i0 < i_end; i0 += kTileTokens) {
         const uint32_t tq = n - i0 < kTileTokens ? n - i0 : kTileTokens;
         const uint32_t rows = tq * G;
         for (uint32_t r = 0; r < rows; ++r) {

@@ -36,25 +36,51 @@ struct AttnIn {
     const Run *runs;
     uint32_t nr;
     uint32_t L;        // tokens in the store (runs cover logical 0..L-1)
-    RopeMemo *memo;
-    float *work;       // this thread's attention scratch (ArenaPlan::scr_work)
-    const FixedWork *fx;  // score=fixed: this thread's fixed-point scratch, else NULL
-    const FmtIn *fmt = nullptr;  // formatted store (quant/attn_fmt.h); NULL: plain f32 rows
+    RopeMemo *memo;    // the running thread's
+    float *work;       // attention scratch (ArenaPlan::scr_work): prefill tiles (the running
+                       // thread's), decode logits [G][logit_ld] (the head's)
+    float *part;       // decode partials, ArenaPlan::part_floats per chunk (the head's)
+    float *priv;       // decode query rows [G][stride] (the running thread's)
+    const FixedWork *fx = nullptr;  // score=fixed: the running thread's fixed-point scratch, else NULL
+    const FmtIn *fmt = nullptr;     // formatted store (quant/attn_fmt.h); NULL: plain f32 rows.
+                                    // Its scratch is the running thread's: a formatted store's
+                                    // decode is never split across threads (cache.cpp).
 };
 
 // Decode: the G query heads of the newest token (rows q[g*hd], out[g*hd]) attend over all L
-// tokens. Two passes for the whole group: logits of every run into scratch at logical indices,
-// softmax per row, then one pass over V. When `scores`, each token's normalised attention mass
-// summed over the group is added to its slot score (the logits are still in scratch: no second
-// read of K); with score=fixed (a.fx) the fixed-point weights are added instead, from the
-// int16 key copies (kernels/score_fixed.h). Returns the sum over the group of each row's Hoyer sparsity
-// (sqrt(L) - |p|_1/|p|_2) / (sqrt(L) - 1) (0 when L == 1).
+// tokens, for the whole group at once (each K and V row is read once per step).
+//
+// Split-K: the keys are taken in decode_chunks(a) chunks of plan.granule logical keys (the
+// granule depends on the geometry only, so the arithmetic is the same on every path and for
+// every thread count). decode_chunk(ci) computes the chunk's logits into the head's logits at
+// their logical indices (runs split at chunk boundaries), per row its max m_c, turns the logits
+// into e = exp(s - m_c) with their sum l_c and sum of squares, and o_c = sum e*v from zero
+// (formatted stores through quant/attn_fmt.h); it writes only its own partials and logits, so
+// chunks may run in any order on any threads.
+// decode_finish merges in chunk order: m = max_c m_c (exact), w_c = exp(m_c - m),
+// l = sum_c w_c*l_c, out = (sum_c w_c*o_c) / l; when `scores`, each token's normalised mass
+// e*w_c/l summed over the group is added to its slot score (the e are still in the logits: no
+// second read of K); with score=fixed (a.fx) the fixed-point weights are added instead, from
+// the int16 key copies of the query q at qpos (kernels/score_fixed.h). Returns the sum over the
+// group of each row's Hoyer sparsity (sqrt(L) - |p|_1/|p|_2) / (sqrt(L) - 1) (0 when L == 1),
+// |p|_2^2 = sum_c w_c^2 sumsq_c / l^2.
+// With one chunk (L <= granule) every w is 1 and the result is the unsplit computation's.
+// *cur: the position a.priv holds the query rotated at (INT64_MIN: none yet); a thread that
+// runs several chunks of one head in a row keeps it.
+uint32_t decode_chunks(const AttnIn &a);
+void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, int64_t *cur);
+float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores);
+// All chunks in order, then decode_finish.
 float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores);
 
 // Prefill: the n newest tokens attend causally. Token i's G query rows are at q + i*tok_stride
 // (+ g*hd), its output rows at out + i*tok_stride. Tiles of kTileTokens tokens x G heads sweep
 // logical key blocks of kKeyBlock keys with an online softmax (exact, one read of K/V per tile).
 void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out, size_t tok_stride);
+// The same for new tokens [i_begin, i_end) only (i_begin a multiple of kTileTokens): tiles are
+// independent, so any split of [0, n) gives the bits of attend_prefill.
+void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out,
+                          size_t tok_stride, uint32_t i_begin, uint32_t i_end);
 
 // Prefill observation: full softmax rows of the last w new tokens' queries over every key they
 // see; returns obs with obs[g * plan.logit_ld + j] = sum over those queries of query head g's

@@ -4,12 +4,14 @@
 #include <new>
 #include <string.h>
 
+#include <atomic>
+
 #include "attention.h"
 #include "config.h"
 #include "kernels/score_fixed.h"
 
-#if KVP_OPENMP
-#include <omp.h>
+#if !defined(KVP_NO_HEAP)
+#include <stdlib.h>
 #endif
 
 namespace kvp {
@@ -19,13 +21,16 @@ struct Scratch {
     float *work;
     Run *runs;
     void *policy;
-    char *fmt;  // formatted storage (FmtPlan scratch)
+    char *fmt;    // formatted storage (FmtPlan scratch)
+    float *part;  // decode partials (attention.h)
+    float *priv;  // decode query rows
 };
 
 Scratch scratch_of(kvp_cache *c, size_t tid) {
     char *base = c->scratch + tid * c->plan.scratch_bytes;
     return Scratch{reinterpret_cast<float *>(base + c->plan.scr_work), reinterpret_cast<Run *>(base + c->plan.scr_runs),
-                   base + c->plan.scr_policy, base + c->plan.scr_fmt};
+                   base + c->plan.scr_policy, base + c->plan.scr_fmt, reinterpret_cast<float *>(base + c->plan.scr_part),
+                   reinterpret_cast<float *>(base + c->plan.scr_priv)};
 }
 
 }  // namespace
@@ -92,18 +97,23 @@ void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, i
     if (c->fmt && !pinned) ++hs.nres;
 }
 
-void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *q,
-               const float *k, const float *v, float *out, StepMode mode, size_t tid) {
+// What a head's append leaves for the rest of its step.
+struct Appended {
+    uint32_t L0 = 0;      // the head's length before the append
+    uint32_t staged = 0;  // tokens in the staging slots (a staged prefill), else 0
+    StagedNew nw;         // formatted store: the chunk's staged rows (the appending thread's scratch)
+};
+
+// Makes room in one head and appends the call's n tokens (thread tid's memo and policy
+// scratch): to the staging slots when `staged` (policy.h), else to the store; a formatted
+// store stages prefill/append rows when `fmt_stage`.
+Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *k,
+                     const float *v, bool staged, bool fmt_stage, size_t tid) {
     const kvp_model &m = c->cfg.model;
     const Policy &pol = *c->policy;
-    const LayerPlan &lp = c->layers[layer].geom.lp;
     HeadStore &hs = head_of(c, layer, h);
     BlockPool &pool = c->pools[h];
-    RopeMemo &memo = c->memos[tid];
-    const Scratch s = scratch_of(c, tid);
-    PolicyCtx ctx{c, layer, h, &pool, s.policy, 0, 0};
-    // A prefill with queries of a staging policy: the chunk goes to the staging slots (policy.h).
-    const bool staged = mode == StepMode::kPrefill && q && lp.staged_prefill;
+    PolicyCtx ctx{c, layer, h, &pool, scratch_of(c, tid).policy, 0, 0};
 
     // Room first: dead slots are compacted away, then a dry pool makes the policy evict by its
     // own ranking (cache_room_check said that suffices).
@@ -118,88 +128,218 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
     }
     const uint32_t L0 = hs.len();
     const bool realign = c->positions == KVP_POS_REALIGN;
-    // Formatted stores stage a prefill/append chunk's rotated keys until its groups convert
-    // (staging policies are refused with formatted storage: config.cpp).
-    const FmtPlan *fp = c->fmt ? &c->fmt->fp : nullptr;
-    float *stage = fp && mode != StepMode::kDecode ? reinterpret_cast<float *>(s.fmt + fp->s_stage) : nullptr;
+    Appended ap;
+    ap.L0 = L0;
     if (staged) {
-        ctx.staged = n;
-        ctx.stage_slot = pool.stage_slot;
+        ap.staged = n;
         for (uint32_t i = 0; i < n; ++i) {
             const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
             const int64_t rot = realign ? int64_t(L0) + i + hs.shift : pos.at(i);
-            write_token(c, pool, pool.stage_slot + i, pos.at(i), rot, k + kv_off, v + kv_off, memo, tid);
+            write_token(c, pool, pool.stage_slot + i, pos.at(i), rot, k + kv_off, v + kv_off, c->memos[tid], tid);
         }
     } else {
+        // Formatted stores stage a prefill/append chunk's rotated keys until its groups convert
+        // (in the running thread's scratch: such a step stays on one thread).
+        const FmtPlan *fp = c->fmt ? &c->fmt->fp : nullptr;
+        float *stage = fp && fmt_stage ? reinterpret_cast<float *>(scratch_of(c, tid).fmt + fp->s_stage) : nullptr;
         for (uint32_t i = 0; i < n; ++i) {
             const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
-            store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, memo, tid,
+            store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, c->memos[tid], tid,
                         stage ? stage + size_t(i) * c->plan.stride : nullptr);
         }
-    }
-    const uint32_t L = hs.len() + ctx.staged;  // what the queries see
-    hs.len_after_append = L;
-    StagedNew nw;
-    if (stage) {
-        nw.L0 = L0;
-        nw.n = n;
-        nw.k = stage;
-        nw.ldk = c->plan.stride;
-        nw.v = v + size_t(h) * m.head_dim;
-        nw.ldv = size_t(m.n_kv_heads) * m.head_dim;
-    }
-
-    const bool attends = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
-    // The run list is O(blocks): built only when queries read the store.
-    uint32_t nr = 0;
-    if (attends) nr = c->fmt ? fmt_runs(c, hs, pool, realign, nw, s.runs) : store_runs(hs, pool, realign, s.runs);
-    if (staged) s.runs[nr++] = Run{pool.stage_slot, n, L0, 0, realign ? hs.shift : 0};
-    FixedWork fw;
-    if (pool.kq) fw = fixed_work(c, tid);
-    AttnIn a{c, &pool, s.runs, nr, L, &memo, s.work, pool.kq ? &fw : nullptr};
-    FmtIn fin;
-    if (c->fmt) {
-        fin = FmtIn{c->fmt,
-                    &fmt_store(*c->fmt, hs),
-                    nw,
-                    reinterpret_cast<float *>(s.fmt + fp->s_qg),
-                    reinterpret_cast<float *>(s.fmt + fp->s_qs),
-                    reinterpret_cast<float *>(s.fmt + fp->s_bias),
-                    reinterpret_cast<float *>(s.fmt + fp->s_oacc),
-                    reinterpret_cast<float *>(s.fmt + fp->s_zacc),
-                    reinterpret_cast<int8_t *>(s.fmt + fp->s_qi),
-                    reinterpret_cast<float *>(s.fmt + fp->s_qsc)};
-        a.fmt = &fin;
-    }
-    const QueryPos qp{&pos, realign, L0};
-    const size_t qoff = size_t(h) * c->group * m.head_dim;
-    if (mode == StepMode::kDecode) {
-        hs.hoyer = attend_decode(a, q + qoff, qp.at(0), out + qoff, lp.decode_scores);
-    } else if (mode == StepMode::kPrefill && q) {
-        const size_t tok_stride = size_t(m.n_q_heads) * m.head_dim;
-        if (out) attend_prefill(a, n, qp, q + qoff, out + qoff, tok_stride);
-        if (lp.obs_queries && pol.observe) {
-            const uint32_t w = lp.obs_queries < n ? lp.obs_queries : n;
-            Obs obs{nullptr, nullptr, c->plan.logit_ld};
-            if (a.fx) obs.u = observe_prefill_fixed(a, n, qp, q + qoff, tok_stride, w);
-            else obs.f = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
-            pol.observe(ctx, hs, a.runs, a.nr, obs);
+        if (stage) {
+            ap.nw.L0 = L0;
+            ap.nw.n = n;
+            ap.nw.k = stage;
+            ap.nw.ldk = c->plan.stride;
+            ap.nw.v = v + size_t(h) * m.head_dim;
+            ap.nw.ldv = size_t(m.n_kv_heads) * m.head_dim;
         }
     }
+    hs.len_after_append = hs.len() + ap.staged;  // what the queries see
+    return ap;
+}
+
+// One call on one layer, shared by its participants (pool_run). Two schedules:
+//   heads  (KV heads >= participants): work item = one KV head, done whole by one thread
+//          (append, attention, observation, prune) in its own scratch.
+//   split  (fewer KV heads than participants; decode and prefill with queries; plain f32
+//          storage without prompt staging): the caller appends to every head first (runs into
+//          scratch[h]: the head's storage lives in the scratch of index h < H), then items are
+//          chunks of one head (decode: split-K chunks, attention.h; prefill: groups of query
+//          tiles, largest first); the participant that completes a head's last item merges it
+//          (decode_finish), observes and prunes it.
+// Either way every head's arithmetic is fixed by the geometry, not by who runs it.
+constexpr uint32_t kSplitHeadsMax = 256;  // > any head count of a split (H < threads <= 256)
+constexpr uint32_t kPrefillItemTiles = 4; // query tiles per prefill item
+static_assert(kSplitHeadsMax >= kMaxThreads, "a split has fewer KV heads than threads");
+
+struct StepJob {
+    kvp_cache *c;
+    uint32_t layer, n;
+    NewPositions pos;
+    const float *q, *k, *v;
+    float *out;
+    StepMode mode;
+    bool split;
+    uint32_t nitems;
+    std::atomic<uint32_t> next;
+    // split only: items of head h are [base[h], base[h+1]); left[h] counts those not done
+    uint32_t base[kSplitHeadsMax + 1];
+    std::atomic<uint32_t> left[kSplitHeadsMax];
+    uint32_t nr[kSplitHeadsMax], L0[kSplitHeadsMax];
+};
+
+// Attention input of head h: runs, logits and partials in scratch `own`, the rest thread tid's.
+AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t own, size_t tid) {
+    const Scratch so = scratch_of(c, own), st = scratch_of(c, tid);
+    return AttnIn{c, &c->pools[h], so.runs, nr, L, &c->memos[tid], so.work, so.part, st.priv};
+}
+
+// Observation, formatted conversion and prune of one head after its attention (thread tid's
+// scratch).
+void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended &ap, size_t tid) {
+    kvp_cache *c = j.c;
+    const kvp_model &m = c->cfg.model;
+    const Policy &pol = *c->policy;
+    const LayerPlan &lp = c->layers[j.layer].geom.lp;
+    HeadStore &hs = head_of(c, j.layer, h);
+    BlockPool &pool = c->pools[h];
+    const Scratch s = scratch_of(c, tid);
+    PolicyCtx ctx{c, j.layer, h, &pool, s.policy, ap.staged, ap.staged ? pool.stage_slot : 0};
+    const bool realign = c->positions == KVP_POS_REALIGN;
+    const QueryPos qp{&j.pos, realign, ap.L0};
+    const size_t tok_stride = size_t(m.n_q_heads) * m.head_dim, qoff = size_t(h) * c->group * m.head_dim;
+    if (j.mode == StepMode::kPrefill && j.q && lp.obs_queries && pol.observe) {
+        const uint32_t w = lp.obs_queries < j.n ? lp.obs_queries : j.n;
+        AttnIn ao = a;
+        ao.work = s.work;
+        Obs obs{nullptr, nullptr, c->plan.logit_ld};
+        if (a.fx) obs.u = observe_prefill_fixed(ao, j.n, qp, j.q + qoff, tok_stride, w);
+        else obs.f = observe_prefill(ao, j.n, qp, j.q + qoff, tok_stride, w);
+        pol.observe(ctx, hs, a.runs, a.nr, obs);
+    }
     if (c->fmt) {  // completed groups convert after attention, before the policy prunes
-        const StepObs so{&a,        s.runs, realign, s.fmt, q ? q + qoff : nullptr,
-                         out ? out + qoff : nullptr, size_t(m.n_q_heads) * m.head_dim, n, &qp};
-        fmt_convert(c, hs, pool, nw, so);
+        const StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : nullptr, j.out ? j.out + qoff : nullptr,
+                         tok_stride, j.n, &qp};
+        fmt_convert(c, hs, pool, ap.nw, so);
         // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
         fmt_store(*c->fmt, hs).bytes_after_append = store_bytes(c, hs, pool);
     }
-    if (pol.prune) pol.prune(ctx, hs, mode);
+    if (pol.prune) pol.prune(ctx, hs, j.mode);
     if (ctx.staged) stage_commit(ctx, hs, nullptr, 0);  // a policy that selected nothing keeps what fits
+}
+
+// The heads schedule: all of head h on thread tid.
+void head_step(StepJob &j, uint32_t h, size_t tid) {
+    kvp_cache *c = j.c;
+    const kvp_model &m = c->cfg.model;
+    const LayerPlan &lp = c->layers[j.layer].geom.lp;
+    HeadStore &hs = head_of(c, j.layer, h);
+    BlockPool &pool = c->pools[h];
+    const Scratch s = scratch_of(c, tid);
+    const bool realign = c->positions == KVP_POS_REALIGN;
+    // A prefill with queries of a staging policy: the chunk goes to the staging slots (policy.h).
+    const bool staged = j.mode == StepMode::kPrefill && j.q && lp.staged_prefill;
+    const Appended ap = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, staged, j.mode != StepMode::kDecode, tid);
+    const bool attends = j.mode == StepMode::kDecode || (j.mode == StepMode::kPrefill && j.q);
+    // The run list is O(blocks): built only when queries read the store.
+    uint32_t nr = 0;
+    if (attends) nr = c->fmt ? fmt_runs(c, hs, pool, realign, ap.nw, s.runs) : store_runs(hs, pool, realign, s.runs);
+    if (ap.staged) s.runs[nr++] = Run{pool.stage_slot, j.n, ap.L0, 0, realign ? hs.shift : 0};
+    AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, tid);
+    FixedWork fw;
+    if (pool.kq) {
+        fw = fixed_work(c, tid);
+        a.fx = &fw;
+    }
+    FmtIn fin;
+    if (c->fmt) {
+        const FmtPlan &fp = c->fmt->fp;
+        fin = FmtIn{c->fmt,
+                    &fmt_store(*c->fmt, hs),
+                    ap.nw,
+                    reinterpret_cast<float *>(s.fmt + fp.s_qg),
+                    reinterpret_cast<float *>(s.fmt + fp.s_qs),
+                    reinterpret_cast<float *>(s.fmt + fp.s_bias),
+                    reinterpret_cast<float *>(s.fmt + fp.s_oacc),
+                    reinterpret_cast<float *>(s.fmt + fp.s_zacc),
+                    reinterpret_cast<int8_t *>(s.fmt + fp.s_qi),
+                    reinterpret_cast<float *>(s.fmt + fp.s_qsc)};
+        a.fmt = &fin;
+    }
+    const QueryPos qp{&j.pos, realign, ap.L0};
+    const size_t qoff = size_t(h) * c->group * m.head_dim;
+    if (j.mode == StepMode::kDecode) {
+        hs.hoyer = attend_decode(a, j.q + qoff, qp.at(0), j.out + qoff, lp.decode_scores);
+    } else if (j.mode == StepMode::kPrefill && j.q && j.out) {
+        attend_prefill(a, j.n, qp, j.q + qoff, j.out + qoff, size_t(m.n_q_heads) * m.head_dim);
+    }
+    head_observe_prune(j, h, a, ap, tid);
+}
+
+// The split schedule: item i (decode: a split-K chunk; prefill: kPrefillItemTiles query tiles).
+void split_item(StepJob &j, uint32_t i, size_t tid) {
+    kvp_cache *c = j.c;
+    const kvp_model &m = c->cfg.model;
+    if (j.mode == StepMode::kPrefill) i = j.nitems - 1 - i;  // the longest (last) tiles first
+    uint32_t h = 0;
+    while (i >= j.base[h + 1]) ++h;
+    const uint32_t ci = i - j.base[h];
+    AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), h, tid);
+    if (j.mode == StepMode::kPrefill) a.work = scratch_of(c, tid).work;  // tile scratch: the running thread's
+    FixedWork fw;
+    if (c->pools[h].kq) {
+        fw = fixed_work(c, tid);
+        a.fx = &fw;
+    }
+    const QueryPos qp{&j.pos, c->positions == KVP_POS_REALIGN, j.L0[h]};
+    const size_t qoff = size_t(h) * c->group * m.head_dim;
+    if (j.mode == StepMode::kDecode) {
+        int64_t cur = INT64_MIN;
+        decode_chunk(a, j.q + qoff, qp.at(0), ci, &cur);
+    } else if (j.out) {
+        const uint32_t t0 = ci * kPrefillItemTiles * kTileTokens;
+        const uint32_t t1 = j.n - t0 < kPrefillItemTiles * kTileTokens ? j.n : t0 + kPrefillItemTiles * kTileTokens;
+        attend_prefill_tiles(a, j.n, qp, j.q + qoff, j.out + qoff, size_t(m.n_q_heads) * m.head_dim, t0, t1);
+    }
+    if (j.left[h].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // The head's last item: merge, observe, prune (every other item of it is done and visible).
+    if (j.mode == StepMode::kDecode)
+        head_of(c, j.layer, h).hoyer =
+            decode_finish(a, j.q + qoff, qp.at(0), j.out + qoff, c->layers[j.layer].geom.lp.decode_scores);
+    Appended ap;
+    ap.L0 = j.L0[h];
+    head_observe_prune(j, h, a, ap, tid);
+}
+
+void step_worker(void *arg, uint32_t tid) {
+    StepJob &j = *static_cast<StepJob *>(arg);
+    for (;;) {
+        const uint32_t i = j.next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= j.nitems) return;
+        if (j.split) split_item(j, i, tid);
+        else head_step(j, i, tid);
+    }
 }
 
 }  // namespace
 
-kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena) {
+// The thread crossover, measured on the project machine (shared 2-core AMD EPYC VM, Zen 4,
+// 2026-11-22; bench_attention --crossover, bench/results/crossover-pool.csv; README
+// "Benchmarks"). A 2-thread call with the worker asleep costs the caller 6 us at the median
+// and 11 us at the 90th percentile (futex wake, join) at load 2.7, 11 and 18 us at load 10; a
+// sleeping worker claims its id 4 us after the wake (p50; 7 us p90 at load 10). By that fixed
+// cost alone a second thread would pay from about 30 us of one-thread work, 1 MiB of
+// cache-resident decode. On this machine, whose other core is usually busy (load average 3-9
+// on 2 cores), calls forced onto 2 threads were 0.8-1.0x the 1-thread time up to 2 MiB of work
+// and first faster at 4-8 MiB (prefill of 32 tokens, 4.3M units: 1.16x; decode of 8.4 MB,
+// 32 q / 8 kv heads: 1.29x in-process A/B), so the constant is 4 MiB; the back-off in
+// threads_for covers busier spells. Memory-bound decode gains nothing from a second thread
+// here at any size (a plain 2-thread read of main memory is no faster than a 1-thread one).
+const uint64_t kParallelWork = uint64_t(4) << 20;
+
+kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err) {
     char *base = static_cast<char *>(arena);
     kvp_cache *c = new (base) kvp_cache;
     memset(c, 0, sizeof *c);
@@ -215,6 +355,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     c->scale = float(1.0 / sqrt(double(m.head_dim)));
     c->kern = kern::attn_f32_best();
     c->skern = kern::score_f32_best();
+    c->vkern = kern::vec_f32_best();
 
     double *freqs = reinterpret_cast<double *>(base + plan.off_freqs);
     c->rope.style = m.rope;
@@ -237,6 +378,12 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     for (uint32_t pos = 0; pos < plan.rope_full_n; ++pos) rope_table(c->rope, pos, full + size_t(pos) * c->rope.full_floats);
     c->rope.full = full;
     c->rope.full_n = plan.rope_full_n;
+    c->rope.rot = m.rope == KVP_ROPE_GPTJ ? c->vkern->rope_gptj : c->vkern->rope_neox;
+    c->rope.call = reinterpret_cast<float *>(base + plan.off_rope_call);
+    c->rope.call_first[0] = c->rope.call_first[1] = 0;
+    c->rope.call_n[0] = c->rope.call_n[1] = 0;
+    c->rope.call_cap = plan.rope_call_n;
+    c->rope.call_ranges = plan.rope_call_ranges;
 
     c->layers = reinterpret_cast<LayerState *>(base + plan.off_layers);
     c->heads = reinterpret_cast<HeadStore *>(base + plan.off_heads);
@@ -326,15 +473,26 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
                        uint32_t(plan.memo_floats / kRopeMemoEntries));
     }
     cache_reset(c);
-#if KVP_OPENMP
-    // Start the worker threads now: the OpenMP runtime allocates its pool on first use, and
-    // no call after kvp_create may allocate.
-    if (cfg.threads > 1) {
-#pragma omp parallel num_threads(cfg.threads)
-        { (void)omp_get_thread_num(); }
-    }
+    c->par_work = kParallelWork;
+    c->par_shift = c->par_skips = 0;
+    c->par_late = 0.0f;
+#if !defined(KVP_NO_HEAP)
+    // Tests and benchmarks force the parallel paths on small work: KVP_PAR_WORK=<units>
+    // (0: every call uses all threads its items allow).
+    if (const char *e = getenv("KVP_PAR_WORK")) c->par_work = strtoull(e, nullptr, 10);
 #endif
+    // The worker threads start now and wait, asleep, for calls (threads.h).
+    c->tpool = pool_start(cfg.threads, base + plan.off_threads, thread_err);
+    if (*thread_err) {
+        c->magic = kDeadMagic;  // not a live cache: a later kvp_create over this arena may proceed
+        return nullptr;
+    }
     return c;
+}
+
+void cache_stop(kvp_cache *c) {
+    pool_stop(c->tpool);
+    c->tpool = nullptr;
 }
 
 void cache_reset(kvp_cache *c) {
@@ -458,6 +616,69 @@ uint32_t cache_prefill_room(const kvp_cache *c) {
     return lo;
 }
 
+double step_work(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
+    const kvp_model &m = c->cfg.model;
+    const double row = 2.0 * m.head_dim * sizeof(float), fl = 4.0 * m.head_dim * c->group;
+    double work = 0;
+    for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+        const double L0 = head_of(c, layer, h).len();
+        if (mode == StepMode::kDecode) {
+            work += (L0 + 1) * (fl / 2 > row ? fl / 2 : row);
+        } else if (queries) {  // causal: new token i sees L0 + i + 1 keys; K/V are re-read per tile
+            const double pairs = double(n) * L0 + double(n) * (n + 1) / 2;
+            work += pairs * (fl / 2 > row / kTileTokens ? fl / 2 : row / kTileTokens);
+        } else {
+            work += double(n) * row;
+        }
+    }
+    return work;
+}
+
+namespace {
+
+// Threads a call pays for (DECISIONS.md "Threads and allocation"): below c->par_work units of
+// step_work the caller runs alone and touches no other thread; from there on each further
+// thread needs par_work/2 more. Back-off on a busy machine: pool_run reports the share of a
+// parallel call its caller spent waiting at the join for a worker (one preempted while it holds
+// an item); when the running average of that share (weight 1/8 per parallel call) exceeds
+// kParLate, the threshold doubles (par_shift) and the average restarts at half of kParLate, so
+// it takes several late calls in a row; after kParProbe calls that ran alone only because of
+// the back-off it halves again (a probe). Scheduling only: the bits never depend on it.
+constexpr float kParLate = 0.3f;
+constexpr uint32_t kParProbe = 32;
+constexpr uint32_t kParShiftMax = 16;
+
+uint32_t threads_for(kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
+    const uint32_t T = c->cfg.threads;
+    if (T <= 1 || !c->tpool) return 1;
+    if (c->par_work == 0) return T;
+    const double work = step_work(c, layer, n, mode, queries);
+    if (work < double(c->par_work)) return 1;
+    const double thr = double(c->par_work) * double(uint64_t(1) << c->par_shift);
+    if (work < thr) {
+        if (++c->par_skips >= kParProbe) {
+            c->par_skips = 0;
+            --c->par_shift;
+        }
+        return 1;
+    }
+    const double k = 2.0 * work / thr;
+    return k >= T ? T : uint32_t(k);
+}
+
+// After a call on nt threads whose caller waited `late` of it at the join.
+void threads_feedback(kvp_cache *c, uint32_t nt, double late) {
+    if (nt <= 1 || !c->par_work) return;
+    c->par_late += (float(late) - c->par_late) / 8.0f;
+    if (c->par_late > kParLate && c->par_shift < kParShiftMax) {
+        ++c->par_shift;
+        c->par_skips = 0;
+        c->par_late = kParLate / 2;
+    }
+}
+
+}  // namespace
+
 void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q,
                 const float *k, const float *v, float *out, StepMode mode) {
     const kvp_model &m = c->cfg.model;
@@ -468,18 +689,60 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_prepare(ctx, n, mode);
     }
-    const int nkv = int(m.n_kv_heads);
-    auto run = [&](int h, size_t tid) { head_step(c, layer, uint32_t(h), n, pos, q, k, v, out, mode, tid); };
-#if KVP_OPENMP
-    // threads == 1 never enters OpenMP: libgomp allocates a team even for an if(false) region.
-    if (c->cfg.threads > 1) {
-#pragma omp parallel for num_threads(c->cfg.threads) schedule(static)
-        for (int h = 0; h < nkv; ++h) run(h, size_t(omp_get_thread_num()));
-    } else
-#endif
-    {
-        for (int h = 0; h < nkv; ++h) run(h, 0);
+    // RoPE tables of the call's positions, shared by every head and thread (rope.h): original
+    // positions when contiguous (positions NULL, or given without gaps); realign: the positions
+    // of the first head (the others' are the same unless their stores differ: those use the
+    // memo).
+    if (c->rope.call_cap) {
+        if (c->positions == KVP_POS_ORIGINAL) {
+            if (!positions || int64_t(positions[n - 1]) - positions[0] == int64_t(n) - 1)
+                rope_call_prepare(c->rope, 0, pos.at(0), n);
+        } else {
+            const HeadStore &h0 = head_of(c, layer, 0);
+            rope_call_prepare(c->rope, 0, int64_t(h0.len()) + (h0.next_pinned() ? 0 : h0.shift), n);
+            rope_call_prepare(c->rope, 1, h0.len(), n);
+        }
     }
+
+    StepJob j;
+    j.c = c;
+    j.layer = layer;
+    j.n = n;
+    j.pos = pos;
+    j.q = q;
+    j.k = k;
+    j.v = v;
+    j.out = out;
+    j.mode = mode;
+    j.next.store(0, std::memory_order_relaxed);
+    const uint32_t H = m.n_kv_heads;
+    const bool queries = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
+    uint32_t nt = threads_for(c, layer, n, mode, queries);
+    // Formatted stores and prompt staging keep per-step rows in the appending thread's scratch:
+    // their heads are never split.
+    j.split = nt > H && queries && (mode == StepMode::kDecode || out) && !c->fmt &&
+              !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill);
+    if (j.split) {
+        // The caller appends to every head (H < nt: a few heads) and builds its runs in
+        // scratch[h]; the chunks are the items.
+        const bool realign = c->positions == KVP_POS_REALIGN;
+        j.base[0] = 0;
+        for (uint32_t h = 0; h < H; ++h) {
+            j.L0[h] = head_append(c, layer, h, n, pos, k, v, false, false, 0).L0;
+            HeadStore &hs = head_of(c, layer, h);
+            j.nr[h] = store_runs(hs, c->pools[h], realign, scratch_of(c, h).runs);
+            const uint32_t items = mode == StepMode::kDecode
+                                       ? (hs.len() + c->plan.granule - 1) / c->plan.granule
+                                       : (n + kPrefillItemTiles * kTileTokens - 1) / (kPrefillItemTiles * kTileTokens);
+            j.base[h + 1] = j.base[h] + items;
+            j.left[h].store(items, std::memory_order_relaxed);
+        }
+        j.nitems = j.base[H];
+    } else {
+        j.nitems = H;
+    }
+    if (nt > j.nitems) nt = j.nitems;
+    threads_feedback(c, nt, pool_run(c->tpool, nt, step_worker, &j));
 
     // Peak: after every head appended, before the policy's prunes.
     uint64_t appended = 0, appended_bytes = 0;

@@ -8,12 +8,14 @@
 #include "arena.h"
 #include "kernels/attn_f32.h"
 #include "kernels/score_f32.h"
+#include "kernels/vec_f32.h"
 #include "kvprune/kvprune.h"
 #include "msg.h"
 #include "policies/policy.h"
 #include "pool.h"
 #include "rope.h"
 #include "storage.h"
+#include "threads.h"
 
 namespace kvp {
 
@@ -42,6 +44,7 @@ struct kvp_cache {
     kvp::Rope rope;
     const kvp::kern::AttnF32 *kern;
     const kvp::kern::ScoreF32 *skern;
+    const kvp::kern::VecF32 *vkern;
     kvp::LayerState *layers;
     kvp::HeadStore *heads;     // [layer * n_kv_heads + head]
     kvp::BlockPool *pools;     // [n_kv_heads]
@@ -51,6 +54,11 @@ struct kvp_cache {
     int64_t fixed_K;           // score=fixed: logit scale (fixed::logit_scale)
     const int16_t *fixed_rope; // score=fixed: precomputed Q14 tables [fixed_rope_n][2*pairs] (realign)
     uint32_t fixed_rope_n;
+    kvp::ThreadPool *tpool;    // the worker threads (NULL: threads == 1 or no thread support)
+    uint64_t par_work;         // work a call needs before a second thread joins (cache.cpp)
+    uint32_t par_shift;        // back-off: the threshold is par_work << par_shift (cache.cpp)
+    uint32_t par_skips;        // calls run alone since the last back-off or probe
+    float par_late;            // running average of the callers' join-wait share of parallel calls
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
@@ -82,8 +90,26 @@ const int16_t *fixed_rope_table(const kvp_cache *c, const FixedWork &w, int64_t 
 // score=fixed: quantizes the pre-RoPE key row k and stores it rotated at `rot` in the slot.
 void fixed_store_key(kvp_cache *c, const BlockPool &pool, uint32_t slot, const float *k, int64_t rot, size_t tid);
 
-// Builds a cache in `arena` (>= plan.total bytes, 64-aligned) for a checked config.
-kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena);
+
+// A call pays for a second thread from this much work (cache.cpp threads_for: bytes of K+V
+// read, or half the flops when that is more), each further thread from half as much again.
+// Measured with bench_attention --crossover (bench/results/crossover-pool.csv, README
+// "Benchmarks"): see the comment at the definition.
+extern const uint64_t kParallelWork;
+
+// The work of a call in the units of kParallelWork: bytes of K+V it reads, or half its flops
+// when that is more (decode with 4 query heads per KV head does 2 flops per byte: the two
+// bounds meet at the machine's FMA peak over its read bandwidth); prefill counts K+V once per
+// tile of kTileTokens queries; appends count the bytes they write. queries: decode, or prefill
+// with q.
+double step_work(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries);
+
+// Builds a cache in `arena` (>= plan.total bytes, 64-aligned) for a checked config and starts
+// its worker threads. NULL when a thread could not be started (*thread_err = the
+// pthread_create error; nothing is left running).
+kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err);
+// Stops the worker threads (kvp_destroy): joins them; no call may follow.
+void cache_stop(kvp_cache *c);
 void cache_reset(kvp_cache *c);
 // KVP_OK when every KV head of `layer` can take n more tokens (hard capacity, and the shared
 // pool after the policy's self-prune); else KVP_ERR_FULL with a message. Changes nothing.

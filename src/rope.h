@@ -6,6 +6,7 @@
 #pragma once
 #include <stdint.h>
 
+#include "kernels/vec_f32.h"
 #include "kvprune/kvprune.h"
 
 namespace kvp {
@@ -20,6 +21,20 @@ struct Rope {
     // while decoding, whatever the number of runs.
     const float *full;
     uint32_t full_n, full_floats;
+    // Rotation kernel for the style (vec_f32.h; NULL: the scalar reference).
+    kern::f32_rope_fn rot;
+    // Tables of the current call's positions, computed by the calling thread before any
+    // per-head work (rope_call_prepare) and read by every thread: range 0 holds the new keys'
+    // rotation positions (original: the tokens' positions; realign ring: L0 + shift + i, which
+    // are also the queries' positions over the ring run), range 1 (realign stores with a pinned
+    // prefix: streaming's sinks) the queries' positions over the pinned run, L0 + i. Prefill
+    // computes a chunk's tables once instead of once per KV head for keys and again for
+    // queries; a later layer's call with the same positions (decode of one token over all
+    // layers) reuses them. Each range holds up to call_cap tables, full_floats apart, in the
+    // arena (call: call_ranges * call_cap tables; call_cap = 0: none).
+    float *call;
+    int64_t call_first[2];
+    uint32_t call_n[2], call_cap, call_ranges;
 };
 
 // Fills inv_freq[pairs] for model m.
@@ -28,8 +43,13 @@ void rope_init_freqs(const kvp_model &m, double *inv_freq, uint32_t pairs);
 // cs[2*i] = cos(pos*f_i), cs[2*i+1] = sin(pos*f_i) for i < pairs.
 void rope_table(const Rope &r, int64_t pos, float *cs);
 
-// Rotates `n` vectors x[j*ld + 0..head_dim) in place with the table cs.
+// Rotates `n` vectors x[j*ld + 0..head_dim) in place with the table cs (r.rot's kernel).
 void rope_apply(const Rope &r, const float *cs, float *x, uint32_t n, uint32_t ld);
+
+// Makes call range `range` hold the tables of positions first..first+n-1 (up to call_cap of
+// them): kept when it (or, for range 1, range 0) already does, else recomputed. Runs on the
+// calling thread before the per-head work.
+void rope_call_prepare(Rope &r, uint32_t range, int64_t first, uint32_t n);
 
 // Tables one thread computed, direct-mapped by position (entry pos % kRopeMemoEntries). A
 // table depends only on the position, so entries never go stale. A decode step needs the same
@@ -46,8 +66,8 @@ struct RopeMemo {
 void rope_memo_init(RopeMemo &m, float *tables, uint32_t table_floats);
 // Floats of one memo's tables for `pairs` rotation pairs (each table 64-byte aligned).
 size_t rope_memo_floats(uint32_t pairs);
-// The table for pos: from the precomputed tables when pos is inside them, else from the memo
-// (computed on a miss; valid until the next lookup that maps to its entry).
+// The table for pos: from the precomputed tables or the call tables when pos is inside them,
+// else from the memo (computed on a miss; valid until the next lookup that maps to its entry).
 const float *rope_table_memo(const Rope &r, RopeMemo &m, int64_t pos);
 // Floats of one table (64-byte aligned) for `pairs` rotation pairs.
 inline size_t rope_table_floats(uint32_t pairs) { return (2 * size_t(pairs) + 15) / 16 * 16; }

@@ -7,6 +7,11 @@
 #include <string.h>
 
 #include <atomic>
+#include <thread>
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 
 #include "reference.h"
 
@@ -52,10 +57,11 @@ void free(void *p) { __libc_free(p); }
 namespace {
 
 // Exercises every entry point after create: prefill (tiles, several key blocks), decode with
-// prunes (ring wrap), append, positions, stats, failed calls, reset, on two threads.
-long allocations_during_workload(kvp_cache *c, uint32_t layers) {
-    const uint32_t nq = 8, nkv = 4, hd = 64;
-    static float q[300 * nq * hd], k[300 * nkv * hd], v[300 * nkv * hd], o[300 * nq * hd];
+// prunes (ring wrap), append, positions, stats, failed calls, reset. Geometry: nq query heads,
+// nkv KV heads (<= 4), head_dim 64.
+long allocations_during_workload(kvp_cache *c, uint32_t layers, uint32_t nq = 8, uint32_t nkv = 4) {
+    const uint32_t hd = 64;
+    static float q[300 * 8 * 64], k[300 * 4 * 64], v[300 * 4 * 64], o[300 * 8 * 64];
     ref::Rng rng(3);
     for (float &x : q) x = rng.uniform(-1, 1);
     for (float &x : k) x = rng.uniform(-1, 1);
@@ -64,7 +70,7 @@ long allocations_during_workload(kvp_cache *c, uint32_t layers) {
     uint32_t n;
     kvp_stats st;
     st.struct_size = sizeof st;
-    float nanq[nq * hd];
+    static float nanq[8 * 64];
     memcpy(nanq, q, sizeof nanq);
     nanq[5] = NAN;
 
@@ -76,7 +82,7 @@ long allocations_during_workload(kvp_cache *c, uint32_t layers) {
             for (uint32_t l = 0; l < layers; ++l)
                 if (kvp_decode(c, l, q + t * nq * hd, k + t * nkv * hd, v + t * nkv * hd, o) != KVP_OK) return -1;
         if (kvp_append(c, 0, 1, nullptr, k, v) != KVP_OK) return -1;
-        if (kvp_layer_positions(c, 0, 1, pos, 512, &n) != KVP_OK) return -1;
+        if (kvp_layer_positions(c, 0, nkv - 1, pos, 512, &n) != KVP_OK) return -1;
         if (kvp_get_stats(c, &st) != KVP_OK) return -1;
         if (kvp_decode(c, 0, nanq, k, v, o) != KVP_ERR_NONFINITE) return -1;
         if (kvp_decode(c, 99, q, k, v, o) != KVP_ERR_LAYER) return -1;
@@ -86,8 +92,8 @@ long allocations_during_workload(kvp_cache *c, uint32_t layers) {
     return g_allocs.load() - before;
 }
 
-kvp_config config(const char *spec) {
-    const kvp_model m = ref::model(2, 8, 4, 64);
+kvp_config config(const char *spec, uint32_t nq = 8, uint32_t nkv = 4) {
+    const kvp_model m = ref::model(2, nq, nkv, 64);
     kvp_config cfg;
     kvp_config_default(&cfg, &m);
     char err[128];
@@ -175,6 +181,118 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
         __libc_free(arena);
     }
 }
+
+// Every parallel path (KVP_PAR_WORK=0 puts every call on all threads): one thread per KV head
+// (4 heads), and split-K decode / tile-split prefill (MQA: 1 KV head, 2 KV heads on 3 threads).
+TEST(NoAllocation, ParallelPathsAllocateNothing) {
+    setenv("KVP_PAR_WORK", "0", 1);
+    const struct {
+        const char *spec;
+        uint32_t nq, nkv;
+    } cases[] = {{"policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2", 8, 4},
+                 {"policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2", 8, 1},
+                 {"policy=streaming sinks=4 window=200 capacity=260 threads=3", 8, 2},
+                 {"policy=h2o budget=200 recent=16 capacity=260 positions=realign threads=3", 4, 1}};
+    for (const auto &cs : cases) {
+        kvp_config cfg = config(cs.spec, cs.nq, cs.nkv);
+        const size_t bytes = kvp_arena_size(&cfg);
+        ASSERT_GT(bytes, 0u) << cs.spec;
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << cs.spec;
+        EXPECT_EQ(allocations_during_workload(c, 2, cs.nq, cs.nkv), 0) << cs.spec << " nkv=" << cs.nkv;
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+    {  // split-K decode over 3 chunks (head_dim 64: 512 tokens per chunk), MQA, 3 threads
+        kvp_config cfg = config("policy=h2o budget=1300 recent=16 capacity=1400 threads=3", 8, 1);
+        const size_t bytes = kvp_arena_size(&cfg);
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK);
+        static float k[1300 * 64], v[1300 * 64], q[8 * 64], o[8 * 64];
+        ref::Rng rng(4);
+        for (float &x : k) x = rng.uniform(-1, 1);
+        for (float &x : v) x = rng.uniform(-1, 1);
+        for (float &x : q) x = rng.uniform(-1, 1);
+        for (uint32_t l = 0; l < 2; ++l) ASSERT_EQ(kvp_append(c, l, 1200, nullptr, k, v), KVP_OK);
+        const long before = g_allocs.load();
+        for (int t = 0; t < 40; ++t)
+            for (uint32_t l = 0; l < 2; ++l) ASSERT_EQ(kvp_decode(c, l, q, k + t * 64, v + t * 64, o), KVP_OK);
+        EXPECT_EQ(g_allocs.load() - before, 0) << "split-K decode";
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+    unsetenv("KVP_PAR_WORK");
+}
+
+// DESIGN.md "Threads": no allocation whichever host thread calls. A cache made on this thread is
+// used from another one, then from two host threads taking turns call by call (a goroutine
+// that migrates between OS threads, a Rust cache moved between threads). OpenMP in the library
+// allocated here: libgomp keeps a thread pool per host thread.
+TEST(NoAllocation, CallsFromOtherHostThreads) {
+    kvp_config cfg = config("policy=streaming sinks=4 window=120 compress_every=16 capacity=260 threads=2");
+    const size_t bytes = kvp_arena_size(&cfg);
+    void *arena = __libc_memalign(64, bytes);
+    kvp_cache *c = nullptr;
+    setenv("KVP_PAR_WORK", "0", 1);
+    ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK);
+    unsetenv("KVP_PAR_WORK");
+    long other = -1;
+    std::thread t([&] { other = allocations_during_workload(c, 2); });
+    t.join();
+    EXPECT_EQ(other, 0) << "calls from a second host thread";
+
+    // Two host threads alternate: each decode step runs on the other thread than the last.
+    static float q[8 * 64], k[4 * 64], v[4 * 64], o[8 * 64];
+    ref::Rng rng(9);
+    for (float &x : q) x = rng.uniform(-1, 1);
+    for (float &x : k) x = rng.uniform(-1, 1);
+    for (float &x : v) x = rng.uniform(-1, 1);
+    std::atomic<int> turn{0};
+    std::atomic<long> allocs{0};
+    std::atomic<bool> failed{false};
+    auto player = [&](int me) {
+        for (int step = 0; step < 200; ++step) {
+            while (turn.load() % 2 != me) std::this_thread::yield();
+            const long before = g_allocs.load();
+            for (uint32_t l = 0; l < 2; ++l)
+                if (kvp_decode(c, l, q, k, v, o) != KVP_OK) failed = true;
+            allocs += g_allocs.load() - before;
+            turn.fetch_add(1);
+        }
+    };
+    std::thread a(player, 0), b(player, 1);
+    a.join();
+    b.join();
+    EXPECT_FALSE(failed.load());
+    EXPECT_EQ(allocs.load(), 0) << "calls alternating between two host threads";
+    kvp_destroy(c);
+    __libc_free(arena);
+}
+
+#if defined(_OPENMP)
+// ... and whatever OpenMP teams the host runs between calls (libgomp resizes its pool for a
+// team of another size; in the library it allocated on the next call).
+TEST(NoAllocation, AfterHostOpenMpTeamsOfOtherSizes) {
+    setenv("KVP_PAR_WORK", "0", 1);
+    kvp_config cfg = config("policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2");
+    const size_t bytes = kvp_arena_size(&cfg);
+    void *arena = __libc_memalign(64, bytes);
+    kvp_cache *c = nullptr;
+    ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK);
+    unsetenv("KVP_PAR_WORK");
+    for (int team : {3, 1, 4}) {
+        std::atomic<int> ran{0};
+#pragma omp parallel num_threads(team)
+        { ran.fetch_add(1); }
+        EXPECT_EQ(ran.load(), team);
+        EXPECT_EQ(allocations_during_workload(c, 2), 0) << "after a host OpenMP team of " << team;
+    }
+    kvp_destroy(c);
+    __libc_free(arena);
+}
+#endif
 
 TEST(NoAllocation, NullArenaAllocatesExactlyOnceInCreate) {
     kvp_config cfg = config("policy=window window=250 threads=1");

@@ -158,25 +158,27 @@ TEST(Config, CheckCatchesContradictions) {
 // 2 layers x 2 KV heads, head_dim 32 (stride 32), full policy, capacity 100, block 16:
 //   each (layer, head) needs ceil(100/16) = 7 blocks, so each KV head's pool has 14 blocks = 224
 //   slots: K+V 224 x 2 x 128 B = 57344, pos/rot/score 3 x 896 -> 60032 B per pool, 120064 for 2;
-//   fixed part: cache object 1024, layer states 320, head stores 448, block tables 128, home
-//   ranges + reservations 128, pool structs 320, pool free lists + dead counts + block
+//   fixed part: cache object 960, layer states 256, head stores 448, block tables 128, home
+//   ranges + reservations 128, pool structs 256, pool free lists + dead counts + block
 //   sequence numbers 512, RoPE
-//   frequencies 128,
-//   one RoPE memo 320: 3328 (0.3: +256 B of metadata for prompt staging and fixed-point scores;
-//   +64 B cache object for the quantized/ThinK storage format pointer and live-byte counters);
+//   frequencies 128, RoPE tables of a call's positions (original positions: min(capacity, 512)
+//   tables of 16 pairs) 100 x 128 = 12800,
+//   one RoPE memo 320: 15936 (threads=1: no worker threads, no pool region);
 //   one thread's scratch: RoPE tables 32 x 32 floats = 4096, runs (100+7+1) x 24 -> 2624,
-//   attention work = the prefill tile (8 rows: 2 x 256 + 1024 + 2 x 16 floats) 6272: 12992.
-//   Total 120064 + 3328 + 12992 = 136384.
+//   attention work = the prefill tile (8 rows: 2 x 256 + 1024 + 2 x 16 floats) 6272, decode
+//   partials of one split-K chunk (granule 1024 tokens at stride 32; m, l, sumsq of 2 rows padded
+//   to 16 floats + 2 x 32 output floats) 320, decode query rows 2 x 32 floats 256: 13568.
+//   Total 120064 + 15936 + 13568 = 149568.
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);
-    EXPECT_EQ(n, sizeof(void *) == 8 ? 136384u : 135872u);  // 32-bit targets: smaller pointers in the fixed part
+    EXPECT_EQ(n, sizeof(void *) == 8 ? 149952u : 0u);  // 32-bit targets: smaller pointers in the fixed part
     kvp_config cfg2 = base_config("capacity=164");
     // 4 more blocks (64 slots) per (layer, head): 4 x 64 x (256 B of K+V + 4 B each of pos, rot,
     // score); the block tables (+64), the pools' free lists, dead counts and sequence numbers
-    // (+2 x 3 x 64) and the run list (+66 runs x 24 -> +1600) grow with them; the attention
-    // scratch is unchanged.
-    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 384 + 1600);
+    // (+2 x 3 x 64), the run list (+66 runs x 24 -> +1600) and the RoPE call tables (+64 x 128)
+    // grow with them; the attention scratch is unchanged.
+    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 384 + 1600 + 64 * 128);
     kvp_config cfg3 = base_config("capacity=100 threads=3");
     EXPECT_GT(kvp_arena_size(&cfg3), n);
 

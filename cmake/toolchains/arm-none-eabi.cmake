@@ -1,5 +1,5 @@
 # Bare-metal Cortex-M build (Debian gcc-arm-none-eabi + libnewlib-arm-none-eabi + libstdc++-arm-none-eabi-newlib).
-# Builds the core static library only: no OpenMP, no heap, no tests, no benchmarks.
+# Builds the core static library only: no worker threads, no heap, no tests, no benchmarks.
 #
 #   cmake -S . -B build-cortexm -DCMAKE_TOOLCHAIN_FILE=cmake/toolchains/arm-none-eabi.cmake
 #
@@ -36,7 +36,7 @@ set(CMAKE_FIND_ROOT_PATH_MODE_INCLUDE ONLY)
 set(CMAKE_FIND_ROOT_PATH_MODE_PACKAGE ONLY)
 
 # The options a heap-free MCU build needs (cache defaults; the command line still wins).
-set(KVP_OPENMP      OFF CACHE BOOL "")
+set(KVP_THREADS     OFF CACHE BOOL "")
 set(KVP_NO_HEAP     ON  CACHE BOOL "")
 set(KVP_AVX2        OFF CACHE BOOL "")
 set(KVP_BUILD_TESTS OFF CACHE BOOL "")

@@ -166,7 +166,8 @@ typedef struct kvp_config {
     kvp_policy policy;           /* policy=full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl|think */
     uint32_t capacity;           /* token slots per layer incl. slack; 0 = the policy's minimum (full: 2048) */
     kvp_positions positions;     /* positions=original|realign */
-    uint32_t threads;            /* threads=N (>=1); results are bit-identical for every N */
+    uint32_t threads;            /* threads=N (>=1): the calling thread plus N-1 worker threads that
+                                    kvp_create starts; results are bit-identical for every N */
     kvp_dtype kv_dtype;          /* kv_dtype=f32|f16|q8|q4 */
     kvp_score_mode score;        /* score=float|fixed */
     /* streaming (StreamingLLM + Lazy Pruning / Slack / Max_Drop) and window */
@@ -324,11 +325,21 @@ size_t kvp_arena_size(const kvp_config *cfg);
  * Creates a cache in caller memory. arena must be 64-byte aligned and arena_len >=
  * kvp_arena_size(cfg); with arena == NULL the library allocates exactly that once (and
  * frees it in kvp_destroy); builds without heap (KVP_NO_HEAP) return KVP_ERR_UNSUPPORTED
- * for that. Worker threads are started here, so no later call allocates.
+ * for that.
+ * Threads: with threads=N > 1, N-1 worker threads are started here (their state lives in the
+ * arena; creating a thread is the only allocation, by the C library, and it happens here), so
+ * no later call allocates, whichever host thread makes it and whatever thread pools or OpenMP
+ * teams the host runs. Between calls the workers sleep (they never spin); a call wakes only as
+ * many as its work pays for (small calls run on the caller alone) and the caller always takes
+ * part, so a call never waits for a worker that has not started. They block every signal.
+ * Builds without thread support (KVP_THREADS=OFF) start none and run every call on the caller.
+ * A cache with workers must not be used in a child process after fork() (the workers do not
+ * exist there).
  * Returns KVP_ERR_ARG (NULL cfg/out, bad struct_size), KVP_ERR_CONFIG/UNSUPPORTED (as
  * kvp_config_check, or an arena size that overflows this platform's size_t), KVP_ERR_ARENA (too
  * small, misaligned, or the NULL-arena allocation failed), KVP_ERR_STATE (the arena holds a live
- * cache). *out is set only on success. There is no cache to hold a message when this fails:
+ * cache, or the worker threads could not be started; nothing is left running). *out is set only
+ * on success. There is no cache to hold a message when this fails:
  * kvp_create_ex returns it in a caller buffer.
  */
 kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out);
@@ -346,6 +357,9 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
  * Calls on a destroyed handle whose caller memory is still readable return KVP_ERR_STATE.
  * A second kvp_destroy is a no-op (also for a library-owned arena); so is kvp_destroy of a cache
  * another thread's call is using (see "Threads" above).
+ * With threads > 1 it stops and joins the cache's worker threads before it returns (they are
+ * asleep between calls, so this takes a wake-up each): free or reuse the arena only after
+ * kvp_destroy returned.
  */
 void kvp_destroy(kvp_cache *c);
 

@@ -2,9 +2,9 @@
 //!
 //! Where the library is looked for, first match wins:
 //!   1. `KVPRUNE_LIB_DIR=<dir with libkvprune.a>`: links `-lkvprune` from there plus the C++
-//!      runtime, libm and libgomp (the defaults of an OpenMP build). Override that list with
-//!      `KVPRUNE_EXTRA_LIBS="stdc++ m"` (space-separated library names; empty string = none),
-//!      e.g. for a build with -DKVP_OPENMP=OFF.
+//!      runtime, libm and pthread (the defaults of a build with worker threads). Override that
+//!      list with `KVPRUNE_EXTRA_LIBS="stdc++ m"` (space-separated library names; empty string =
+//!      none), e.g. for a build with -DKVP_THREADS=OFF.
 //!   2. `pkg-config --static --libs kvprune` (set `PKG_CONFIG_PATH=<prefix>/lib/pkgconfig` for
 //!      a non-system install); `PKG_CONFIG` names another pkg-config binary.
 use std::env;
@@ -29,7 +29,7 @@ fn main() {
             println!("cargo:rustc-link-search=native={}", dir);
             println!("cargo:rerun-if-changed={}/libkvprune.a", dir);
             emit_lib("kvprune");
-            let extra = env::var("KVPRUNE_EXTRA_LIBS").unwrap_or_else(|_| "stdc++ m gomp".to_string());
+            let extra = env::var("KVPRUNE_EXTRA_LIBS").unwrap_or_else(|_| "stdc++ m pthread".to_string());
             for lib in extra.split_whitespace() {
                 emit_lib(lib);
             }

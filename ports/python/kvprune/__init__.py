@@ -169,7 +169,7 @@ def build_shared_library(dest, static_lib=None, libs=None, cxx=None):
     """Links the static libkvprune.a into the shared object ``dest`` and returns its path.
 
     ``static_lib`` defaults to the one pkg-config names (``--static --libs kvprune``: its -L
-    folder); ``libs`` to the other flags pkg-config gives (C++ runtime, libm, OpenMP). The
+    folder); ``libs`` to the other flags pkg-config gives (C++ runtime, libm, pthreads). The
     archive must be position-independent (the CMake build is: CMAKE_POSITION_INDEPENDENT_CODE).
     """
     cxx = cxx or os.environ.get("CXX") or "c++"
