@@ -254,6 +254,22 @@ const Work kWorks[] = {
     {"mqa_streaming", 1, 4, 1, 128, KVP_ROPE_NEOX, "policy=streaming sinks=4 window=560 compress_every=8", 560, 60, false},
     {"kv2_window", 2, 8, 2, 64, KVP_ROPE_GPTJ, "policy=window window=1100", 1050, 60, false},
     {"kv4_h2o", 1, 8, 4, 32, KVP_ROPE_NEOX, "policy=h2o budget=200 recent=8 obs_window=8 capacity=260", 220, 40, false},
+    // The other features on the parallel paths: score=fixed (split-K decode scores at the merge,
+    // split prefill observes in fixed point), snapkv's staged prompt and formatted storage (their
+    // heads run whole on one thread; decode after them splits where the storage is f32).
+    {"mqa_h2o_fixed", 1, 8, 1, 128, KVP_ROPE_NEOX,
+     "policy=h2o budget=520 recent=16 obs_window=16 capacity=600 score=fixed", 560, 60, false},
+    {"mqa_snapkv_realign", 2, 8, 1, 64, KVP_ROPE_GPTJ,
+     "policy=snapkv budget=400 obs_window=16 capacity=700 positions=realign", 600, 60, false},
+    {"kv2_pyramidkv_fixed", 2, 8, 2, 64, KVP_ROPE_NEOX,
+     "policy=pyramidkv budget=300 obs_window=8 capacity=700 score=fixed", 600, 40, false},
+    {"mqa_h2o_q8", 1, 8, 1, 128, KVP_ROPE_NEOX,
+     "policy=h2o budget=520 recent=16 obs_window=16 capacity=600 kv_dtype=q8", 560, 60, false},
+    {"kv2_think_q4", 1, 8, 2, 64, KVP_ROPE_GPTJ,
+     "policy=think token_policy=h2o budget=500 recent=16 capacity=600 key_channel_ratio=0.5 kv_dtype=q4", 560, 40,
+     false},
+    {"kv2_lethe", 2, 8, 2, 64, KVP_ROPE_NEOX, "policy=lethe capacity=600 evict_threshold=40 sparse_ratio=3", 540, 60,
+     false},
 };
 
 TEST(Threads, SameBitsForEveryThreadCountAndSchedule) {
@@ -272,7 +288,8 @@ TEST(Threads, SameBitsForEveryThreadCountAndSchedule) {
 }
 
 // A decode over several split-K chunks (MQA, 32 query heads on one KV head, 1100 tokens = 5
-// chunks at head_dim 128) against the double-precision reference, with 1 and 3 threads.
+// chunks at head_dim 128) against the double-precision reference, with 1 and 3 threads, for
+// f32, f16 and q8 storage.
 TEST(Threads, LongMqaDecodeMatchesReference) {
     const uint32_t nq = 32, hd = 128, T = 1100;
     const kvp_model m = ref::model(1, nq, 1, hd, KVP_ROPE_NEOX);
@@ -286,16 +303,24 @@ TEST(Threads, LongMqaDecodeMatchesReference) {
     for (uint32_t j = 0; j < T; ++j) idx[j] = j, kpos[j] = j;
     std::vector<double> expect;
     ref::attend(m, &q[size_t(T - 1) * nq * hd], T - 1, k.data(), v.data(), idx, kpos, expect);
+    // Formatted storage too: split-K chunks through the stored-format kernels (one thread runs
+    // them), within the bounds test_quant states per kv_dtype.
+    const struct {
+        const char *dtype;
+        double bound;
+    } fmts[] = {{"f32", 1e-5}, {"f16", 5e-4}, {"q8", 6e-3}};
+    for (const auto &f : fmts)
     for (uint32_t threads : {1u, 3u}) {
+        SCOPED_TRACE(f.dtype);
         ForceParallel fp(threads > 1);
-        ref::Cache c(m, "policy=full capacity=1200 threads=" + std::to_string(threads));
+        ref::Cache c(m, std::string("policy=full capacity=1200 kv_dtype=") + f.dtype + " threads=" + std::to_string(threads));
         ASSERT_EQ(kvp_append(c.c, 0, T - 1, nullptr, k.data(), v.data()), KVP_OK);
         ASSERT_EQ(kvp_decode(c.c, 0, &q[size_t(T - 1) * nq * hd], &k[size_t(T - 1) * hd], &v[size_t(T - 1) * hd],
                              out.data()),
                   KVP_OK);
         double worst = 0;
         for (size_t i = 0; i < expect.size(); ++i) worst = std::max(worst, fabs(expect[i] - double(out[i])));
-        EXPECT_LT(worst, 1e-5) << "threads=" << threads;
+        EXPECT_LT(worst, f.bound) << "threads=" << threads;
     }
 }
 
