@@ -85,6 +85,17 @@ void spec_lethe(Bytes &b, std::string &s) {
     if (b.pick(2)) s += kv("capacity", 16 + b.pick(96));
 }
 
+// ThinK over h2o (so a prefill always reads q: h2o observes), key and value channel ratios in
+// tenths, each channel score.
+void spec_think(Bytes &b, std::string &s) {
+    s += " token_policy=h2o";
+    spec_h2o(b, s);
+    s += std::string(" key_channel_ratio=0.") + std::to_string(1 + b.pick(8));
+    if (b.pick(2)) s += std::string(" value_channel_ratio=0.") + std::to_string(b.pick(9));
+    static const char *scores[] = {"", " channel_score=l1", " channel_score=l2"};
+    s += scores[b.pick(3)];
+}
+
 struct PolicyRow {
     const char *name;
     SpecFn spec;
@@ -95,7 +106,7 @@ const PolicyRow kPolicies[] = {
     {"full", spec_full, false, false},         {"window", spec_window, true, false},
     {"streaming", spec_streaming, true, false}, {"h2o", spec_h2o, true, true},
     {"snapkv", spec_snapkv, false, true},       {"pyramidkv", spec_pyramidkv, false, true},
-    {"lethe", spec_lethe, true, true},
+    {"lethe", spec_lethe, true, true},          {"think", spec_think, true, true},
 };
 constexpr uint32_t kNumRows = sizeof kPolicies / sizeof kPolicies[0];
 
@@ -246,6 +257,11 @@ struct Sequence {
         spec += pos_modes[b.pick(3)];
         static const uint32_t blocks[] = {16, 1, 2, 4, 7, 16, 64};
         spec += kv("block", blocks[b.pick(7)]);
+        // Storage formats and fixed-point scoring (configs a policy refuses count as rejected).
+        static const char *dtypes[] = {"", "", "", " kv_dtype=f16", " kv_dtype=q8", " kv_dtype=q4"};
+        spec += dtypes[b.pick(6)];
+        if (b.pick(4) == 0) spec += kv("quant_group", 1 + b.pick(40));
+        if (b.pick(4) == 0) spec += " score=fixed";
         char err[320];
         if (kvp_config_apply(&cfg, spec.c_str(), err, sizeof err) != KVP_OK) {
             if (stats) ++stats->configs_rejected;
