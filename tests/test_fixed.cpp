@@ -1,7 +1,7 @@
 // score=fixed (src/kernels/score_fixed.h): the deterministic math against libm, the exp tables
 // against long double, the integer kernels against direct formulas, and h2o's eviction decisions
 // step by step against an integer simulation written here independently from the documented
-// format (its own quantizer, libm RoPE tables rounded to Q14, __int128 logits, its own exp
+// format (its own quantizer, libm RoPE tables rounded to Q14, __int128 logits (64-bit hosts), its own exp
 // tables): integers must agree exactly. Then ties by older position, saturation, and fixed vs
 // float decisions on a random workload (fixed approximates float).
 #include <gtest/gtest.h>
@@ -162,10 +162,11 @@ struct ISim {
         return r;
     }
     int64_t logit(const std::vector<int64_t> &q, int eq, const std::vector<int64_t> &k, int ek) const {
+        const int sh = eq + ek - 4;
+#if defined(__SIZEOF_INT128__)
         __int128 d = 0;
         for (uint32_t i = 0; i < hd; ++i) d += __int128(q[i]) * k[i];
         __int128 p = d * K;
-        const int sh = eq + ek - 4;
         __int128 y;
         if (sh >= 0) y = p * (__int128(1) << std::min(sh, 70));
         else if (-sh >= 120) y = p >= 0 ? 0 : -1;
@@ -175,6 +176,22 @@ struct ISim {
         }
         const __int128 cap = __int128(1) << 61;
         return int64_t(y > cap ? cap : y < -cap ? -cap : y);
+#else
+        // 32-bit targets (armhf) have no __int128: |d| < 2^40 and K < 2^21, so d*K fits int64;
+        // the scaling is decided by comparing magnitudes instead of computing the wide product.
+        int64_t d = 0;
+        for (uint32_t i = 0; i < hd; ++i) d += q[i] * k[i];
+        const int64_t p = d * K, cap = int64_t(1) << 61;
+        if (p == 0) return 0;
+        if (sh >= 0) {
+            const uint64_t mag = p < 0 ? uint64_t(-p) : uint64_t(p);
+            if (sh >= 62 || mag > (uint64_t(cap) >> sh)) return p > 0 ? cap : -cap;
+            return p * (int64_t(1) << sh);
+        }
+        if (-sh >= 63) return p >= 0 ? 0 : -1;
+        const int64_t dv = int64_t(1) << -sh;
+        return p >= 0 ? p / dv : -((-p + dv - 1) / dv);
+#endif
     }
     uint64_t ex(int64_t g) const {
         if ((g >> 16) >= 31) return 0;
