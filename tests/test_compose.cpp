@@ -205,6 +205,24 @@ TEST(ComposeStaged, QuantizedSnapKvKeepsTheF32Selection) {
         ref::Cache f32(m, base);
         drive(f32, m, p, 200, 200, 0);
         const auto want = kept(f32, m);
+        // ThinK's channel lists over f32 storage: the same for every dtype (same kept tokens, same
+        // window queries, chosen before anything is quantized)
+        const std::string think_keys = " key_channel_ratio=0.4 value_channel_ratio=0.2";
+        ref::Cache tf32(m, "policy=think token_" + std::string(pol) + " quant_group=16" + think_keys);
+        drive(tf32, m, p, 200, 200, 0);
+        EXPECT_EQ(kept(tf32, m), want);
+        auto lists = [&](const ref::Cache &c) {
+            std::vector<uint16_t> r;
+            const kvp::StoreFormat &f = c.c->fmt->f;
+            for (uint32_t l = 0; l < m.n_layers; ++l)
+                for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+                    const kvp::FmtStore &fs = kvp::fmt_store(*c.c->fmt, kvp::head_of(c.c, l, h));
+                    r.insert(r.end(), fs.kidx, fs.kidx + f.wk);
+                    r.insert(r.end(), fs.vidx, fs.vidx + f.wv);
+                }
+            return r;
+        };
+        const auto want_lists = lists(tf32);
         for (const char *dt : {"f16", "q8", "q4"}) {
             for (const char *think : {"", " key_channel_ratio=0.4 value_channel_ratio=0.2"}) {
                 const std::string spec = (*think ? "policy=think token_" + std::string(pol) : std::string(pol)) +
@@ -223,6 +241,9 @@ TEST(ComposeStaged, QuantizedSnapKvKeepsTheF32Selection) {
                             EXPECT_EQ(kvp::fmt_store(*c.c->fmt, hs).selected, 1u);
                         }
                     }
+                if (*think) {
+                    EXPECT_EQ(lists(c), want_lists);
+                }
             }
         }
     }
