@@ -243,32 +243,33 @@ std::vector<uint8_t> run_work(const Work &w, uint32_t threads, bool force) {
     return all;
 }
 
-// head_dim 128: split-K chunks of 256 tokens; 64: 512 tokens. Prefills of 600-700 tokens and
-// the decodes after them attend over 2-3 chunks per head.
+// head_dim 128: split-K chunks of 256 tokens; 64: 512 tokens. Prefills of 280-540 tokens and
+// the decodes after them attend over 2 chunks per head (sizes kept small: the suite also runs
+// under qemu).
 const Work kWorks[] = {
-    {"mqa_full", 2, 8, 1, 128, KVP_ROPE_NEOX, "policy=full capacity=720", 600, 40, false},
-    {"mqa_full_gapped", 1, 4, 1, 128, KVP_ROPE_GPTJ, "policy=full capacity=720", 530, 30, true},
-    {"mqa_h2o", 2, 8, 1, 128, KVP_ROPE_NEOX, "policy=h2o budget=520 recent=16 obs_window=16 capacity=600", 560, 60, false},
+    {"mqa_full", 2, 8, 1, 128, KVP_ROPE_NEOX, "policy=full capacity=360", 300, 30, false},
+    {"mqa_full_gapped", 1, 4, 1, 128, KVP_ROPE_GPTJ, "policy=full capacity=360", 290, 20, true},
+    {"mqa_h2o", 2, 8, 1, 128, KVP_ROPE_NEOX, "policy=h2o budget=270 recent=16 obs_window=16 capacity=300", 290, 40, false},
     {"mqa_h2o_realign", 1, 8, 1, 128, KVP_ROPE_GPTJ,
-     "policy=h2o budget=500 recent=8 obs_window=8 capacity=560 positions=realign", 540, 80, false},
-    {"mqa_streaming", 1, 4, 1, 128, KVP_ROPE_NEOX, "policy=streaming sinks=4 window=560 compress_every=8", 560, 60, false},
-    {"kv2_window", 2, 8, 2, 64, KVP_ROPE_GPTJ, "policy=window window=1100", 1050, 60, false},
+     "policy=h2o budget=260 recent=8 obs_window=8 capacity=300 positions=realign", 280, 50, false},
+    {"mqa_streaming", 1, 4, 1, 128, KVP_ROPE_NEOX, "policy=streaming sinks=4 window=280 compress_every=8", 290, 40, false},
+    {"kv2_window", 2, 8, 2, 64, KVP_ROPE_GPTJ, "policy=window window=560", 540, 30, false},
     {"kv4_h2o", 1, 8, 4, 32, KVP_ROPE_NEOX, "policy=h2o budget=200 recent=8 obs_window=8 capacity=260", 220, 40, false},
     // The other features on the parallel paths: score=fixed (split-K decode scores at the merge,
     // split prefill observes in fixed point), snapkv's staged prompt and formatted storage (their
     // heads run whole on one thread; decode after them splits where the storage is f32).
     {"mqa_h2o_fixed", 1, 8, 1, 128, KVP_ROPE_NEOX,
-     "policy=h2o budget=520 recent=16 obs_window=16 capacity=600 score=fixed", 560, 60, false},
-    {"mqa_snapkv_realign", 2, 8, 1, 64, KVP_ROPE_GPTJ,
-     "policy=snapkv budget=400 obs_window=16 capacity=700 positions=realign", 600, 60, false},
-    {"kv2_pyramidkv_fixed", 2, 8, 2, 64, KVP_ROPE_NEOX,
-     "policy=pyramidkv budget=300 obs_window=8 capacity=700 score=fixed", 600, 40, false},
-    {"mqa_h2o_q8", 1, 8, 1, 128, KVP_ROPE_NEOX,
-     "policy=h2o budget=520 recent=16 obs_window=16 capacity=600 kv_dtype=q8", 560, 60, false},
-    {"kv2_think_q4", 1, 8, 2, 64, KVP_ROPE_GPTJ,
-     "policy=think token_policy=h2o budget=500 recent=16 capacity=600 key_channel_ratio=0.5 kv_dtype=q4", 560, 40,
+     "policy=h2o budget=270 recent=16 obs_window=16 capacity=300 score=fixed", 290, 20, false},
+    {"mqa_snapkv_realign", 1, 8, 1, 128, KVP_ROPE_GPTJ,
+     "policy=snapkv budget=200 obs_window=16 capacity=300 positions=realign", 280, 30, false},
+    {"kv2_pyramidkv_fixed", 2, 4, 2, 32, KVP_ROPE_NEOX,
+     "policy=pyramidkv budget=100 obs_window=8 capacity=200 score=fixed", 160, 20, false},
+    {"mqa_h2o_q8", 1, 4, 1, 128, KVP_ROPE_NEOX,
+     "policy=h2o budget=270 recent=16 obs_window=16 capacity=300 kv_dtype=q8", 290, 20, false},
+    {"kv2_think_q4", 1, 4, 2, 32, KVP_ROPE_GPTJ,
+     "policy=think token_policy=h2o budget=150 recent=16 capacity=200 key_channel_ratio=0.5 kv_dtype=q4", 180, 20,
      false},
-    {"kv2_lethe", 2, 8, 2, 64, KVP_ROPE_NEOX, "policy=lethe capacity=600 evict_threshold=40 sparse_ratio=3", 540, 60,
+    {"kv2_lethe", 1, 4, 2, 32, KVP_ROPE_NEOX, "policy=lethe capacity=200 evict_threshold=40 sparse_ratio=3", 180, 30,
      false},
 };
 
