@@ -103,7 +103,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->nblocks = uint32_t(nblocks);
     p->logit_ld = uint32_t(z.al16(uint64_t(max_cap) + p->stage));
     FmtPlan fp;
-    if (!fmt_plan(cfg, p->stride, p->block, p->nblocks, max_cap, max_pin, kTileTokens * G, &fp)) z.ok = false;
+    if (!fmt_plan(cfg, p->stride, p->block, p->nblocks, max_cap, max_pin, kTileTokens * G, p->stage, &fp)) z.ok = false;
     if (fp.on) max_runs += 8;  // runs also split where the rows are (store_fmt.h)
     p->max_runs = max_runs;
 

@@ -13,7 +13,8 @@
 //   [formatted storage: FmtCache, FmtStore per store, FmtPool per pool, side rows, ThinK channel lists]
 //   per KV head pool, nblocks*block + stage slots:       (head-major)
 //     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32
-//     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch instead of K, V)
+//     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch, and with a
+//      staged policy f32 staging K/V rows [stage][stride] each, instead of K, V)
 //     score=fixed: kq [slots][kq_stride] i16, kexp [slots] i16
 //     (the last `stage` slots are the prompt staging area of staged policies, policy.h)
 //   [RoPE tables of a call's positions: 1 or 2 ranges of min(max_cap, kRopeCallTables)]   (rope.h;

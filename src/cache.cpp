@@ -132,10 +132,14 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
     ap.L0 = L0;
     if (staged) {
         ap.staged = n;
+        // formatted storage: the staged rows are the pool's f32 staging rows (store_fmt.h FmtPool)
+        const FmtPool *fpo = c->fmt ? &fmt_pool(*c->fmt, pool) : nullptr;
         for (uint32_t i = 0; i < n; ++i) {
             const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
             const int64_t rot = realign ? int64_t(L0) + i + hs.shift : pos.at(i);
-            write_token(c, pool, pool.stage_slot + i, pos.at(i), rot, k + kv_off, v + kv_off, c->memos[tid], tid);
+            write_token(c, pool, pool.stage_slot + i, pos.at(i), rot, k + kv_off, v + kv_off, c->memos[tid], tid,
+                        fpo ? fpo->sk + size_t(i) * c->plan.stride : nullptr,
+                        fpo ? fpo->sv + size_t(i) * c->plan.stride : nullptr);
         }
     } else {
         // Formatted stores stage a prefill/append chunk's rotated keys until its groups convert
@@ -219,15 +223,39 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         else obs.f = observe_prefill(ao, j.n, qp, j.q + qoff, tok_stride, w);
         pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
-    if (c->fmt) {  // completed groups convert after attention, before the policy prunes
+    if (c->fmt && !ap.staged) {  // completed groups convert after attention, before the policy prunes
         const StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : nullptr, j.out ? j.out + qoff : nullptr,
                          tok_stride, j.n, &qp};
         fmt_convert(c, hs, pool, ap.nw, so);
         // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
         fmt_store(*c->fmt, hs).bytes_after_append = store_bytes(c, hs, pool);
+    } else if (c->fmt) {  // prompt staging: the staged tokens count as f32 residual rows (touched)
+        fmt_store(*c->fmt, hs).bytes_after_append =
+            store_bytes(c, hs, pool) + uint64_t(ap.staged) * fmt_residual_bytes(c->fmt->f);
     }
     if (pol.prune) pol.prune(ctx, hs, j.mode);
     if (ctx.staged) stage_commit(ctx, hs, nullptr, 0);  // a policy that selected nothing keeps what fits
+    if (c->fmt && ap.staged) {
+        // The committed staged tokens are the store's last `m` tokens, residual, their rows packed
+        // at the front of the staging rows: they convert like a prefill's new tokens (groups that
+        // complete are quantized; ThinK selects its channels first if it has none yet, from the
+        // call's last w queries, which are the store's last w tokens: the window is kept first).
+        const uint32_t mc = ctx.committed, L = hs.len();
+        const FmtPool &fpo = fmt_pool(*c->fmt, pool);
+        const StagedNew nw{L - mc, mc, fpo.sk, fpo.sv, c->plan.stride, c->plan.stride};
+        FmtIn fin = *a.fmt;
+        fin.nw = nw;
+        AttnIn a2 = a;
+        a2.fmt = &fin;
+        a2.L = L;
+        a2.work = s.work;
+        const uint32_t ow = c->cfg.obs_window, w = ow < mc ? (ow < j.n ? ow : j.n) : (mc < j.n ? mc : j.n);
+        const NewPositions np{j.pos.given ? j.pos.given + (j.n - w) : nullptr, j.pos.first + (j.n - w)};
+        const QueryPos qw{&np, realign, L - w};
+        const StepObs so{&a2, s.runs, realign, s.fmt, j.q + qoff + size_t(j.n - w) * tok_stride,
+                         j.out ? j.out + qoff + size_t(j.n - w) * tok_stride : nullptr, tok_stride, w, &qw};
+        fmt_convert(c, hs, pool, nw, so);
+    }
 }
 
 // The heads schedule: all of head h on thread tid.
@@ -246,7 +274,7 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     // The run list is O(blocks): built only when queries read the store.
     uint32_t nr = 0;
     if (attends) nr = c->fmt ? fmt_runs(c, hs, pool, realign, ap.nw, s.runs) : store_runs(hs, pool, realign, s.runs);
-    if (ap.staged) s.runs[nr++] = Run{pool.stage_slot, j.n, ap.L0, 0, realign ? hs.shift : 0};
+    if (ap.staged) s.runs[nr++] = Run{pool.stage_slot, j.n, ap.L0, c->fmt ? uint32_t(kSrcStaged) : 0u, realign ? hs.shift : 0};
     AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, tid);
     FixedWork fw;
     if (pool.kq) {
@@ -256,9 +284,12 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     FmtIn fin;
     if (c->fmt) {
         const FmtPlan &fp = c->fmt->fp;
+        // prompt staging: the staged run's rows are the pool's staging rows (kSrcStaged)
+        const FmtPool &fpo = fmt_pool(*c->fmt, pool);
+        const StagedNew snw{ap.L0, ap.staged, fpo.sk, fpo.sv, c->plan.stride, c->plan.stride};
         fin = FmtIn{c->fmt,
                     &fmt_store(*c->fmt, hs),
-                    ap.nw,
+                    ap.staged ? snw : ap.nw,
                     reinterpret_cast<float *>(s.fmt + fp.s_qg),
                     reinterpret_cast<float *>(s.fmt + fp.s_qs),
                     reinterpret_cast<float *>(s.fmt + fp.s_bias),
@@ -430,7 +461,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
             if (pin > max_pin) max_pin = pin;
         }
         FmtPlan fp;
-        fmt_plan(cfg, plan.stride, plan.block, plan.nblocks, plan.max_cap, max_pin, kTileTokens * c->group, &fp);
+        fmt_plan(cfg, plan.stride, plan.block, plan.nblocks, plan.max_cap, max_pin, kTileTokens * c->group, plan.stage, &fp);
         c->fmt = fmt_init_cache(cfg, fp, base + plan.off_fmt, c->heads, c->pools);
     }
 

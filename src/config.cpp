@@ -380,16 +380,6 @@ kvp_status check_supported(const kvp_config &c, Msg &m) {
         m.s("token_policy=").s(kPolicyNames[c.token_policy]).s(" is recognised but not implemented in this version");
         return KVP_ERR_UNSUPPORTED;
     }
-    if (store_formatted(c)) {  // formatted storage (quant/format.h) with a prompt-staging policy
-        LayerPlan lp;
-        policy_of(c).plan(c, 0, &lp);
-        if (lp.staged_prefill) {
-            m.s("kv_dtype=").s(kDtypeNames[c.kv_dtype]).s(c.policy == KVP_POLICY_THINK ? " with ThinK" : "")
-                .s(" and policy ").s(policy_of(c).name)
-                .s(": quantized or reduced-width storage with a prompt-staging policy (snapkv, pyramidkv) is not implemented yet");
-            return KVP_ERR_UNSUPPORTED;
-        }
-    }
     return KVP_OK;
 }
 

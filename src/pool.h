@@ -74,6 +74,10 @@ struct BlockPool {
         const size_t row = size_t(stride) * sizeof(float);
         memcpy(k_row(to), k_row(from), row);
         memcpy(v_row(to), v_row(from), row);
+        copy_meta(to, from);
+    }
+    // Copies a slot's data except its K/V rows (formatted storage keeps those elsewhere).
+    void copy_meta(uint32_t to, uint32_t from) const {
         pos[to] = pos[from];
         rot[to] = rot[from];
         memcpy(score + to, score + from, sizeof(float));

@@ -169,7 +169,12 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
           "policy=pyramidkv budget=48 obs_window=8 beta=5 score=fixed positions=realign threads=1",
           "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 threads=2",
           "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 total_capacity=440 score=fixed threads=1",
-          "policy=h2o budget=120 recent=16 capacity=260 score=fixed positions=realign threads=2"}) {
+          "policy=h2o budget=120 recent=16 capacity=260 score=fixed positions=realign threads=2",
+          // prompt staging with formatted storage (f32 staging rows, commit into the format)
+          "policy=snapkv budget=48 obs_window=16 kv_dtype=q4 quant_group=16 threads=2",
+          "policy=snapkv budget=64 capacity=200 total_capacity=240 score=fixed kv_dtype=f16 prefill_stage=200 threads=2",
+          "policy=think token_policy=pyramidkv budget=48 obs_window=8 beta=5 key_channel_ratio=0.4 kv_dtype=q8 "
+          "positions=realign threads=1"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;

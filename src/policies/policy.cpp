@@ -158,7 +158,8 @@ void stage_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t *victims, uint32_t nv)
         store_evict(hs, pool, ctx.layer, victims, ns);
     }
     if (hs.holes) store_compact(hs, pool, ctx.layer);
-    uint32_t vi = ns;
+    uint32_t vi = ns, m = 0;
+    const FmtPool *fp = pool.fc ? &fmt_pool(*pool.fc, pool) : nullptr;
     for (uint32_t i = 0; i < n; ++i) {
         const uint32_t j = L0 + i;
         if (vi < nv && (victims ? victims[vi] : L0 + (vi - ns)) == j) {
@@ -167,9 +168,23 @@ void stage_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t *victims, uint32_t nv)
         }
         uint32_t slot = 0;
         if (!store_reserve(hs, pool, ctx.layer, &slot)) break;  // unreachable when the caller kept within stage_room
-        pool.copy_slot(slot, ctx.stage_slot + i);
-        store_commit(hs);
+        if (fp) {  // formatted: a residual token; its rows move to staging row m (m <= i, ascending)
+            const bool pinned = hs.next_pinned();
+            pool.copy_meta(slot, ctx.stage_slot + i);
+            if (m != i) {
+                const size_t row = size_t(pool.stride) * sizeof(float);
+                memcpy(fp->sk + size_t(m) * pool.stride, fp->sk + size_t(i) * pool.stride, row);
+                memcpy(fp->sv + size_t(m) * pool.stride, fp->sv + size_t(i) * pool.stride, row);
+            }
+            store_commit(hs);
+            if (!pinned) ++hs.nres;
+        } else {
+            pool.copy_slot(slot, ctx.stage_slot + i);
+            store_commit(hs);
+        }
+        ++m;
     }
+    ctx.committed = m;
     const uint32_t staged_dropped = nv - ns;
     if (staged_dropped) {
         if (!ns) hs.prune_events += 1;

@@ -53,6 +53,8 @@ struct PolicyCtx {
     void *scratch;       // this thread's policy scratch (LayerPlan::scratch_bytes, 64-aligned)
     uint32_t staged;     // staged prefill: tokens in the staging area (logical hs.len() ..), else 0
     uint32_t stage_slot; // their first pool slot
+    uint32_t committed = 0;  // stage_commit: staged tokens it moved into the store (formatted
+                             // storage: their rows are staging rows 0..committed-1, store_fmt.h)
 };
 
 // Prefill observation rows: row g (query head g of the group) at g * ld; float sums of normalised
@@ -119,6 +121,9 @@ uint32_t stage_room(const PolicyCtx &ctx, const HeadStore &hs);
 // ascending (overwritten). Store victims are evicted, the other staged tokens join the store in
 // order (the caller keeps their number within stage_room). Counts one prune event when nv > 0.
 // victims == NULL: the newest staged tokens that fit are kept (the core's fallback).
+// Formatted storage: the kept tokens join the store as residual tokens (only their slot data is
+// copied; their K/V rows are packed to the front of the pool's staging rows) and the core then
+// converts them like a prefill's new tokens (cache.cpp head_observe_prune, fmt_convert).
 void stage_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t *victims, uint32_t nv);
 
 }  // namespace kvp

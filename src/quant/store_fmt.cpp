@@ -162,7 +162,7 @@ struct RunSink {
 // ---- plan and init --------------------------------------------------------------------------
 
 bool fmt_plan(const kvp_config &cfg, uint32_t stride, uint32_t block, uint32_t nblocks, uint32_t max_cap,
-              uint32_t max_pin, uint32_t tile_rows, FmtPlan *fp) {
+              uint32_t max_pin, uint32_t tile_rows, uint32_t stage, FmtPlan *fp) {
     memset(fp, 0, sizeof *fp);
     if (!store_formatted(cfg)) return true;
     fp->on = true;
@@ -180,7 +180,11 @@ bool fmt_plan(const kvp_config &cfg, uint32_t stride, uint32_t block, uint32_t n
     const bool grids = f.quant();
     fp->kgz = z.add(fp->kge, grids ? z.al(z.mul(nblocks, f.wkp)) : 0);
     fp->pscr = z.add(fp->kgz, grids ? z.al(z.mul(z.mul(nblocks, f.wkp), sizeof(int16_t))) : 0);
-    fp->end = z.add(fp->pscr, z.al(pool_scratch_bytes(f, stride)));
+    fp->sk = z.add(fp->pscr, z.al(pool_scratch_bytes(f, stride)));
+    fp->stage = stage;
+    const size_t stage_rows = z.al(z.mul(z.mul(stage, stride), sizeof(float)));
+    fp->sv = z.add(fp->sk, stage_rows);
+    fp->end = z.add(fp->sv, stage_rows);
     // cache-wide
     const size_t stores = size_t(cfg.model.n_layers) * cfg.model.n_kv_heads;
     fp->o_stores = z.al(sizeof(FmtCache));
@@ -252,6 +256,8 @@ void fmt_init_pool(FmtCache *fc, char *data, BlockPool *pool) {
     p.kge = reinterpret_cast<int8_t *>(data + fp.kge);
     p.kgz = reinterpret_cast<int16_t *>(data + fp.kgz);
     p.pscr = data + fp.pscr;
+    p.sk = fp.stage ? reinterpret_cast<float *>(data + fp.sk) : nullptr;
+    p.sv = fp.stage ? reinterpret_cast<float *>(data + fp.sv) : nullptr;
 }
 
 void fmt_reset_store(FmtStore &fs, const StoreFormat &f) {

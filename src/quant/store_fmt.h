@@ -9,7 +9,10 @@
 //              the pinned tokens of the last incomplete pinned block (from hs.pconv on). A side
 //              row is indexed by the token's offset in its block.
 //   staged     prefill/append tokens of the current call: K (rotated) in the thread's staging
-//              rows, V read from the caller's array, until the call converts them.
+//              rows, V read from the caller's array, until the call converts them. A staged
+//              policy's prompt (policy.h) is in the pool's f32 staging rows (FmtPool::sk/sv):
+//              attended as kSrcStaged, its kept tokens committed as residual tokens and then
+//              converted like a prefill's new tokens (cache.cpp head_observe_prune).
 // A block is converted when it completes, after the step's attention and before the policy's
 // prune (KIVI order: the group that just filled is attended at full precision once). Prefill
 // attention therefore reads the new tokens at full precision and the older ones as stored.
@@ -53,6 +56,7 @@ struct FmtPool {
     int8_t *kge;
     int16_t *kgz;
     char *pscr;
+    float *sk, *sv;  // prompt staging rows of a staged policy ([stage][stride] f32 K rotated, V), else NULL
 };
 
 // Arena plan of formatted storage (computed by arena_plan for sizes, again by cache_init).
@@ -61,8 +65,10 @@ struct FmtPlan {
     StoreFormat f;
     uint32_t pin_side, side_rows, obs_rows;
     // One pool's data region (offsets from its base): K rows, V rows, V scale pairs, key grids,
-    // repack scratch; the slot metadata (pos, rot, score) follows at `end`.
-    size_t kq, vq, vsz, kge, kgz, pscr, end;
+    // repack scratch, the prompt staging rows (staged policies: `stage` f32 K rows, then V rows);
+    // the slot metadata (pos, rot, score) follows at `end`.
+    size_t kq, vq, vsz, kge, kgz, pscr, sk, sv, end;
+    uint32_t stage;
     // Cache-wide region: FmtCache, FmtStore[stores], FmtPool[n_kv_heads], side rows, channel lists.
     size_t bytes, o_stores, o_pools, o_side, o_kidx, o_vidx;
     // One thread's scratch (offsets from its base): staging K rows, gathered / scaled queries,
@@ -86,9 +92,10 @@ struct FmtCache {
 inline FmtStore &fmt_store(const FmtCache &fc, const HeadStore &hs) { return fc.stores[&hs - fc.heads]; }
 inline const FmtPool &fmt_pool(const FmtCache &fc, const BlockPool &p) { return fc.fpools[&p - fc.pools]; }
 // Fills fp for a formatted config (fp->on false otherwise). max_pin: the largest pinned prefix
-// of a layer; rows: query rows of a prefill tile. False on size_t overflow.
+// of a layer; rows: query rows of a prefill tile; stage: prompt staging slots per pool (ArenaPlan).
+// False on size_t overflow.
 bool fmt_plan(const kvp_config &cfg, uint32_t stride, uint32_t block, uint32_t nblocks, uint32_t max_cap,
-              uint32_t max_pin, uint32_t tile_rows, FmtPlan *fp);
+              uint32_t max_pin, uint32_t tile_rows, uint32_t stage, FmtPlan *fp);
 // Wires the cache-wide region at `base` (cache_init), then each pool's arrays (its data region).
 FmtCache *fmt_init_cache(const kvp_config &cfg, const FmtPlan &fp, char *base, const HeadStore *heads,
                          const BlockPool *pools);
