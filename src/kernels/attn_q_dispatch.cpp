@@ -1,15 +1,29 @@
 // Variant selection for the stored-format attention kernels (compiled at the baseline ISA).
 #include "kernels/attn_q.h"
 
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+#include <cpuid.h>
+#endif
+
 namespace kvp {
 namespace kern {
+
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+namespace {
+// F16C (CPUID.1:ECX bit 29): clang 14's __builtin_cpu_supports has no "f16c".
+bool has_f16c() {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+}
+}  // namespace
+#endif
 
 const AttnQ *attn_q_simde() { return attn_q_simde_table(); }
 
 const AttnQ *attn_q_avx2() {
 #if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c())
         return attn_q_avx2_table();
 #endif
     return nullptr;
