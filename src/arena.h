@@ -16,6 +16,7 @@
 //     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch instead of K, V)
 //     score=fixed: kq [slots][kq_stride] i16, kexp [slots] i16
 //     (the last `stage` slots are the prompt staging area of staged policies, policy.h)
+//   [policy state region]  Policy::state_bytes (layer-level policies: asl), if any
 //   RopeMemo x threads
 //   scratch x threads:   RoPE tables | runs | attention work floats | policy scratch | fixed-point work | formatted
 //
@@ -70,6 +71,7 @@ struct ArenaPlan {
     size_t off_fixed_rope;
     size_t off_freqs, off_fixed_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
     size_t data_kq, data_kexp;  // score=fixed (pool data offsets; 0 otherwise)
+    size_t off_pstate, pstate_bytes;  // the policy's state region (Policy::state_bytes; 0 bytes: none)
     size_t off_memos, off_scratch, scratch_bytes;
     size_t memo_floats, scr_runs, scr_work, scr_policy;
     // score=fixed scratch (offsets in a thread's scratch): quantized and rotated query rows

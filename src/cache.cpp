@@ -185,6 +185,20 @@ void head_step(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPo
             else obs.f = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
             pol.observe(ctx, hs, a.runs, a.nr, obs);
         }
+        if (lp.obs_extra && pol.observe) {  // a second window (policy.h)
+            const uint32_t w = lp.obs_extra < n ? lp.obs_extra : n;
+            Obs obs{nullptr, nullptr, c->plan.logit_ld, kObsExtra};
+            if (a.fx) obs.u = observe_prefill_fixed(a, n, qp, q + qoff, tok_stride, w);
+            else obs.f = observe_prefill(a, n, qp, q + qoff, tok_stride, w);
+            pol.observe(ctx, hs, a.runs, a.nr, obs);
+        }
+    }
+    if (mode == StepMode::kDecode && c->layers[layer].observe_decode && pol.observe) {
+        // the first decode query's full row (the observation kernels over one query), once
+        Obs obs{nullptr, nullptr, c->plan.logit_ld, kObsDecode};
+        if (a.fx) obs.u = observe_prefill_fixed(a, 1, qp, q + qoff, 0, 1);
+        else obs.f = observe_prefill(a, 1, qp, q + qoff, 0, 1);
+        pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
     if (c->fmt) {  // completed groups convert after attention, before the policy prunes
         const StepObs so{&a,        s.runs, realign, s.fmt, q ? q + qoff : nullptr,
@@ -319,6 +333,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena)
     }
 
     c->scratch = base + plan.off_scratch;
+    c->pstate = plan.pstate_bytes ? base + plan.off_pstate : nullptr;
     c->memos = reinterpret_cast<RopeMemo *>(base + plan.off_memos);
     for (uint32_t i = 0; i < cfg.threads; ++i) {
         RopeMemo *rm = new (&c->memos[i]) RopeMemo;
@@ -347,6 +362,7 @@ void cache_reset(kvp_cache *c) {
         ls.sparsity = 0.0f;
         ls.lazy = -1;
         memset(ls.pstate, 0, sizeof ls.pstate);
+        ls.observe_decode = ls.geom.lp.observe_first_decode;
         ls.bytes = 0;
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             HeadStore &hs = head_of(c, l, h);
@@ -357,6 +373,7 @@ void cache_reset(kvp_cache *c) {
     for (uint32_t h = 0; h < m.n_kv_heads; ++h) c->pools[h].reset();
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
     c->live_bytes = c->peak_bytes = 0;
+    if (c->policy->reset) c->policy->reset(c);
 }
 
 namespace {
@@ -497,6 +514,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }
+    if (mode == StepMode::kDecode) ls.observe_decode = false;  // only the first decode is observed
     if (mode == StepMode::kDecode) {  // heads reduced in fixed order
         float hoyer = 0.0f;
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) hoyer += head_of(c, layer, h).hoyer;

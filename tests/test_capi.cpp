@@ -83,8 +83,8 @@ TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
         {"sinks", KVP_ERR_CONFIG, "sinks"},
         {"=4", KVP_ERR_CONFIG, "=4"},
         {"nonlazy=window", KVP_ERR_CONFIG, "nonlazy"},
-        {"sinks=1 policy=simlayerkv", KVP_ERR_UNSUPPORTED, "simlayerkv"},
-        {"policy=asl", KVP_ERR_UNSUPPORTED, "asl"},
+        {"sinks=1 policy=simlayerkv nonlazy=snapkv kv_dtype=q8", KVP_ERR_UNSUPPORTED, "simlayerkv"},
+        {"policy=asl kv_dtype=q4", KVP_ERR_UNSUPPORTED, "asl"},
         {"policy=think token_policy=think", KVP_ERR_CONFIG, "token_policy"},
         {"policy=think token_policy=asl", KVP_ERR_UNSUPPORTED, "asl"},
         {"kv_dtype=q5", KVP_ERR_CONFIG, "kv_dtype"},
@@ -151,6 +151,7 @@ TEST(Config, CheckCatchesContradictions) {
     EXPECT_EQ(kvp_config_apply(&cfg, "sinks=3", err, sizeof err), KVP_ERR_CONFIG);  // apply validates the result too
     cfg = base_config();
     cfg.policy = KVP_POLICY_ASL;
+    cfg.kv_dtype = KVP_DTYPE_Q8;  // a prompt-staging policy over formatted storage
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
 }
 
@@ -166,11 +167,13 @@ TEST(Config, CheckCatchesContradictions) {
 //   +64 B cache object for the quantized/ThinK storage format pointer and live-byte counters);
 //   one thread's scratch: RoPE tables 32 x 32 floats = 4096, runs (100+7+1) x 24 -> 2624,
 //   attention work = the prefill tile (8 rows: 2 x 256 + 1024 + 2 x 16 floats) 6272: 12992.
-//   Total 120064 + 3328 + 12992 = 136384.
+//   Total 120064 + 3328 + 12992 = 136384; issue 9 (layer-level policies): +64 B of layer
+//   states (the first-decode observation flag) and +128 B of head stores (the per-head values a
+//   policy hands to its layer phase): 136576.
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);
-    EXPECT_EQ(n, 136384u);
+    EXPECT_EQ(n, 136576u);
     kvp_config cfg2 = base_config("capacity=164");
     // 4 more blocks (64 slots) per (layer, head): 4 x 64 x (256 B of K+V + 4 B each of pos, rot,
     // score); the block tables (+64), the pools' free lists, dead counts and sequence numbers

@@ -27,7 +27,9 @@ const TokenPolicy kTokenPolicies[] = {
     {"streaming", "sinks=4 window=40 compress_every=4 slack=6 max_drop=3 positions=original"},
     {"h2o", "budget=64 recent=8 capacity=96"},
     {"h2o", "budget=64 recent=8 capacity=96 positions=realign total_capacity=150"},
-    // snapkv / pyramidkv / lethe / simlayerkv / asl: one row each when they land
+    {"simlayerkv", "nonlazy=h2o budget=64 recent=8 capacity=96 sinks=4 window=24 lazy_force=1"},
+    {"simlayerkv", "sinks=4 window=24 capacity=260 lazy_last=8 lazy_mode=decode lazy_threshold=0.2 positions=realign"},
+    // snapkv / pyramidkv / asl stage their prompts: not with formatted storage yet
 };
 const char *const kDtypes[] = {"f32", "f16", "q8", "q4"};
 

@@ -154,15 +154,16 @@ typedef struct kvp_config {
     float    recent_ratio;       /* fraction of the layer length always kept as recent tokens */
     uint32_t segments;           /* D: cut points floor(K d / D) */
     float    decay;              /* RASR score decay per step */
-    /* simlayerkv */
-    float    lazy_threshold;
-    uint32_t lazy_last;
-    uint32_t lazy_mode;          /* lazy_mode=prefill (0) | decode (1) */
-    kvp_policy nonlazy;          /* nonlazy=full|snapkv|h2o */
-    /* asl */
-    uint32_t asl_min_layer;      /* UINT32_MAX = floor(L/3) */
-    uint32_t asl_obs_layers;
-    float    asl_tau;
+    /* simlayerkv (also sinks, window and the keys of its nonlazy policy) */
+    float    lazy_threshold;     /* a layer is lazy when its attention mass on the first sinks + last
+                                    window keys (mean over query heads and observed queries) exceeds this */
+    uint32_t lazy_last;          /* lazy_mode=prefill: the last prompt queries observed (default 32) */
+    uint32_t lazy_mode;          /* lazy_mode=prefill (0) | decode (1: the first decode query) */
+    kvp_policy nonlazy;          /* nonlazy=full|snapkv|h2o: the policy of the layers that are not lazy */
+    /* asl (also budget, obs_window, pool, pool_kernel, recent, prefill_stage) */
+    uint32_t asl_min_layer;      /* first layer that may select; UINT32_MAX = floor(n_layers/3) */
+    uint32_t asl_obs_layers;     /* layers whose token ranks enter the rank variance (default 8) */
+    float    asl_tau;            /* relative rank variance below which a layer selects (default 0.3) */
     /* think */
     float    key_channel_ratio;
     float    value_channel_ratio;
@@ -174,7 +175,7 @@ typedef struct kvp_config {
                                     capacities = no sharing */
     /* appended in 0.3 (issue 8) */
     uint32_t evict_threshold;    /* lethe: initial L_evict per layer; 0 = capacity/2 */
-    uint32_t prefill_stage;      /* snapkv/pyramidkv: prompt tokens one kvp_prefill call may take (staged
+    uint32_t prefill_stage;      /* snapkv/pyramidkv/asl: prompt tokens one kvp_prefill call may take (staged
                                     in the arena, shared by the layers, before selection); 0 = the
                                     default max(1024, largest layer capacity) */
     /* appended for issue 10: ThinK's token policy, the quantization group */
@@ -184,6 +185,11 @@ typedef struct kvp_config {
                                     residual (default 32); with kv_dtype != f32 or ThinK channel
                                     pruning the storage block is quant_group tokens (`block` applies
                                     to plain f32 storage only) */
+    /* appended for issue 9 */
+    uint32_t lazy_force;         /* simlayerkv, benchmarks and tests: 0 (default) = decide laziness by
+                                    attention; else bit l makes layer l lazy and every other layer not
+                                    lazy at the same decision points (the paper's random-layer
+                                    baseline; needs n_layers <= 32) */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
