@@ -219,13 +219,19 @@ typedef struct kvp_layer_stats {
     uint64_t tokens_evicted;   /* evicted tokens of this layer, summed over KV heads */
     uint32_t evict_threshold;  /* Lethe's current L_evict; 0 for other policies */
     float    sparsity;         /* Hoyer sparsity of the layer's last decode attention row, mean over query heads */
-    int32_t  lazy;             /* SimLayerKV: 1 lazy, 0 not lazy; -1 undecided or another policy */
+    int32_t  lazy;             /* SimLayerKV: 1 lazy (trimmed to sinks + window), 0 not lazy; -1 undecided
+                                  (lazy_mode=decode before the first decode) or another policy */
 } kvp_layer_stats;
 
 /**
  * Selection returned by kvp_prefill() for the ASL policy: when a prefill determines the
- * selection layer, it writes the indices (into that call's tokens) of the prompt tokens to
- * propagate; later layers receive only those tokens with their positions.
+ * selection layer, it writes the indices (into that call's tokens, ascending) of the prompt
+ * tokens to propagate (its top budget - obs_window tokens plus the observation window);
+ * later layers receive only those tokens with their original positions. A prefill that may
+ * determine it (policy asl, no selection made yet in the sequence, a layer >= asl_min_layer
+ * that is empty, q given, more than `budget` tokens) needs a selection of capacity >= budget:
+ * otherwise it fails with KVP_ERR_BUFFER, sets sel->n (when sel is not NULL) to the entries
+ * needed and changes nothing.
  */
 typedef struct kvp_selection {
     uint32_t struct_size;  /* sizeof(kvp_selection); larger than this library knows: KVP_ERR_ARG */
@@ -330,11 +336,14 @@ kvp_status kvp_reset(kvp_cache *c);
  * queries over what the layer holds plus the new tokens (before pruning), then applies
  * the policy's prefill compression once. positions: NULL = next positions, else strictly
  * increasing and after the layer's last position. out may be NULL (attention skipped).
- * sel may be NULL; it is written only by the ASL policy (n = 0 otherwise).
+ * sel may be NULL except where the ASL policy may select (see kvp_selection); it is written
+ * only by the ASL policy (n = 0, selected = 0 otherwise). SimLayerKV decides a layer's
+ * laziness here (lazy_mode=prefill) and trims a lazy layer before returning.
  * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions), KVP_ERR_LAYER,
- * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv with q
- * exceeds `prefill_stage`: callers chunk long prompts by kvp_prefill_room). q is read (and checked)
- * when out is given or the policy observes the prompt (h2o, snapkv, pyramidkv, lethe).
+ * KVP_ERR_NONFINITE, KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv/asl
+ * with q exceeds `prefill_stage`: callers chunk long prompts by kvp_prefill_room), KVP_ERR_BUFFER
+ * (asl: sel missing or too small, see kvp_selection). q is read (and checked) when out is given or
+ * the policy observes the prompt (h2o, snapkv, pyramidkv, lethe, simlayerkv, asl).
  */
 kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                        const float *q, const float *k, const float *v, float *out, kvp_selection *sel);
@@ -342,6 +351,8 @@ kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const in
 /**
  * Decodes one token at the next position: appends k/v, computes attention of q over the
  * layer (including the new token) into out, then prunes if the policy's trigger fires.
+ * SimLayerKV with lazy_mode=decode decides the layer's laziness at its first decode after
+ * create/reset (and trims a lazy layer after that decode's attention).
  * Errors: KVP_ERR_ARG (NULL pointers), KVP_ERR_LAYER, KVP_ERR_NONFINITE, KVP_ERR_FULL.
  */
 kvp_status kvp_decode(kvp_cache *c, uint32_t layer, const float *q, const float *k, const float *v,
