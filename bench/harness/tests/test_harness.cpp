@@ -412,6 +412,10 @@ TEST(HarnessSpec, StrictChecksAndCompressionRatio) {
     } good[] = {{"policy=window compression_ratio=0.75", 256, "policy=window window=64"},
                 {"policy=streaming sinks=4 compression_ratio=0.5", 256, "policy=streaming sinks=4 window=124"},
                 {"compression_ratio=0.5 policy=streaming", 1024, "policy=streaming window=508"},
+                {"policy=simlayerkv compression_ratio=0.5", 256, "policy=simlayerkv window=124"},
+                {"policy=simlayerkv nonlazy=h2o compression_ratio=0.5", 256,
+                 "policy=simlayerkv nonlazy=h2o window=124 budget=128"},
+                {"policy=asl compression_ratio=0.75", 256, "policy=asl budget=64"},
                 {" policy=window   window=8 ", 0, "policy=window window=8"}};
     for (const Good &g : good) {
         ASSERT_TRUE(resolve_spec(ck.cfg, g.spec, g.len, &r, &c, &err)) << g.spec << ": " << err;
@@ -423,7 +427,7 @@ TEST(HarnessSpec, StrictChecksAndCompressionRatio) {
     const std::pair<kvp_policy, const char *> map[] = {
         {KVP_POLICY_WINDOW, "window=100"},     {KVP_POLICY_STREAMING, "window=96"}, {KVP_POLICY_H2O, "budget=100"},
         {KVP_POLICY_SNAPKV, "budget=100"},     {KVP_POLICY_PYRAMIDKV, "budget=100"}, {KVP_POLICY_ASL, "budget=100"},
-        {KVP_POLICY_LETHE, "capacity=100"},    {KVP_POLICY_SIMLAYERKV, "window=96 budget=100"},
+        {KVP_POLICY_LETHE, "capacity=100"},    {KVP_POLICY_SIMLAYERKV, "window=96"},  // nonlazy=full: no budget
         {KVP_POLICY_THINK, "key_channel_ratio=0.6 value_channel_ratio=0.6"}};
     for (const auto &p : map) {
         c.policy = p.first;
