@@ -6,6 +6,7 @@
 // reference; lazy_force; the same bits for threads 1/2/3; config errors.
 #include <gtest/gtest.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,15 @@ TEST(SimLayerKv, RealignAfterTrimMatchesReference) {
         ref::attend(m, &in.q[off], int64_t(idx.size() - 1), in.k.data(), in.v.data(), idx, kpos, want);
         ASSERT_EQ(kvp_decode(c.c, 0, &in.q[off], &in.k[off], &in.v[off], o.data()), KVP_OK);
         for (uint32_t i = 0; i < 2 * kHd; ++i) EXPECT_NEAR(o[i], want[i], 1e-4) << t << " " << i;
+        // the window keeps one rotation delta: the sinks, the window (split only where slots jump)
+        for (uint32_t h = 0; h < 2; ++h) {
+            std::vector<kvp::Run> runs(256);
+            const uint32_t nr = kvp::store_runs(kvp::head_of(c.c, 0, h), c.c->pools[h], true, runs.data());
+            std::set<int64_t> deltas;
+            for (uint32_t r = 0; r < nr; ++r) deltas.insert(runs[r].delta);
+            EXPECT_LE(deltas.size(), 2u) << t;
+            EXPECT_LE(nr, 4u) << t;
+        }
     }
 }
 

@@ -24,6 +24,10 @@ void evict_range(PolicyCtx &ctx, HeadStore &hs, uint32_t from, uint32_t e) {
         for (uint32_t i = a; i < b; ++i) slots[n++] = slot + (i - j);
     });
     store_evict(hs, *ctx.pool, ctx.layer, slots, n);
+    // realign: the survivors after the range moved down by n logical places, so their rotation
+    // delta grew by n; new tokens take the same delta (storage.h: rot = j + shift), so the ring
+    // stays one run as in streaming (the store scans deltas from rot: it is scattered now).
+    if (ctx.c->positions == KVP_POS_REALIGN) hs.shift += n;
 }
 
 // A lazy layer's rule: the first sinks and the last window tokens stay.

@@ -32,10 +32,12 @@
 //   pool shared. A lazy layer's later evictions (one token per step) leave dead slots that are
 //   compacted every hole_cap evictions (storage.h).
 // - Storage: a lazy layer keeps its compacting store (the nonlazy policy's); the sinks are not
-//   moved to a pinned prefix. So positions=realign is exact (kept tokens at 0..L-1) but each
-//   eviction splits the body into one more run of equal rotation delta (storage.h): decode costs
-//   grow with the runs, unlike the streaming policy's ring. positions=original (the default, as
-//   for the nonlazy policies) has one run per contiguous stretch.
+//   moved to a pinned prefix. Its evictions (the trim, then the oldest token after the sinks)
+//   mark slots dead and compact every hole_cap evictions (storage.h). positions=realign stays
+//   exact (kept tokens at 0..L-1) and cheap: an eviction of n tokens after the sinks raises the
+//   store's shift by n, so the tokens appended later share the rotation delta of the surviving
+//   window and attention reads the sinks and the window as two runs (plus splits at physical
+//   discontinuities), as in the streaming ring.
 // - lazy_force (benchmarks/tests): the paper's random-layer baseline trims the same number of
 //   layers chosen at random; bit l of lazy_force makes layer l lazy at the same decision points.
 // - kv_dtype=f16|q8|q4 composes with nonlazy=full|h2o (nonlazy=snapkv stages the prompt, which
