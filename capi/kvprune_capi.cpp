@@ -392,11 +392,33 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     }
     // q is read when outputs are asked for, and by policies that observe or stage the prompt
     const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
+                                                                          c->layers[layer].geom.lp.obs_extra ||
                                                                           c->layers[layer].geom.lp.staged_prefill)));
     kvp_status st = check_tokens(c, layer, n_tokens, positions, reads_q ? q : nullptr, k, v, out, true, m);
     if (st != KVP_OK) return fail(c, st, m);
+    // A call that may make a selection (asl) needs room for it before anything changes.
+    const kvp::Policy &pol = *c->policy;
+    const uint32_t need = pol.selection_size ? pol.selection_size(c, layer, n_tokens, q != nullptr) : 0;
+    if (need && (!sel || sel->capacity < need)) {
+        if (sel) { sel->n = need; sel->selected = 0; }
+        m.s("policy ").s(pol.name).s(": this prefill of layer ").u(layer).s(" may select up to ").u(need)
+            .s(" tokens; sel must hold them");
+        if (sel) m.s(" (sel->capacity=").u(sel->capacity).s("; sel->n is set to the entries needed)");
+        else m.s(" (sel is NULL)");
+        return fail(c, KVP_ERR_BUFFER, m);
+    }
     kvp::cache_step(c, layer, n_tokens, positions, q, k, v, out, kvp::StepMode::kPrefill);
-    if (sel) { sel->n = 0; sel->selected = 0; }
+    if (sel) {
+        sel->n = 0;
+        sel->selected = 0;
+        const int32_t *idx = nullptr;
+        const uint32_t got = pol.selection ? pol.selection(c, layer, &idx) : 0;
+        if (got && got <= sel->capacity) {  // got <= need <= capacity
+            memcpy(sel->indices, idx, size_t(got) * sizeof(int32_t));
+            sel->n = got;
+            sel->selected = 1;
+        }
+    }
     return KVP_OK;
 }
 

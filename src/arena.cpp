@@ -69,9 +69,10 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
         const size_t runs = store_max_runs(g.lp.cap, g.pin_blk_cap, g.blk_cap);
         if (runs > max_runs) max_runs = runs;
-        if (g.lp.obs_queries) any_obs = true;
+        const bool observes = g.lp.obs_queries || g.lp.obs_extra || g.lp.observe_first_decode;
+        if (observes) any_obs = true;
         if (g.lp.staged_prefill) staged = true;
-        if (g.lp.decode_scores || g.lp.obs_queries) any_scoring = true;
+        if (g.lp.decode_scores || observes) any_scoring = true;
         if (!g.lp.front_evict) any_compacting = true;
         if (g.pin_blk_cap) any_pinned = true;
     }
@@ -164,6 +165,11 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     }
     p->off_data = off;
     off = z.add(off, z.mul(p->pool_data_bytes, H));
+
+    const Policy &pol = policy_of(cfg);
+    p->pstate_bytes = pol.state_bytes ? pol.state_bytes(cfg, p->stage) : 0;
+    p->off_pstate = off;
+    off = z.add(off, z.al(p->pstate_bytes));
 
     p->off_memos = off;
     off = z.add(off, z.al(z.mul(sizeof(RopeMemo), cfg.threads)));

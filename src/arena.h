@@ -20,6 +20,7 @@
 //   [RoPE tables of a call's positions: 1 or 2 ranges of min(max_cap, kRopeCallTables)]   (rope.h;
 //                                                        none where the realign tables above exist)
 //   [ThreadPool + thread handles]                       threads > 1 with thread support only
+//   [policy state region]  Policy::state_bytes (layer-level policies: asl), if any
 //   RopeMemo x threads
 //   scratch x threads:   RoPE tables | runs | attention work floats | decode partials (per
 //                        split-K chunk) | decode query rows | policy scratch | fixed-point work |
@@ -95,6 +96,7 @@ struct ArenaPlan {
     uint32_t granule;        // decode split-K chunk (tokens)
     uint32_t max_chunks;     // chunks of the longest layer
     size_t part_floats;      // decode partials per chunk: m, l, sumsq (G each, padded), o [G][stride]
+    size_t off_pstate, pstate_bytes;  // the policy's state region (Policy::state_bytes; 0 bytes: none)
     size_t off_memos, off_scratch, scratch_bytes;
     size_t memo_floats, scr_runs, scr_work, scr_part, scr_priv, scr_policy;
     // score=fixed scratch (offsets in a thread's scratch): quantized and rotated query rows

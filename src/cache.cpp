@@ -223,6 +223,25 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         else obs.f = observe_prefill(ao, j.n, qp, j.q + qoff, tok_stride, w);
         pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
+    if (j.mode == StepMode::kPrefill && j.q && lp.obs_extra && pol.observe) {  // a second window (policy.h)
+        const uint32_t w = lp.obs_extra < j.n ? lp.obs_extra : j.n;
+        AttnIn ao = a;
+        ao.work = s.work;
+        Obs obs{nullptr, nullptr, c->plan.logit_ld, kObsExtra};
+        if (a.fx) obs.u = observe_prefill_fixed(ao, j.n, qp, j.q + qoff, tok_stride, w);
+        else obs.f = observe_prefill(ao, j.n, qp, j.q + qoff, tok_stride, w);
+        pol.observe(ctx, hs, a.runs, a.nr, obs);
+    }
+    if (j.mode == StepMode::kDecode && c->layers[j.layer].observe_decode && pol.observe) {
+        // the first decode query's full row (the observation kernels over one query), once; such
+        // a decode is never split (cache_step), so this thread's work area is free
+        AttnIn ao = a;
+        ao.work = s.work;
+        Obs obs{nullptr, nullptr, c->plan.logit_ld, kObsDecode};
+        if (a.fx) obs.u = observe_prefill_fixed(ao, 1, qp, j.q + qoff, 0, 1);
+        else obs.f = observe_prefill(ao, 1, qp, j.q + qoff, 0, 1);
+        pol.observe(ctx, hs, a.runs, a.nr, obs);
+    }
     if (c->fmt && !ap.staged) {  // completed groups convert after attention, before the policy prunes
         const StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : nullptr, j.out ? j.out + qoff : nullptr,
                          tok_stride, j.n, &qp};
@@ -497,6 +516,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     }
 
     c->scratch = base + plan.off_scratch;
+    c->pstate = plan.pstate_bytes ? base + plan.off_pstate : nullptr;
     c->memos = reinterpret_cast<RopeMemo *>(base + plan.off_memos);
     for (uint32_t i = 0; i < cfg.threads; ++i) {
         RopeMemo *rm = new (&c->memos[i]) RopeMemo;
@@ -536,6 +556,7 @@ void cache_reset(kvp_cache *c) {
         ls.sparsity = 0.0f;
         ls.lazy = -1;
         memset(ls.pstate, 0, sizeof ls.pstate);
+        ls.observe_decode = ls.geom.lp.observe_first_decode;
         ls.bytes = 0;
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             HeadStore &hs = head_of(c, l, h);
@@ -546,6 +567,7 @@ void cache_reset(kvp_cache *c) {
     for (uint32_t h = 0; h < m.n_kv_heads; ++h) c->pools[h].reset();
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
     c->live_bytes = c->peak_bytes = 0;
+    if (c->policy->reset) c->policy->reset(c);
 }
 
 namespace {
@@ -752,7 +774,8 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     // Formatted stores and prompt staging keep per-step rows in the appending thread's scratch:
     // their heads are never split.
     j.split = nt > H && queries && (mode == StepMode::kDecode || out) && !c->fmt &&
-              !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill);
+              !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill) &&
+              !(mode == StepMode::kDecode && ls.observe_decode);  // observed in the finisher's work area
     if (j.split) {
         // The caller appends to every head (H < nt: a few heads) and builds its runs in
         // scratch[h]; the chunks are the items.
@@ -791,6 +814,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }
+    if (mode == StepMode::kDecode) ls.observe_decode = false;  // only the first decode is observed
     if (mode == StepMode::kDecode) {  // heads reduced in fixed order
         float hoyer = 0.0f;
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) hoyer += head_of(c, layer, h).hoyer;

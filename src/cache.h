@@ -28,6 +28,7 @@ struct LayerState {
     float sparsity;            // kvp_layer_stats: Hoyer sparsity of the last decode row
     int32_t lazy;              // kvp_layer_stats (SimLayerKV); -1 undecided
     uint64_t pstate[4];        // the policy's per-layer state (zeroed by reset)
+    bool observe_decode;       // the next decode hands its query's row to observe (LayerPlan::observe_first_decode)
 };
 
 }  // namespace kvp
@@ -49,6 +50,7 @@ struct kvp_cache {
     kvp::HeadStore *heads;     // [layer * n_kv_heads + head]
     kvp::BlockPool *pools;     // [n_kv_heads]
     char *scratch;             // [threads][plan.scratch_bytes]
+    void *pstate;              // the policy's state region (plan.pstate_bytes; NULL when 0)
     kvp::RopeMemo *memos;      // [threads]
     const double *fixed_freqs; // score=fixed: deterministic rotation frequencies (score_fixed.h)
     int64_t fixed_K;           // score=fixed: logit scale (fixed::logit_scale)

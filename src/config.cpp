@@ -25,7 +25,8 @@ constexpr const char *kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
 constexpr uint32_t kPolicyImplemented = (1u << KVP_POLICY_FULL) | (1u << KVP_POLICY_WINDOW) |
                                         (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O) |
                                         (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_PYRAMIDKV) |
-                                        (1u << KVP_POLICY_LETHE) | (1u << KVP_POLICY_THINK);
+                                        (1u << KVP_POLICY_LETHE) | (1u << KVP_POLICY_THINK) |
+                                        (1u << KVP_POLICY_SIMLAYERKV) | (1u << KVP_POLICY_ASL);
 constexpr uint32_t kDtypeImplemented =
     (1u << KVP_DTYPE_F32) | (1u << KVP_DTYPE_F16) | (1u << KVP_DTYPE_Q8) | (1u << KVP_DTYPE_Q4);
 constexpr uint32_t kScoreImplemented = (1u << KVP_SCORE_FLOAT) | (1u << KVP_SCORE_FIXED);
@@ -79,7 +80,7 @@ constexpr Key kKeys[] = {
     KVP_U32(max_drop, 0, 0, kMaxCapacity, P(STREAMING), "delta: prune to min(max(L - delta, C), H); 0 = prune to C"),
     KVP_U32(budget, 1024, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE),
             "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget)"),
-    KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | P(SNAPKV) | P(PYRAMIDKV), "most recent tokens never evicted by decode eviction"),
+    KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | kSnapLike, "most recent tokens never evicted by decode eviction"),
     KVP_U32(obs_window, 32, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(THINK),
             "observation window: the last prefill queries that score (snapkv: vote; the window is kept)"),
     KVP_U32(pool_kernel, 7, 1, 255, kSnapLike, "pooling kernel width of the votes (odd)"),
@@ -89,16 +90,17 @@ constexpr Key kKeys[] = {
     KVP_F32(recent_ratio, 0.3, 0.0, 1.0, P(LETHE), "fraction of the layer length kept as recent tokens"),
     KVP_U32(segments, 10, 2, 1u << 16, P(LETHE), "D: cut points floor(K*d/D), d = 1..D-1"),
     KVP_F32(decay, 0.9, 0.0, 1.0, P(LETHE), "RASR score decay per step"),
-    KVP_F32(lazy_threshold, 0.9, 0.0, 1.0, P(SIMLAYERKV), "a layer is lazy when its attention mass on sinks + window exceeds this"),
-    KVP_U32(lazy_last, 1, 1, kMaxCapacity, P(SIMLAYERKV), "last prefill queries averaged for the lazy decision (lazy_mode=prefill)"),
+    KVP_F32(lazy_threshold, 0.9, 0.0, 1.0, P(SIMLAYERKV),
+            "a layer is lazy when its attention mass on the first sinks + last window keys (mean over query heads and queries) exceeds this"),
+    KVP_U32(lazy_last, 32, 1, kMaxCapacity, P(SIMLAYERKV), "last prefill queries averaged for the lazy decision (lazy_mode=prefill)"),
     KVP_ENUM(lazy_mode, 0, kLazyModeNames, kAllNames, "prefill|decode", P(SIMLAYERKV),
-             "decide laziness from the last prefill queries or the first decode query"),
+             "decide laziness from the last queries of each prefill call or from the first decode query"),
     KVP_ENUM(nonlazy, KVP_POLICY_FULL, kPolicyNames, P(FULL) | P(SNAPKV) | P(H2O), "full|snapkv|h2o", P(SIMLAYERKV),
              "policy of the non-lazy layers (its keys apply too)"),
     KVP_U32(asl_min_layer, 4294967295.0, 0, 4294967295.0, P(ASL),
             "first layer that may be the selection layer (< n_layers); 4294967295 = floor(n_layers/3)"),
-    KVP_U32(asl_obs_layers, 8, 1, kMaxLayers, P(ASL), "layers whose token-rank variance is observed"),
-    KVP_F32(asl_tau, 0.3, 0.0, 1e6, P(ASL), "relative-variance threshold that picks the selection layer"),
+    KVP_U32(asl_obs_layers, 8, 1, kMaxLayers, P(ASL), "layers whose token ranks enter the rank variance (the last N up to the layer)"),
+    KVP_F32(asl_tau, 0.3, 0.0, 1e6, P(ASL), "the first layer whose relative rank variance falls below this is the selection layer"),
     KVP_F32(key_channel_ratio, 0.5, 0.0, 0.999, P(THINK), "fraction of key channels pruned per KV head"),
     KVP_F32(value_channel_ratio, 0.0, 0.0, 0.999, P(THINK), "fraction of value channels pruned per KV head"),
     KVP_ENUM(channel_score, 0, kChannelScoreNames, kAllNames, "qk|l1|l2", P(THINK),
@@ -107,13 +109,15 @@ constexpr Key kKeys[] = {
     KVP_U32(total_capacity, 0, 0, 4294967295.0, kAll,
             "token slots per KV head summed over layers in the shared pool; 0 or >= the sum of the per-layer capacities = no sharing; less = a layer whose pool is dry evicts by its own ranking"),
     KVP_U32(evict_threshold, 0, 0, kMaxCapacity, P(LETHE), "lethe: initial L_evict per layer; 0 = capacity/2"),
-    KVP_U32(prefill_stage, 0, 0, kMaxCapacity, P(SNAPKV) | P(PYRAMIDKV),
+    KVP_U32(prefill_stage, 0, 0, kMaxCapacity, kSnapLike,
             "prompt tokens one kvp_prefill call may take (staged in the arena, shared by the layers); 0 = max(1024, capacity)"),
     KVP_ENUM(token_policy, KVP_POLICY_FULL, kPolicyNames, kAllNames & ~P(THINK),
              "full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl", P(THINK),
              "the token policy ThinK composes with (its keys apply too)"),
     KVP_U32(quant_group, 32, 1, kMaxBlock, kAll,
             "tokens per quantization group and per full-precision residual (kv_dtype f16/q8/q4, ThinK); the storage block then"),
+    KVP_U32(lazy_force, 0, 0, 4294967295.0, P(SIMLAYERKV),
+            "benchmarks/tests: 0 = decide laziness by attention; else bit l makes layer l lazy, the others not (random-layer baseline; n_layers <= 32)"),
 };
 
 #undef KVP_U32
@@ -379,6 +383,17 @@ kvp_status check_supported(const kvp_config &c, Msg &m) {
     if (c.policy == KVP_POLICY_THINK && !((kPolicyImplemented >> uint32_t(c.token_policy)) & 1u)) {
         m.s("token_policy=").s(kPolicyNames[c.token_policy]).s(" is recognised but not implemented in this version");
         return KVP_ERR_UNSUPPORTED;
+    }
+    // Formatted storage (quant/format.h) with the layer-level policies that stage or select the
+    // prompt (asl; simlayerkv over snapkv) is not built yet: snapkv/pyramidkv themselves compose.
+    if (store_formatted(c)) {
+        const kvp_policy p = c.policy == KVP_POLICY_THINK ? c.token_policy : c.policy;
+        if (p == KVP_POLICY_ASL || (p == KVP_POLICY_SIMLAYERKV && c.nonlazy == KVP_POLICY_SNAPKV)) {
+            m.s("kv_dtype=").s(kDtypeNames[c.kv_dtype]).s(c.policy == KVP_POLICY_THINK ? " with ThinK" : "")
+                .s(" and policy ").s(kPolicyNames[p]).s(p == KVP_POLICY_SIMLAYERKV ? " (nonlazy=snapkv)" : "")
+                .s(": quantized or reduced-width storage with asl or simlayerkv over snapkv is not implemented yet");
+            return KVP_ERR_UNSUPPORTED;
+        }
     }
     return KVP_OK;
 }

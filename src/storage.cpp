@@ -192,6 +192,8 @@ void store_clear(HeadStore &hs) {
     hs.nres = 0;
     hs.len_after_append = 0;
     hs.hoyer = 0.0f;
+    hs.pword[0] = hs.pword[1] = 0;
+    hs.pflag = 0;
 }
 
 }  // namespace kvp

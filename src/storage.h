@@ -75,6 +75,8 @@ struct HeadStore {
     // Written by the thread that owns the head during a step, read by the layer phase.
     uint32_t len_after_append;
     float hoyer;         // sum over the group's query heads of the last decode row's Hoyer sparsity
+    uint64_t pword[2];   // the policy's per-head values from the head's work to the layer phase
+    uint32_t pflag;      // the policy's per-head flag, same use (cleared by store_clear)
 
     uint32_t len() const { return npin + count - holes; }
     uint32_t body_len() const { return count - holes; }

@@ -74,10 +74,17 @@ long allocations_during_workload(kvp_cache *c, uint32_t layers, uint32_t nq = 8,
     memcpy(nanq, q, sizeof nanq);
     nanq[5] = NAN;
 
+    static int32_t sel_idx[300];
+    kvp_selection sel;
+    memset(&sel, 0, sizeof sel);
+    sel.struct_size = sizeof sel;
+    sel.capacity = 300;
+    sel.indices = sel_idx;
+
     const long before = g_allocs.load();
     for (int round = 0; round < 2; ++round) {
         for (uint32_t l = 0; l < layers; ++l)
-            if (kvp_prefill(c, l, 200, nullptr, q, k, v, o, nullptr) != KVP_OK) return -1;
+            if (kvp_prefill(c, l, 200, nullptr, q, k, v, o, &sel) != KVP_OK) return -1;
         for (int t = 0; t < 150; ++t)
             for (uint32_t l = 0; l < layers; ++l)
                 if (kvp_decode(c, l, q + t * nq * hd, k + t * nkv * hd, v + t * nkv * hd, o) != KVP_OK) return -1;
@@ -162,6 +169,30 @@ TEST(NoAllocation, QuantizedAndThinkStorage) {
 // The policies of issue 8: snapkv/pyramidkv (the staged 200-token prompt, vote pooling, selection,
 // commit), lethe (layer phase, breakpoint sort, a shared pool's layer-wide room making), and
 // score=fixed (integer RoPE tables, logits, observation), original and realign, 1 and 2 threads.
+// The layer-level policies of issue 9: simlayerkv (the second observation, the first-decode
+// observation, the layer-wide decision and trim, lazy streaming evictions, forced layers, a
+// shared pool) and asl (per-head votes into the state region, ranks, variance, the selection).
+TEST(NoAllocation, SimLayerKvAndAsl) {
+    for (const char *spec :
+         {"policy=simlayerkv sinks=4 window=40 lazy_last=16 lazy_force=1 capacity=400 threads=2",
+          "policy=simlayerkv nonlazy=h2o budget=120 capacity=260 lazy_mode=decode lazy_threshold=0.2 sinks=4 window=40 "
+          "positions=realign score=fixed threads=2",
+          "policy=simlayerkv nonlazy=snapkv budget=64 capacity=100 sinks=4 window=20 lazy_threshold=0.1 total_capacity=120 threads=1",
+          "policy=simlayerkv nonlazy=h2o budget=120 capacity=260 sinks=4 window=40 lazy_force=2 kv_dtype=q8 threads=2",
+          "policy=asl budget=48 obs_window=16 asl_tau=1e6 threads=2",
+          "policy=asl budget=64 asl_obs_layers=1 score=fixed positions=realign threads=1"}) {
+        kvp_config cfg = config(spec);
+        const size_t bytes = kvp_arena_size(&cfg);
+        ASSERT_GT(bytes, 0u) << spec;
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
+        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+}
+
 TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
     for (const char *spec :
          {"policy=snapkv budget=48 obs_window=16 pool=avg positions=realign threads=2",

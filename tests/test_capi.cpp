@@ -83,8 +83,8 @@ TEST(Config, ApplyParsesAndRejectsAllOrNothing) {
         {"sinks", KVP_ERR_CONFIG, "sinks"},
         {"=4", KVP_ERR_CONFIG, "=4"},
         {"nonlazy=window", KVP_ERR_CONFIG, "nonlazy"},
-        {"sinks=1 policy=simlayerkv", KVP_ERR_UNSUPPORTED, "simlayerkv"},
-        {"policy=asl", KVP_ERR_UNSUPPORTED, "asl"},
+        {"sinks=1 policy=simlayerkv nonlazy=snapkv kv_dtype=q8", KVP_ERR_UNSUPPORTED, "simlayerkv"},
+        {"policy=asl kv_dtype=q4", KVP_ERR_UNSUPPORTED, "asl"},
         {"policy=think token_policy=think", KVP_ERR_CONFIG, "token_policy"},
         {"policy=think token_policy=asl", KVP_ERR_UNSUPPORTED, "asl"},
         {"kv_dtype=q5", KVP_ERR_CONFIG, "kv_dtype"},
@@ -151,6 +151,7 @@ TEST(Config, CheckCatchesContradictions) {
     EXPECT_EQ(kvp_config_apply(&cfg, "sinks=3", err, sizeof err), KVP_ERR_CONFIG);  // apply validates the result too
     cfg = base_config();
     cfg.policy = KVP_POLICY_ASL;
+    cfg.kv_dtype = KVP_DTYPE_Q8;  // a prompt-staging policy over formatted storage
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
 }
 
@@ -170,12 +171,14 @@ TEST(Config, CheckCatchesContradictions) {
 //   to 16 floats + 2 x 32 output floats) 320, decode query rows 2 x 32 floats 256: 13568.
 //   Total 120064 + 15936 + 13568 = 149568, plus 384 B of metadata in the cache object, layer
 //   states and pool structs for prompt staging, fixed-point scores, the storage-format pointer,
-//   live-byte counters and the owned-cache list: 149952 on 64-bit targets (149504 on 32-bit ones,
+//   live-byte counters and the owned-cache list, and (issue 9, layer-level policies) +64 B of
+//   layer states (the first-decode observation flag) and +128 B of head stores (the per-head
+//   values a policy hands to its layer phase): 150080 on 64-bit targets (PIN32 on 32-bit ones,
 //   with smaller pointers in the fixed part).
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);
-    EXPECT_EQ(n, sizeof(void *) == 8 ? 149952u : 149504u);  // 32-bit targets: smaller pointers in the fixed part
+    EXPECT_EQ(n, sizeof(void *) == 8 ? 150080u : 0u);  // 32-bit targets: smaller pointers in the fixed part
     kvp_config cfg2 = base_config("capacity=164");
     // 4 more blocks (64 slots) per (layer, head): 4 x 64 x (256 B of K+V + 4 B each of pos, rot,
     // score); the block tables (+64), the pools' free lists, dead counts and sequence numbers

@@ -55,7 +55,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 38u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 39u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -118,8 +118,9 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
         {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage"}},
         {KVP_POLICY_LETHE,
          {"sparse_ratio", "recent_ratio", "segments", "decay", "sinks", "budget", "obs_window", "evict_threshold"}},
-        {KVP_POLICY_SIMLAYERKV, {"lazy_threshold", "lazy_last", "lazy_mode", "nonlazy", "sinks", "window"}},
-        {KVP_POLICY_ASL, {"asl_min_layer", "asl_obs_layers", "asl_tau", "budget", "obs_window", "pool", "pool_kernel"}},
+        {KVP_POLICY_SIMLAYERKV, {"lazy_threshold", "lazy_last", "lazy_mode", "nonlazy", "sinks", "window", "lazy_force"}},
+        {KVP_POLICY_ASL,
+         {"asl_min_layer", "asl_obs_layers", "asl_tau", "budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage"}},
         {KVP_POLICY_THINK, {"key_channel_ratio", "value_channel_ratio", "channel_score", "obs_window", "token_policy"}},
     };
     const std::vector<kvp_key_info> ks = keys();
@@ -459,7 +460,7 @@ TEST(Errors, OneFormatAndNeverDoubled) {
     EXPECT_EQ(kvp_config_apply(&c, "bogus=1", err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_EQ(strncmp(err, "KVP_ERR_CONFIG: ", 16), 0) << err;
     EXPECT_EQ(count(err, "KVP_ERR"), 1u) << err;
-    EXPECT_EQ(kvp_config_apply(&c, "policy=asl", err, sizeof err), KVP_ERR_UNSUPPORTED);
+    EXPECT_EQ(kvp_config_apply(&c, "policy=asl kv_dtype=q8", err, sizeof err), KVP_ERR_UNSUPPORTED);
     EXPECT_EQ(strncmp(err, "KVP_ERR_UNSUPPORTED: ", 21), 0) << err;
     c.threads = 0;
     EXPECT_EQ(kvp_config_check(&c, err, sizeof err), KVP_ERR_CONFIG);

@@ -271,6 +271,12 @@ const Work kWorks[] = {
      false},
     {"kv2_lethe", 1, 4, 2, 32, KVP_ROPE_NEOX, "policy=lethe capacity=200 evict_threshold=40 sparse_ratio=3", 180, 30,
      false},
+    // simlayerkv: the first decode observes (never split), then lazy layers stream
+    {"mqa_simlayerkv_decode", 2, 8, 1, 128, KVP_ROPE_NEOX,
+     "policy=simlayerkv sinks=4 window=60 capacity=300 lazy_mode=decode lazy_threshold=0.05", 280, 20, false},
+    {"kv2_simlayerkv_h2o", 2, 4, 2, 32, KVP_ROPE_GPTJ,
+     "policy=simlayerkv nonlazy=h2o budget=120 recent=8 capacity=200 sinks=4 window=40 lazy_last=8 lazy_force=1", 180, 30,
+     false},
 };
 
 TEST(Threads, SameBitsForEveryThreadCountAndSchedule) {

@@ -153,6 +153,7 @@ bool run_policy(const Checkpoint &ck, const std::string &spec, const std::vector
     auto t0 = std::chrono::steady_clock::now();
     if (progress) progress(index, 0, N);
     if (!s.prefill(tokens.data(), P, logits.data(), false, err)) return false;
+    r->prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     int32_t am;
     for (int t = P; t < N; t++) {
         sum += nll_of(logits.data(), V, tokens[t], &am);  // prediction of token t
@@ -182,7 +183,42 @@ bool run_policy(const Checkpoint &ck, const std::string &spec, const std::vector
     r->arena_bytes = st.arena_bytes;
     r->tokens = N;
     r->tok_per_s = secs > 0 ? N / secs : 0;
+    r->lazy_layers = s.lazy_layers();
+    r->selection_layer = s.selection_layer();
+    r->n_layers = ck.cfg.n_layers;
     return true;
+}
+
+std::string layer_note(const EvalResult &r) {
+    std::string out = strprintf("prefill %.2f ms", r.prefill_ms);
+    if (r.spec.find("policy=simlayerkv") != std::string::npos) {
+        out += strprintf("; lazy layers %zu/%d", r.lazy_layers.size(), r.n_layers);
+        std::string list;
+        for (int l : r.lazy_layers) list += (list.empty() ? "" : ",") + std::to_string(l);
+        if (!list.empty()) out += " (" + list + ")";
+    }
+    if (r.spec.find("policy=asl") != std::string::npos)
+        out += r.selection_layer >= 0 ? strprintf("; selection layer %d", r.selection_layer) : "; no selection layer";
+    return out;
+}
+
+uint32_t random_lazy_mask(int n_layers, int count, uint64_t seed) {
+    std::vector<int> idx((size_t)n_layers);
+    for (int i = 0; i < n_layers; i++) idx[(size_t)i] = i;
+    uint64_t st = seed;
+    auto next = [&st]() {
+        uint64_t z = (st += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        return z ^ (z >> 31);
+    };
+    uint32_t mask = 0;
+    for (int i = 0; i < count && i < n_layers; i++) {
+        const int j = i + (int)(next() % (uint64_t)(n_layers - i));
+        std::swap(idx[(size_t)i], idx[(size_t)j]);
+        if (idx[(size_t)i] < 32) mask |= 1u << idx[(size_t)i];
+    }
+    return mask;
 }
 
 std::string full_reference_spec(int N) {

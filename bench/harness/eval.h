@@ -34,7 +34,22 @@ struct EvalResult {
     double kv_ratio = 0;          // live_bytes / the f32 K+V bytes of all N tokens in every layer (full KV)
     std::string version;          // kvprune library version, "major.minor.patch"
     double tok_per_s = 0;         // N / wall time of the policy's run (prefill + decode)
+    // Not in the JSON (a time, and decisions the figures above already reflect); printed by
+    // `kvprune eval` after its table (layer_note):
+    double prefill_ms = 0;        // wall time of the prompt's kvp_prefill calls (with the harness's layer math)
+    std::vector<int> lazy_layers; // simlayerkv: the lazy layers after the run
+    int selection_layer = -1;     // asl: the layer whose prefill made the selection (-1: none)
+    int n_layers = 0;
 };
+
+// "prefill 12.3 ms; lazy layers 2/5 (0,3); selection layer 2" (the lazy and selection parts for
+// simlayerkv / asl rows only).
+std::string layer_note(const EvalResult &r);
+
+// The random-layer baseline of SimLayerKV (its paper's comparison): `count` of the `n_layers`
+// layers, chosen by a splitmix64 stream seeded with `seed` (partial Fisher-Yates), as a
+// lazy_force bit mask (n_layers <= 32).
+uint32_t random_lazy_mask(int n_layers, int count, uint64_t seed);
 
 // The deterministic fields of two rows are equal (everything but tok_per_s); *diff names the first
 // that is not. nll, ppl, agreement and kv_ratio compare as written to JSON (%.9g).

@@ -99,9 +99,12 @@ const char *kUsageRun =
     "    --temp T        sampling temperature, 0 = greedy (default 0.8); --seed S (default 42)\n";
 const char *kUsageEval =
     "kvprune eval [--model M] [--text FILE] [--tokens N] [--prefill P] [--policy SPEC]...\n"
-    "             [--json FILE] [--csv FILE] [--no-progress] [--progress-every SECONDS]\n"
+    "             [--json FILE] [--csv FILE] [--no-progress] [--progress-every SECONDS] [--random-lazy SEED]\n"
     "    Teacher-forced NLL of tokens P..N-1 (P by kvp_prefill, the rest by kvp_decode) per policy,\n"
-    "    top-1 agreement with full KV, live/peak/arena bytes, KV ratio to full, tokens/s.\n"
+    "    top-1 agreement with full KV, live/peak/arena bytes, KV ratio to full, tokens/s; after the\n"
+    "    table one line per policy: prefill time, simlayerkv's lazy layers, asl's selection layer.\n"
+    "    --random-lazy SEED: for each simlayerkv policy, one more row trimming as many layers chosen\n"
+    "    at random (splitmix64 from SEED) via lazy_force: the SimLayerKV paper's baseline.\n"
     "    Defaults: N 1024, P N/4; policies full KV and streaming 4+60. A failing policy is reported\n"
     "    and the others still run (exit 1). Output paths are checked before anything runs.\n"
     "    Progress (tokens/s, ETA) goes to stderr: a bar on a terminal, else a line every\n"
@@ -305,6 +308,13 @@ int cmd_run(int argc, char **argv) {
     for (int32_t t : prompt) emit(t);
     auto t0 = std::chrono::steady_clock::now();
     if (!s.prefill(prompt.data(), (int)prompt.size(), logits.data(), false, &err)) return error("run", err);
+    EvalResult note;  // prefill time and the layer-level policies' decisions, on stderr
+    note.spec = resolved;
+    note.prefill_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    note.lazy_layers = s.lazy_layers();
+    note.selection_layer = s.selection_layer();
+    note.n_layers = ck.cfg.n_layers;
+    std::fprintf(stderr, "kvprune run: %zu-token prompt: %s\n", prompt.size(), layer_note(note).c_str());
     for (long long i = 0; i < n_gen; i++) {
         int32_t next = 0;
         if (temp == 0) {
@@ -479,7 +489,7 @@ int cmd_replay(const Args &a) {
 int cmd_eval(int argc, char **argv) {
     Args a;
     if (!parse_args(argc, argv, 2,
-                    {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every"},
+                    {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy"},
                     {"no-progress"}, &a))
         return usage_error("eval", a.err, kUsageEval);
     if (a.help) return help(kUsageEval);
@@ -556,11 +566,31 @@ int cmd_eval(int argc, char **argv) {
             if (all.empty() && err.find("policy '") != 0) return error("eval", err);  // N/P out of range
             failures = err;
         }
+        if (a.has("random-lazy")) {  // SimLayerKV's baseline: as many layers, chosen at random
+            long long seed = 0;
+            if (!to_int(a.get("random-lazy"), 0, INT64_MAX, &seed))
+                return usage_error("eval", "--random-lazy must be a non-negative integer seed", kUsageEval);
+            std::vector<std::string> extra;
+            for (const EvalResult &r : all)
+                if (r.spec.find("policy=simlayerkv") != std::string::npos && r.spec.find("lazy_force=") == std::string::npos &&
+                    !r.lazy_layers.empty() && r.n_layers <= 32)
+                    extra.push_back(r.policy + " lazy_force=" +
+                                    std::to_string(random_lazy_mask(r.n_layers, (int)r.lazy_layers.size(), (uint64_t)seed)));
+            if (!extra.empty()) {
+                std::vector<EvalResult> more;
+                std::string e2;
+                bar.names = extra;
+                bar.runs = eval_runs(ck, (int)N, extra);
+                if (!run_eval(ck, toks, (int)N, (int)P, extra, &more, &e2, progress)) failures += e2;
+                all.insert(all.end(), more.begin(), more.end());
+            }
+        }
         for (EvalResult &r : all) {
             r.model = model_name;
             r.text = text_name;
         }
         if (!all.empty()) std::printf("%s", to_table(all).c_str());
+        for (const EvalResult &r : all) std::printf("  %s: %s\n", r.policy.c_str(), layer_note(r).c_str());
     }
     return finish_eval(a, all, failures);
 }

@@ -83,6 +83,7 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
     arena_ = nullptr;
     ck_ = &ck;
     fed_ = 0;
+    sel_layer_ = -1;
     if (!parse_policy(ck.cfg, spec, &cfg_, err)) return false;
     size_t n = kvp_arena_size(&cfg_);
     if (n == 0) {
@@ -113,6 +114,7 @@ bool Session::reset(std::string *err) {
         return false;
     }
     fed_ = 0;
+    sel_layer_ = -1;
     return true;
 }
 
@@ -149,6 +151,16 @@ uint32_t Session::max_layer_capacity() const {
 
 // Largest chunk every layer can take in turn (the library knows its capacities and, with a
 // shared pool, what the earlier layers of the chunk take first).
+std::vector<int> Session::lazy_layers() const {
+    std::vector<int> out;
+    for (int l = 0; l < ck_->cfg.n_layers; l++) {
+        kvp_layer_stats s;
+        s.struct_size = sizeof s;
+        if (kvp_get_layer_stats(cache_, (uint32_t)l, &s) == KVP_OK && s.lazy == 1) out.push_back(l);
+    }
+    return out;
+}
+
 int Session::prefill_room() const { return (int)std::min<uint32_t>(kvp_prefill_room(cache_), INT32_MAX); }
 
 bool Session::prefill(const int32_t *tokens, int n, float *logits, bool all_logits, std::string *err) {
@@ -228,6 +240,7 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
                     pos_[r] = pos_[src];
                 }
                 last_row_is_last = last_row_is_last && sel_idx_[m - 1] == cur - 1;
+                sel_layer_ = l;
                 cur = m;
                 explicit_pos = true;
             }

@@ -52,6 +52,10 @@ public:
     int64_t tokens_fed() const { return fed_; }
     // Largest prefill chunk used so far (for tests and docs).
     int max_chunk_used() const { return max_chunk_used_; }
+    // ASL: the layer whose kvp_prefill made the selection in this sequence (-1: none).
+    int selection_layer() const { return sel_layer_; }
+    // SimLayerKV: the layers whose kvp_layer_stats.lazy is 1.
+    std::vector<int> lazy_layers() const;
 
 private:
     bool run_chunk(const int32_t *tokens, int n, bool use_decode, float *logits, bool all_logits,
@@ -67,6 +71,7 @@ private:
     int64_t fed_ = 0;
     int rows_ = 0;
     int max_chunk_used_ = 0;
+    int sel_layer_ = -1;
     // scratch, [rows][...]
     std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_;
     std::vector<int32_t> pos_, sel_idx_;

@@ -83,7 +83,8 @@ std::string compression_keys(const kvp_config &c, double r, int64_t L, std::stri
                 *err = "compression_ratio keeps " + k + " tokens, not more than sinks=" + std::to_string(c.sinks);
                 return "";
             }
-            return "window=" + std::to_string(w) + " budget=" + k;
+            // budget only where the nonlazy policy has one (full keeps every token of its layers)
+            return "window=" + std::to_string(w) + (c.nonlazy == KVP_POLICY_FULL ? "" : " budget=" + k);
         }
         case KVP_POLICY_THINK: {
             char b[64];

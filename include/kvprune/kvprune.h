@@ -189,15 +189,16 @@ typedef struct kvp_config {
     float    recent_ratio;       /* fraction of the layer length always kept as recent tokens */
     uint32_t segments;           /* D: cut points floor(K d / D) */
     float    decay;              /* RASR score decay per step */
-    /* simlayerkv */
-    float    lazy_threshold;
-    uint32_t lazy_last;
-    uint32_t lazy_mode;          /* lazy_mode=prefill (0) | decode (1) */
-    kvp_policy nonlazy;          /* nonlazy=full|snapkv|h2o */
-    /* asl */
-    uint32_t asl_min_layer;      /* UINT32_MAX = floor(L/3) */
-    uint32_t asl_obs_layers;
-    float    asl_tau;
+    /* simlayerkv (also sinks, window and the keys of its nonlazy policy) */
+    float    lazy_threshold;     /* a layer is lazy when its attention mass on the first sinks + last
+                                    window keys (mean over query heads and observed queries) exceeds this */
+    uint32_t lazy_last;          /* lazy_mode=prefill: the last prompt queries observed (default 32) */
+    uint32_t lazy_mode;          /* lazy_mode=prefill (0) | decode (1: the first decode query) */
+    kvp_policy nonlazy;          /* nonlazy=full|snapkv|h2o: the policy of the layers that are not lazy */
+    /* asl (also budget, obs_window, pool, pool_kernel, recent, prefill_stage) */
+    uint32_t asl_min_layer;      /* first layer that may select; UINT32_MAX = floor(n_layers/3) */
+    uint32_t asl_obs_layers;     /* layers whose token ranks enter the rank variance (default 8) */
+    float    asl_tau;            /* relative rank variance below which a layer selects (default 0.3) */
     /* think */
     float    key_channel_ratio;
     float    value_channel_ratio;
@@ -209,7 +210,7 @@ typedef struct kvp_config {
                                     capacities = no sharing */
     /* appended in 0.3 (issue 8) */
     uint32_t evict_threshold;    /* lethe: initial L_evict per layer; 0 = capacity/2 */
-    uint32_t prefill_stage;      /* snapkv/pyramidkv: prompt tokens one kvp_prefill call may take (staged
+    uint32_t prefill_stage;      /* snapkv/pyramidkv/asl: prompt tokens one kvp_prefill call may take (staged
                                     in the arena, shared by the layers, before selection); 0 = the
                                     default max(1024, largest layer capacity) */
     /* appended for issue 10: ThinK's token policy, the quantization group */
@@ -219,6 +220,11 @@ typedef struct kvp_config {
                                     residual (default 32); with kv_dtype != f32 or ThinK channel
                                     pruning the storage block is quant_group tokens (`block` applies
                                     to plain f32 storage only) */
+    /* appended for issue 9 */
+    uint32_t lazy_force;         /* simlayerkv, benchmarks and tests: 0 (default) = decide laziness by
+                                    attention; else bit l makes layer l lazy and every other layer not
+                                    lazy at the same decision points (the paper's random-layer
+                                    baseline; needs n_layers <= 32) */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -248,13 +254,19 @@ typedef struct kvp_layer_stats {
     uint64_t tokens_evicted;   /* evicted tokens of this layer, summed over KV heads */
     uint32_t evict_threshold;  /* Lethe's current L_evict; 0 for other policies */
     float    sparsity;         /* Hoyer sparsity of the layer's last decode attention row, mean over query heads */
-    int32_t  lazy;             /* SimLayerKV: 1 lazy, 0 not lazy; -1 undecided or another policy */
+    int32_t  lazy;             /* SimLayerKV: 1 lazy (trimmed to sinks + window), 0 not lazy; -1 undecided
+                                  (lazy_mode=decode before the first decode) or another policy */
 } kvp_layer_stats;
 
 /**
  * Selection returned by kvp_prefill() for the ASL policy: when a prefill determines the
- * selection layer, it writes the indices (into that call's tokens) of the prompt tokens to
- * propagate; later layers receive only those tokens with their positions.
+ * selection layer, it writes the indices (into that call's tokens, ascending) of the prompt
+ * tokens to propagate (its top budget - obs_window tokens plus the observation window);
+ * later layers receive only those tokens with their original positions. A prefill that may
+ * determine it (policy asl, no selection made yet in the sequence, a layer >= asl_min_layer
+ * that is empty, q given, more than `budget` tokens) needs a selection of capacity >= budget:
+ * otherwise it fails with KVP_ERR_BUFFER, sets sel->n (when sel is not NULL) to the entries
+ * needed and changes nothing.
  */
 typedef struct kvp_selection {
     uint32_t struct_size;  /* sizeof(kvp_selection); larger than this library knows: KVP_ERR_ARG */
@@ -375,13 +387,17 @@ kvp_status kvp_reset(kvp_cache *c);
  * queries over what the layer holds plus the new tokens (before pruning), then applies
  * the policy's prefill compression once. positions: NULL = next positions, else strictly
  * increasing and after the layer's last position. out may be NULL (attention skipped).
- * sel may be NULL; it is written only by the ASL policy (n = 0 otherwise).
+ * sel may be NULL except where the ASL policy may select (see kvp_selection); it is written
+ * only by the ASL policy (n = 0, selected = 0 otherwise). SimLayerKV decides a layer's
+ * laziness here (lazy_mode=prefill) and trims a lazy layer before returning.
  * q is read (and checked) when out is given, and also with out == NULL under a policy that observes
- * or stages the prompt (h2o, snapkv, pyramidkv, lethe): pass NULL for q when there are none.
+ * or stages the prompt (h2o, snapkv, pyramidkv, lethe, simlayerkv, asl): pass NULL for q when there
+ * are none.
  * Errors: KVP_ERR_ARG (NULL c/q/k/v, n_tokens 0, bad positions, out overlapping an input),
  * KVP_ERR_LAYER, KVP_ERR_NONFINITE (q, k or v out of range: see "Input range"),
- * KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv with q exceeds
- * `prefill_stage`: callers chunk long prompts by kvp_prefill_room), KVP_ERR_STATE.
+ * KVP_ERR_FULL (chunk does not fit in capacity, or for snapkv/pyramidkv/asl with q exceeds
+ * `prefill_stage`: callers chunk long prompts by kvp_prefill_room), KVP_ERR_BUFFER (asl: sel
+ * missing or too small, see kvp_selection), KVP_ERR_STATE.
  */
 kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                        const float *q, const float *k, const float *v, float *out, kvp_selection *sel);
@@ -389,6 +405,8 @@ kvp_status kvp_prefill(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const in
 /**
  * Decodes one token at the next position: appends k/v, computes attention of q over the
  * layer (including the new token) into out, then prunes if the policy's trigger fires.
+ * SimLayerKV with lazy_mode=decode decides the layer's laziness at its first decode after
+ * create/reset (and trims a lazy layer after that decode's attention).
  * Errors: KVP_ERR_ARG (NULL pointers, out overlapping q/k/v), KVP_ERR_LAYER, KVP_ERR_NONFINITE,
  * KVP_ERR_FULL, KVP_ERR_STATE.
  */

@@ -7,18 +7,18 @@
 #include "cache.h"
 #include "kernels/score_fixed.h"
 #include "policies/full.h"
+#include "policies/asl.h"
 #include "policies/h2o.h"
 #include "policies/lethe.h"
 #include "policies/pyramidkv.h"
+#include "policies/simlayerkv.h"
 #include "policies/snapkv.h"
 #include "policies/streaming.h"
 #include "policies/window.h"
 
 namespace kvp {
 
-namespace {
-
-const Policy &policy_by_enum(kvp_policy p) {
+const Policy &policy_table(kvp_policy p) {
     switch (p) {
         case KVP_POLICY_WINDOW: return kWindowPolicy;
         case KVP_POLICY_STREAMING: return kStreamingPolicy;
@@ -26,17 +26,17 @@ const Policy &policy_by_enum(kvp_policy p) {
         case KVP_POLICY_SNAPKV: return kSnapKvPolicy;
         case KVP_POLICY_PYRAMIDKV: return kPyramidKvPolicy;
         case KVP_POLICY_LETHE: return kLethePolicy;
+        case KVP_POLICY_SIMLAYERKV: return kSimLayerKvPolicy;
+        case KVP_POLICY_ASL: return kAslPolicy;
         default: break;
     }
     return kFullPolicy;
 }
 
-}  // namespace
-
 // policy=think is a channel axis (quant/think.h) over the token policy `token_policy`, whose
 // table runs everything token-level.
 const Policy &policy_of(const kvp_config &cfg) {
-    return policy_by_enum(cfg.policy == KVP_POLICY_THINK ? cfg.token_policy : cfg.policy);
+    return policy_table(cfg.policy == KVP_POLICY_THINK ? cfg.token_policy : cfg.policy);
 }
 
 void scores_logical(const HeadStore &hs, const BlockPool &pool, float *out, uint32_t *slots) {

@@ -13,6 +13,14 @@
 // more run), and the policy's prune must then call stage_commit with its victims: the store's
 // victims are evicted and the surviving staged tokens are copied into the store. So a prompt
 // larger than the layer's capacity takes one call.
+//
+// Layer-level policies (issue 9: simlayerkv, asl) use a few more parts of the seam: a second
+// prefill observation (LayerPlan::obs_extra) and an observation of the first decode query
+// after create/reset (observe_first_decode), both handed to `observe` with their Obs::kind; a
+// per-head value from the per-head work to the layer phase (HeadStore::pword/pflag); a policy
+// state region in the arena (state_bytes, initialised by `reset`); and the prefill selection a
+// call returns to its caller (selection_size is asked before the call, selection after it:
+// kvp_selection).
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -42,6 +50,8 @@ struct LayerPlan {
     bool staged_prefill;    // a prefill with queries goes through the staging area (see above)
     uint32_t evict_threshold;  // kvp_layer_stats.evict_threshold after create/reset (Lethe's L_evict)
     uint32_t budget;        // tokens the layer keeps from a prompt (snapkv, pyramidkv), 0 otherwise
+    uint32_t obs_extra;     // prefill with q: a second observation, of the chunk's last obs_extra queries (kObsExtra)
+    bool observe_first_decode;  // the first decode after create/reset hands its query's row to observe (kObsDecode)
 };
 
 // The context of one operation.
@@ -59,10 +69,14 @@ struct PolicyCtx {
 
 // Prefill observation rows: row g (query head g of the group) at g * ld; float sums of normalised
 // weights in float mode (f), Q16 sums of fixed-point weights in fixed mode (u; kernels/score_fixed.h).
+// kind: which observation (LayerPlan): the chunk's last obs_queries queries (kObsWindow), its
+// last obs_extra queries (kObsExtra) or the first decode query (kObsDecode).
+enum ObsKind : uint32_t { kObsWindow = 0, kObsExtra = 1, kObsDecode = 2 };
 struct Obs {
     const float *f;
     const uint32_t *u;
     size_t ld;
+    uint32_t kind = kObsWindow;
 };
 
 struct Policy {
@@ -86,10 +100,24 @@ struct Policy {
     // Before the per-head work of a call adding n tokens, on the calling thread (layer-wide room
     // making for policies whose KV heads keep the same tokens). May be NULL.
     void (*layer_prepare)(PolicyCtx &ctx, uint32_t n, StepMode mode);
+    // Bytes of the policy's state region in the arena (kvp_cache::pstate, 64-aligned). stage:
+    // the prompt staging slots per pool. May be NULL (no region).
+    size_t (*state_bytes)(const kvp_config &cfg, uint32_t stage) = nullptr;
+    // Called by create and kvp_reset after the stores are cleared. May be NULL.
+    void (*reset)(kvp_cache *c) = nullptr;
+    // Prefill selection (kvp_selection): before a kvp_prefill of n tokens into `layer` (queries:
+    // q given), the entries a selection made by that call could need; 0 when the call cannot
+    // select. May be NULL (never selects).
+    uint32_t (*selection_size)(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries) = nullptr;
+    // After that call: the selection it made (ascending indices into the call's tokens, *idx
+    // valid until the next call) and its size; 0 when it made none. May be NULL.
+    uint32_t (*selection)(const kvp_cache *c, uint32_t layer, const int32_t **idx) = nullptr;
 };
 
 // The table of cfg.policy (valid config).
 const Policy &policy_of(const kvp_config &cfg);
+// The table of a token policy (full for values without one).
+const Policy &policy_table(kvp_policy p);
 
 // ---- helpers shared by the scored policies (policy.cpp) ----
 

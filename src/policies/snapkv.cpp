@@ -117,6 +117,8 @@ void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr,
     if (P > 0) compute_votes(ctx, obs, P, sel_scratch(ctx, hs));
 }
 
+const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs) { return sel_scratch(ctx, hs).vote; }
+
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
     if (ctx.staged) {
         select_and_commit(ctx, hs);

@@ -52,6 +52,9 @@ extern const Policy kSnapKvPolicy;
 // the prefill selection, the h2o-style decode rule, the dry-pool self-prune.
 void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs);
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode);
+// The votes snapkv_observe computed for the head's staged selection (valid until its prune):
+// prefix token j's vote at [j], double in float mode, uint64_t in fixed mode.
+const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs);
 uint32_t snapkv_evictable(const PolicyCtx &ctx, const HeadStore &hs);
 void snapkv_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n);
 // The plan of a layer that keeps `budget` prompt tokens in a store of `cap` slots.

@@ -412,6 +412,10 @@ TEST(HarnessSpec, StrictChecksAndCompressionRatio) {
     } good[] = {{"policy=window compression_ratio=0.75", 256, "policy=window window=64"},
                 {"policy=streaming sinks=4 compression_ratio=0.5", 256, "policy=streaming sinks=4 window=124"},
                 {"compression_ratio=0.5 policy=streaming", 1024, "policy=streaming window=508"},
+                {"policy=simlayerkv compression_ratio=0.5", 256, "policy=simlayerkv window=124"},
+                {"policy=simlayerkv nonlazy=h2o compression_ratio=0.5", 256,
+                 "policy=simlayerkv nonlazy=h2o window=124 budget=128"},
+                {"policy=asl compression_ratio=0.75", 256, "policy=asl budget=64"},
                 {" policy=window   window=8 ", 0, "policy=window window=8"}};
     for (const Good &g : good) {
         ASSERT_TRUE(resolve_spec(ck.cfg, g.spec, g.len, &r, &c, &err)) << g.spec << ": " << err;
@@ -423,7 +427,7 @@ TEST(HarnessSpec, StrictChecksAndCompressionRatio) {
     const std::pair<kvp_policy, const char *> map[] = {
         {KVP_POLICY_WINDOW, "window=100"},     {KVP_POLICY_STREAMING, "window=96"}, {KVP_POLICY_H2O, "budget=100"},
         {KVP_POLICY_SNAPKV, "budget=100"},     {KVP_POLICY_PYRAMIDKV, "budget=100"}, {KVP_POLICY_ASL, "budget=100"},
-        {KVP_POLICY_LETHE, "capacity=100"},    {KVP_POLICY_SIMLAYERKV, "window=96 budget=100"},
+        {KVP_POLICY_LETHE, "capacity=100"},    {KVP_POLICY_SIMLAYERKV, "window=96"},  // nonlazy=full: no budget
         {KVP_POLICY_THINK, "key_channel_ratio=0.6 value_channel_ratio=0.6"}};
     for (const auto &p : map) {
         c.policy = p.first;
@@ -531,3 +535,46 @@ TEST(HarnessOutput, PlotScript) {
     EXPECT_NE(err.find("no results"), std::string::npos);
 }
 }  // namespace
+
+// Issue 9: ASL's selection propagates only the selected rows (the later layers never see the
+// whole prompt: a lower peak than SnapKV at the same budget), simlayerkv reports its lazy layers,
+// threads 1/2 agree, and the random-layer baseline's mask.
+TEST(HarnessLayers, AslSelectionAndSimLayerKvLazyLayers) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    const std::vector<int32_t> all = eval_text_tokens();
+    ASSERT_GT(all.size(), 40256u);
+    const std::vector<int32_t> toks(all.begin() + 40000, all.begin() + 40256);  // a passage where ASL selects
+    const int N = 256, P = 192;
+    std::string err;
+    EvalResult snap, asl1, asl2;
+    ASSERT_TRUE(run_policy(ck, "policy=snapkv budget=64", toks, N, P, &snap, nullptr, &err)) << err;
+    ASSERT_TRUE(run_policy(ck, "policy=asl budget=64 asl_obs_layers=2 threads=1", toks, N, P, &asl1, nullptr, &err)) << err;
+    ASSERT_TRUE(run_policy(ck, "policy=asl budget=64 asl_obs_layers=2 threads=2", toks, N, P, &asl2, nullptr, &err)) << err;
+    EXPECT_EQ(asl1.selection_layer, 3);
+    EXPECT_EQ(asl2.selection_layer, asl1.selection_layer);
+    EXPECT_EQ(asl1.nll, asl2.nll);
+    EXPECT_EQ(snap.selection_layer, -1);
+    EXPECT_EQ(asl1.live_bytes, snap.live_bytes);
+    EXPECT_LT(asl1.peak_live_bytes, snap.peak_live_bytes);
+    EXPECT_NE(layer_note(asl1).find("selection layer 3"), std::string::npos) << layer_note(asl1);
+
+    const std::vector<int32_t> head(all.begin(), all.begin() + 256);
+    EvalResult sim, forced;
+    const std::string spec = "policy=simlayerkv sinks=4 window=28 capacity=256 lazy_threshold=0.6";
+    ASSERT_TRUE(run_policy(ck, spec, head, N, P, &sim, nullptr, &err)) << err;
+    EXPECT_EQ(sim.lazy_layers, (std::vector<int>{0, 3, 4, 5}));
+    EXPECT_NE(layer_note(sim).find("lazy layers 4/6 (0,3,4,5)"), std::string::npos) << layer_note(sim);
+    // forcing the same layers gives the same run
+    ASSERT_TRUE(run_policy(ck, spec + " lazy_force=57", head, N, P, &forced, nullptr, &err)) << err;
+    EXPECT_EQ(forced.lazy_layers, sim.lazy_layers);
+    EXPECT_EQ(forced.nll, sim.nll);
+    EXPECT_EQ(forced.live_bytes, sim.live_bytes);
+
+    for (int count = 0; count <= 6; count++) {
+        const uint32_t m = random_lazy_mask(6, count, 7);
+        EXPECT_EQ(__builtin_popcount(m), count);
+        EXPECT_LT(m, 64u);
+        EXPECT_EQ(random_lazy_mask(6, count, 7), m);  // deterministic
+    }
+}

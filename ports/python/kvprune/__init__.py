@@ -78,6 +78,7 @@ class _Config(ctypes.Structure):
         ("block", _u32), ("total_capacity", _u32),
         ("evict_threshold", _u32), ("prefill_stage", _u32),
         ("token_policy", _enum), ("quant_group", _u32),
+        ("lazy_force", _u32),
     ]
 
 

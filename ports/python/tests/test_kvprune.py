@@ -60,7 +60,7 @@ class ConfigTest(unittest.TestCase):
                  ("window=17", "window", 17), ("extra=3", "extra", 3), ("compress_every=6", "compress_every", 6),
                  ("slack=11", "slack", 11), ("max_drop=9", "max_drop", 9), ("budget=33", "budget", 33),
                  ("recent=13", "recent", 13), ("obs_window=7", "obs_window", 7), ("beta=2.5", "beta", 2.5),
-                 ("decay=0.75", "decay", 0.75), ("asl_tau=0.125", "asl_tau", 0.125),
+                 ("decay=0.75", "decay", 0.75), ("asl_tau=0.125", "asl_tau", 0.125), ("lazy_force=5", "lazy_force", 5),
                  ("value_channel_ratio=0.25", "value_channel_ratio", 0.25),
                  ("positions=original", "positions", kvprune.POS_ORIGINAL),
                  ("policy=streaming", "policy", kvprune.POLICY_STREAMING)]

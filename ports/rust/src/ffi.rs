@@ -117,6 +117,8 @@ pub struct kvp_config {
     // appended for issue 10: ThinK's token policy, quantization group
     pub token_policy: kvp_policy,
     pub quant_group: u32,
+    // appended for issue 9: simlayerkv's forced lazy layers (bit mask)
+    pub lazy_force: u32,
 }
 
 #[repr(C)]

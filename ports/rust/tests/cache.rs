@@ -65,6 +65,7 @@ fn spec_keys_land_in_their_fields() {
         ("asl_min_layer=1", 1.0, |c| c.asl_min_layer as f64),
         ("asl_obs_layers=6", 6.0, |c| c.asl_obs_layers as f64),
         ("asl_tau=0.125", 0.125, |c| c.asl_tau as f64),
+        ("lazy_force=5", 5.0, |c| c.lazy_force as f64),
         ("key_channel_ratio=0.375", 0.375, |c| c.key_channel_ratio as f64),
         ("value_channel_ratio=0.25", 0.25, |c| c.value_channel_ratio as f64),
         ("policy=streaming", ffi::KVP_POLICY_STREAMING as f64, |c| c.policy as f64),

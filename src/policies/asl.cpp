@@ -1,0 +1,250 @@
+#include "policies/asl.h"
+
+#include <math.h>
+#include <string.h>
+
+#include <algorithm>
+
+#include "arena.h"
+#include "cache.h"
+#include "config.h"
+#include "policies/snapkv.h"
+
+namespace kvp {
+namespace {
+
+struct AslHeader {
+    int32_t sel_layer;    // -1: no selection yet in this sequence
+    uint32_t fresh;       // the current call made the selection
+    uint32_t nsel;        // its size
+    uint32_t collect;     // the current call scores its layer (layer_prepare)
+    uint32_t n;           // that call's tokens
+    uint32_t ring_count;  // layers in the rank ring
+    uint32_t ring_last;   // the last layer in it
+    uint32_t ring_n;      // the prompt length its ranks are of
+    uint32_t ref_set;
+    double v_ref;         // the rank variance at the reference layer
+};
+
+// The state region: header | var[L] | rel[L] | votes[H][stage] | score[stage] | idx[stage] |
+// ranks[obs_layers][stage] | sel[stage].
+struct Layout {
+    size_t var, rel, votes, score, idx, ranks, sel, total;
+};
+
+Layout layout(const kvp_config &cfg, uint32_t stage) {
+    const size_t L = cfg.model.n_layers, H = cfg.model.n_kv_heads, S = stage;
+    Layout o;
+    size_t off = align_up(sizeof(AslHeader), kAlign);
+    o.var = off;
+    off += align_up(L * sizeof(double), kAlign);
+    o.rel = off;
+    off += align_up(L * sizeof(double), kAlign);
+    o.votes = off;
+    off += align_up(H * S * sizeof(double), kAlign);
+    o.score = off;
+    off += align_up(S * sizeof(double), kAlign);
+    o.idx = off;
+    off += align_up(S * sizeof(uint32_t), kAlign);
+    o.ranks = off;
+    off += align_up(size_t(cfg.asl_obs_layers) * S * sizeof(uint32_t), kAlign);
+    o.sel = off;
+    off += align_up(S * sizeof(int32_t), kAlign);
+    o.total = off;
+    return o;
+}
+
+struct State {
+    AslHeader *h;
+    double *var, *rel, *votes, *score;
+    uint32_t *idx, *ranks;
+    int32_t *sel;
+};
+
+State state_of(const kvp_cache *c) {
+    char *b = static_cast<char *>(c->pstate);
+    const Layout o = layout(c->cfg, c->plan.stage);
+    return State{reinterpret_cast<AslHeader *>(b),          reinterpret_cast<double *>(b + o.var),
+                 reinterpret_cast<double *>(b + o.rel),     reinterpret_cast<double *>(b + o.votes),
+                 reinterpret_cast<double *>(b + o.score),   reinterpret_cast<uint32_t *>(b + o.idx),
+                 reinterpret_cast<uint32_t *>(b + o.ranks), reinterpret_cast<int32_t *>(b + o.sel)};
+}
+
+uint32_t min_layer(const kvp_config &cfg) {
+    return cfg.asl_min_layer == UINT32_MAX ? cfg.model.n_layers / 3 : cfg.asl_min_layer;
+}
+uint32_t collect_start(const kvp_config &cfg) {
+    const uint32_t m = min_layer(cfg), back = cfg.asl_obs_layers - 1;
+    return m > back ? m - back : 0;
+}
+uint32_t window_of(const kvp_config &cfg, uint32_t n) { return cfg.obs_window < n ? cfg.obs_window : n; }
+
+bool layer_empty(const kvp_cache *c, uint32_t layer) {
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h)
+        if (head_of(c, layer, h).len()) return false;
+    return true;
+}
+
+size_t state_bytes(const kvp_config &cfg, uint32_t stage) { return layout(cfg, stage).total; }
+
+void reset(kvp_cache *c) {
+    const State s = state_of(c);
+    memset(s.h, 0, sizeof *s.h);
+    s.h->sel_layer = -1;
+    for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l) s.var[l] = s.rel[l] = NAN;
+}
+
+kvp_status check(const kvp_config &cfg, Msg &m) {
+    if (cfg.asl_min_layer != UINT32_MAX && cfg.asl_min_layer >= cfg.model.n_layers) {
+        m.s("asl: asl_min_layer=").u(cfg.asl_min_layer).s(" must be < n_layers=").u(cfg.model.n_layers)
+            .s(" (4294967295 = floor(n_layers/3))");
+        return KVP_ERR_CONFIG;
+    }
+    return snapkv_check_common("asl", cfg, m);
+}
+
+void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
+    snapkv_plan(cfg, cfg.budget, cfg.capacity ? cfg.capacity : cfg.budget + 1, p);
+}
+
+void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode mode) {
+    const kvp_cache *c = ctx.c;
+    const kvp_config &cfg = c->cfg;
+    AslHeader &h = *state_of(c).h;
+    h.fresh = 0;
+    h.collect = mode == StepMode::kPrefill && h.sel_layer < 0 && ctx.layer >= collect_start(cfg) && n > cfg.budget &&
+                n <= c->plan.stage && layer_empty(c, ctx.layer);
+    h.n = n;
+}
+
+void observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs) {
+    snapkv_observe(ctx, hs, runs, nr, obs);
+    const State s = state_of(ctx.c);
+    if (!s.h->collect || !ctx.staged) return;
+    const uint32_t n = ctx.staged, P = n - window_of(ctx.c->cfg, n);
+    memcpy(s.votes + size_t(ctx.head) * ctx.c->plan.stage, snapkv_votes(ctx, hs), size_t(P) * sizeof(double));
+    hs.pflag = 1;
+}
+
+// Rank variance of the layers in the ring ending at `layer` (m of them), over the union of
+// their top-k: mean over those tokens of the population variance of their ranks.
+double rank_variance(const State &s, const kvp_config &cfg, uint32_t stage, uint32_t layer, uint32_t m, uint32_t P,
+                     uint32_t k) {
+    const uint32_t O = cfg.asl_obs_layers;
+    double sum = 0.0;
+    uint32_t count = 0;
+    for (uint32_t t = 0; t < P; ++t) {
+        bool top = false;
+        for (uint32_t i = 0; i < m && !top; ++i) top = s.ranks[size_t((layer - i) % O) * stage + t] < k;
+        if (!top) continue;
+        double mean = 0.0;
+        for (uint32_t i = 0; i < m; ++i) mean += double(s.ranks[size_t((layer - i) % O) * stage + t]);
+        mean /= double(m);
+        double v = 0.0;
+        for (uint32_t i = 0; i < m; ++i) {
+            const double d = double(s.ranks[size_t((layer - i) % O) * stage + t]) - mean;
+            v += d * d;
+        }
+        sum += v / double(m);
+        ++count;
+    }
+    return count ? sum / double(count) : 0.0;
+}
+
+void layer_phase(PolicyCtx &ctx, StepMode mode) {
+    kvp_cache *c = ctx.c;
+    const kvp_config &cfg = c->cfg;
+    const State s = state_of(c);
+    AslHeader &h = *s.h;
+    const uint32_t layer = ctx.layer, H = cfg.model.n_kv_heads, stage = c->plan.stage;
+    if (mode != StepMode::kPrefill || !h.collect || !head_of(c, layer, 0).pflag) return;
+    h.collect = 0;
+    for (uint32_t kv = 0; kv < H; ++kv) head_of(c, layer, kv).pflag = 0;
+    const uint32_t n = h.n, w = window_of(cfg, n), P = n - w;
+    const uint32_t wk = w < cfg.budget ? w : cfg.budget, k = cfg.budget - wk;
+    // head-summed scores, in fixed head order
+    const bool fx = fixed_scores(c);
+    uint64_t *score_u = reinterpret_cast<uint64_t *>(s.score);
+    for (uint32_t t = 0; t < P; ++t) {
+        if (fx) {
+            uint64_t a = 0;
+            for (uint32_t kv = 0; kv < H; ++kv) a += reinterpret_cast<const uint64_t *>(s.votes + size_t(kv) * stage)[t];
+            score_u[t] = a;
+        } else {
+            float a = 0.0f;
+            for (uint32_t kv = 0; kv < H; ++kv) a += float(s.votes[size_t(kv) * stage + t]);
+            s.score[t] = double(a);
+        }
+    }
+    for (uint32_t t = 0; t < P; ++t) s.idx[t] = t;
+    if (fx) {
+        std::sort(s.idx, s.idx + P, [score_u](uint32_t a, uint32_t b) {
+            return score_u[a] > score_u[b] || (score_u[a] == score_u[b] && a > b);
+        });
+    } else {
+        const double *v = s.score;
+        std::sort(s.idx, s.idx + P, [v](uint32_t a, uint32_t b) { return v[a] > v[b] || (v[a] == v[b] && a > b); });
+    }
+    const uint32_t O = cfg.asl_obs_layers;
+    if (h.ring_count && (h.ring_last + 1 != layer || h.ring_n != n)) h.ring_count = 0;  // not this prompt's ring
+    uint32_t *rank = s.ranks + size_t(layer % O) * stage;
+    for (uint32_t r = 0; r < P; ++r) rank[s.idx[r]] = r;
+    h.ring_count = h.ring_count + 1 < O ? h.ring_count + 1 : O;
+    h.ring_last = layer;
+    h.ring_n = n;
+    const uint32_t need = O < 2 ? O : 2;
+    if (layer < min_layer(cfg) || h.ring_count < need) return;
+    const double V = rank_variance(s, cfg, stage, layer, h.ring_count, P, k);
+    if (!h.ref_set) {
+        h.v_ref = V;
+        h.ref_set = 1;
+    }
+    const double rel = h.v_ref > 0.0 ? V / h.v_ref : (V == 0.0 ? 0.0 : INFINITY);
+    s.var[layer] = V;
+    s.rel[layer] = rel;
+    if (!(rel < double(cfg.asl_tau))) return;
+    // the selection: this layer's top-k prefix tokens and the (clamped) window, ascending
+    uint32_t ns = 0;
+    for (uint32_t t = 0; t < P; ++t)
+        if (rank[t] < k) s.sel[ns++] = int32_t(t);
+    for (uint32_t t = n - wk; t < n; ++t) s.sel[ns++] = int32_t(t);
+    h.nsel = ns;
+    h.sel_layer = int32_t(layer);
+    h.fresh = 1;
+}
+
+uint32_t selection_size(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries) {
+    const kvp_config &cfg = c->cfg;
+    if (!queries || state_of(c).h->sel_layer >= 0 || layer < min_layer(cfg) || n <= cfg.budget || n > c->plan.stage ||
+        !layer_empty(c, layer))
+        return 0;
+    return cfg.budget;
+}
+
+uint32_t selection(const kvp_cache *c, uint32_t layer, const int32_t **idx) {
+    const State s = state_of(c);
+    if (!s.h->fresh || s.h->sel_layer != int32_t(layer)) return 0;
+    *idx = s.sel;
+    return s.h->nsel;
+}
+
+}  // namespace
+
+bool asl_layer_variance(const kvp_cache *c, uint32_t layer, double *var, double *rel) {
+    if (c->cfg.policy != KVP_POLICY_ASL || layer >= c->cfg.model.n_layers) return false;
+    const State s = state_of(c);
+    *var = s.var[layer];
+    *rel = s.rel[layer];
+    return true;
+}
+
+int32_t asl_selection_layer(const kvp_cache *c) {
+    return c->cfg.policy == KVP_POLICY_ASL ? state_of(c).h->sel_layer : -1;
+}
+
+const Policy kAslPolicy = {"asl",          KVP_POS_ORIGINAL, &check,           &plan,
+                           &observe,       &snapkv_prune,    &layer_phase,     &snapkv_evictable,
+                           &snapkv_self_prune, &layer_prepare, &state_bytes,   &reset,
+                           &selection_size, &selection};
+
+}  // namespace kvp
