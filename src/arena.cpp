@@ -8,28 +8,6 @@
 namespace kvp {
 namespace {
 
-// Overflow-checked size arithmetic: any overflow clears *ok (the plan is then rejected).
-struct Sz {
-    bool ok = true;
-    size_t add(size_t a, size_t b) {
-        if (a > SIZE_MAX - b) ok = false;
-        return a + b;
-    }
-    size_t mul(size_t a, size_t b) {
-        if (b && a > SIZE_MAX / b) ok = false;
-        return a * b;
-    }
-    size_t al(size_t x) {  // align_up to kAlign
-        if (x > SIZE_MAX - kAlign) ok = false;
-        return align_up(x, kAlign);
-    }
-    size_t al16(size_t floats) { return al(mul(floats, sizeof(float))) / sizeof(float); }
-    size_t fit(uint64_t v) {  // a 64-bit count as size_t (32-bit targets)
-        if (v > SIZE_MAX) ok = false;
-        return size_t(v);
-    }
-};
-
 uint32_t ceil_div(uint64_t a, uint32_t b) { return uint32_t((a + b - 1) / b); }
 
 }  // namespace

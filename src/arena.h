@@ -61,6 +61,29 @@ inline uint32_t decode_granule(uint32_t stride) {
 
 inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+// Overflow-checked size arithmetic for arena plans (32-bit size_t on armhf and Cortex-M): any
+// overflow clears ok, and the plan is then rejected.
+struct Sz {
+    bool ok = true;
+    size_t add(size_t a, size_t b) {
+        if (a > SIZE_MAX - b) ok = false;
+        return a + b;
+    }
+    size_t mul(size_t a, size_t b) {
+        if (b && a > SIZE_MAX / b) ok = false;
+        return a * b;
+    }
+    size_t al(size_t x) {  // align_up to kAlign
+        if (x > SIZE_MAX - kAlign) ok = false;
+        return align_up(x, kAlign);
+    }
+    size_t al16(size_t floats) { return al(mul(floats, sizeof(float))) / sizeof(float); }
+    size_t fit(uint64_t v) {  // a 64-bit count as size_t (32-bit targets)
+        if (v > SIZE_MAX) ok = false;
+        return size_t(v);
+    }
+};
+
 // A layer's plan and the block geometry derived from it.
 struct LayerGeom {
     LayerPlan lp;

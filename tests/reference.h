@@ -60,4 +60,27 @@ struct Cache {
 kvp_model model(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t hd, kvp_rope_style rope = KVP_ROPE_GPTJ,
                 uint32_t rope_dim = 0, float theta = 10000.0f);
 
+// Seeded q/k/v for T tokens of model m (q and k uniform in [-qk_scale, qk_scale], v in [-1, 1]),
+// token-major as the C API takes them.
+struct Inputs {
+    kvp_model m;
+    uint32_t T, nq, nkv, G;
+    std::vector<float> q, k, v;
+    Inputs(const kvp_model &mm, uint32_t tokens, uint64_t seed, float qk_scale) : m(mm), T(tokens) {
+        nq = m.n_q_heads * m.head_dim;
+        nkv = m.n_kv_heads * m.head_dim;
+        G = m.n_q_heads / m.n_kv_heads;
+        q.resize(size_t(T) * nq);
+        k.resize(size_t(T) * nkv);
+        v.resize(k.size());
+        Rng rng(seed);
+        rng.fill(q, -qk_scale, qk_scale);
+        rng.fill(k, -qk_scale, qk_scale);
+        rng.fill(v);
+    }
+    const float *qt(uint32_t t) const { return &q[size_t(t) * nq]; }
+    const float *kt(uint32_t t) const { return &k[size_t(t) * nkv]; }
+    const float *vt(uint32_t t) const { return &v[size_t(t) * nkv]; }
+};
+
 }  // namespace ref

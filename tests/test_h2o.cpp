@@ -13,22 +13,7 @@
 
 namespace {
 
-struct Inputs {
-    kvp_model m;
-    uint32_t T, nq, nkv;
-    std::vector<float> q, k, v;
-    Inputs(const kvp_model &mm, uint32_t tokens, uint64_t seed, float qk_scale) : m(mm), T(tokens) {
-        nq = m.n_q_heads * m.head_dim;
-        nkv = m.n_kv_heads * m.head_dim;
-        q.resize(size_t(T) * nq);
-        k.resize(size_t(T) * nkv);
-        v.resize(k.size());
-        ref::Rng rng(seed);
-        rng.fill(q, -qk_scale, qk_scale);
-        rng.fill(k, -qk_scale, qk_scale);
-        rng.fill(v);
-    }
-};
+using ref::Inputs;
 
 // The rule, per KV head, in double: kept original indices and their accumulated scores.
 struct Sim {

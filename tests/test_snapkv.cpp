@@ -17,26 +17,7 @@
 
 namespace {
 
-struct Inputs {
-    kvp_model m;
-    uint32_t T, nq, nkv, G;
-    std::vector<float> q, k, v;
-    Inputs(const kvp_model &mm, uint32_t tokens, uint64_t seed, float qk_scale) : m(mm), T(tokens) {
-        nq = m.n_q_heads * m.head_dim;
-        nkv = m.n_kv_heads * m.head_dim;
-        G = m.n_q_heads / m.n_kv_heads;
-        q.resize(size_t(T) * nq);
-        k.resize(size_t(T) * nkv);
-        v.resize(k.size());
-        ref::Rng rng(seed);
-        rng.fill(q, -qk_scale, qk_scale);
-        rng.fill(k, -qk_scale, qk_scale);
-        rng.fill(v);
-    }
-    const float *qt(uint32_t t) const { return &q[size_t(t) * nq]; }
-    const float *kt(uint32_t t) const { return &k[size_t(t) * nkv]; }
-    const float *vt(uint32_t t) const { return &v[size_t(t) * nkv]; }
-};
+using ref::Inputs;
 
 struct Params {
     uint32_t budget, obs, kernel;

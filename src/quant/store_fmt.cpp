@@ -10,23 +10,6 @@
 namespace kvp {
 namespace {
 
-// Overflow-checked sizes (32-bit size_t on Cortex-M).
-struct Sz {
-    bool ok = true;
-    size_t add(size_t a, size_t b) {
-        if (a > SIZE_MAX - b) ok = false;
-        return a + b;
-    }
-    size_t mul(size_t a, size_t b) {
-        if (b && a > SIZE_MAX / b) ok = false;
-        return a * b;
-    }
-    size_t al(size_t x) {
-        if (x > SIZE_MAX - kAlign) ok = false;
-        return align_up(x, kAlign);
-    }
-};
-
 // A token going into a block being (re)built: its target slot and where its data is now.
 struct Src {
     uint32_t slot;        // target slot
