@@ -384,17 +384,6 @@ kvp_status check_supported(const kvp_config &c, Msg &m) {
         m.s("token_policy=").s(kPolicyNames[c.token_policy]).s(" is recognised but not implemented in this version");
         return KVP_ERR_UNSUPPORTED;
     }
-    // Formatted storage (quant/format.h) with the layer-level policies that stage or select the
-    // prompt (asl; simlayerkv over snapkv) is not built yet: snapkv/pyramidkv themselves compose.
-    if (store_formatted(c)) {
-        const kvp_policy p = c.policy == KVP_POLICY_THINK ? c.token_policy : c.policy;
-        if (p == KVP_POLICY_ASL || (p == KVP_POLICY_SIMLAYERKV && c.nonlazy == KVP_POLICY_SNAPKV)) {
-            m.s("kv_dtype=").s(kDtypeNames[c.kv_dtype]).s(c.policy == KVP_POLICY_THINK ? " with ThinK" : "")
-                .s(" and policy ").s(kPolicyNames[p]).s(p == KVP_POLICY_SIMLAYERKV ? " (nonlazy=snapkv)" : "")
-                .s(": quantized or reduced-width storage with asl or simlayerkv over snapkv is not implemented yet");
-            return KVP_ERR_UNSUPPORTED;
-        }
-    }
     return KVP_OK;
 }
 

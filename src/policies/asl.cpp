@@ -9,6 +9,7 @@
 #include "cache.h"
 #include "config.h"
 #include "policies/snapkv.h"
+#include "quant/format.h"
 
 namespace kvp {
 namespace {
@@ -95,6 +96,10 @@ void reset(kvp_cache *c) {
 }
 
 kvp_status check(const kvp_config &cfg, Msg &m) {
+    if (store_formatted(cfg)) {  // DECISIONS.md "Not yet with formatted storage"
+        m.s("asl with quantized or reduced-width storage (kv_dtype other than f32, or ThinK) is not implemented yet");
+        return KVP_ERR_UNSUPPORTED;
+    }
     if (cfg.asl_min_layer != UINT32_MAX && cfg.asl_min_layer >= cfg.model.n_layers) {
         m.s("asl: asl_min_layer=").u(cfg.asl_min_layer).s(" must be < n_layers=").u(cfg.model.n_layers)
             .s(" (4294967295 = floor(n_layers/3))");

@@ -41,7 +41,7 @@
 // - lazy_force (benchmarks/tests): the paper's random-layer baseline trims the same number of
 //   layers chosen at random; bit l of lazy_force makes layer l lazy at the same decision points.
 // - kv_dtype=f16|q8|q4 composes with nonlazy=full|h2o. nonlazy=snapkv with formatted storage is
-//   refused (config.cpp check_supported): snapkv alone composes with it now (staged f32 rows,
+//   refused (check below): snapkv alone composes with it now (staged f32 rows,
 //   converted after the commit), but a lazy layer's trim of a staged prompt in a formatted store
 //   is not built or tested yet.
 // Default positions: original.
