@@ -285,10 +285,15 @@ TEST(NoAllocation, CallsFromOtherHostThreads) {
     for (float &x : q) x = rng.uniform(-1, 1);
     for (float &x : k) x = rng.uniform(-1, 1);
     for (float &x : v) x = rng.uniform(-1, 1);
+    // Both players wait for `go`, set once both threads exist: creating a std::thread allocates
+    // (its state object, glibc's TLS vector) on the creating thread, and the counter is
+    // process-wide, so a player measuring while the other is still being created would count
+    // the test's own allocations (seen under qemu, where a decode step is slow enough to overlap).
     std::atomic<int> turn{0};
     std::atomic<long> allocs{0};
-    std::atomic<bool> failed{false};
+    std::atomic<bool> failed{false}, go{false};
     auto player = [&](int me) {
+        while (!go.load()) std::this_thread::yield();
         for (int step = 0; step < 200; ++step) {
             while (turn.load() % 2 != me) std::this_thread::yield();
             const long before = g_allocs.load();
@@ -299,6 +304,7 @@ TEST(NoAllocation, CallsFromOtherHostThreads) {
         }
     };
     std::thread a(player, 0), b(player, 1);
+    go = true;
     a.join();
     b.join();
     EXPECT_FALSE(failed.load());
