@@ -180,7 +180,11 @@ TEST(NoAllocation, SimLayerKvAndAsl) {
           "policy=simlayerkv nonlazy=snapkv budget=64 capacity=100 sinks=4 window=20 lazy_threshold=0.1 total_capacity=120 threads=1",
           "policy=simlayerkv nonlazy=h2o budget=120 capacity=260 sinks=4 window=40 lazy_force=2 kv_dtype=q8 threads=2",
           "policy=asl budget=48 obs_window=16 asl_tau=1e6 threads=2",
-          "policy=asl budget=64 asl_obs_layers=1 score=fixed positions=realign threads=1"}) {
+          "policy=asl budget=64 asl_obs_layers=1 score=fixed positions=realign threads=1",
+          // formatted storage under the staged prompt (quantized commit, lazy trim, selection)
+          "policy=simlayerkv nonlazy=snapkv budget=64 capacity=100 sinks=4 window=20 lazy_force=1 kv_dtype=q4 threads=2",
+          "policy=asl budget=48 obs_window=16 asl_tau=1e6 kv_dtype=q8 threads=2",
+          "policy=think token_policy=asl budget=48 obs_window=16 asl_tau=1e6 key_channel_ratio=0.4 kv_dtype=f16 threads=2"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;

@@ -6,6 +6,7 @@
 // kvp_selection error (status, message, sel->n, cache unchanged); the same bits for threads 1/2/3.
 #include <gtest/gtest.h>
 #include <math.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <set>
@@ -249,7 +250,20 @@ uint64_t fnv(uint64_t h, const void *p, size_t n) {
     return h;
 }
 
-uint64_t run_hash(const std::string &spec, int32_t *sel_layer) {
+// One run of a 6-layer model (150-token one-call prompt, selection propagated, 40 decode steps):
+// the hash of every output and every kept position after each decode step, the selection, the
+// kept positions after the prompt and the final stats.
+struct AslRun {
+    uint64_t hash = 0;
+    int32_t sel_layer = -1;
+    std::vector<int32_t> sel;
+    std::vector<std::vector<int32_t>> after_prompt;  // [layer * 4 + kv head]
+    kvp_stats st{};
+};
+
+AslRun run_all(const std::string &spec) {
+    AslRun r;
+    int32_t *sel_layer = &r.sel_layer;
     const uint32_t L = 6, N = 150, T = 40, nq = 8 * 16, nkv = 4 * 16;
     const kvp_model m = ref::model(L, 8, 4, 16, KVP_ROPE_GPTJ);
     std::vector<float> q(size_t(L) * (N + T) * nq), k(size_t(L) * (N + T) * nkv), v(k.size());
@@ -258,11 +272,12 @@ uint64_t run_hash(const std::string &spec, int32_t *sel_layer) {
     rng.fill(k, -2.0f, 2.0f);
     rng.fill(v);
     ref::Cache c(m, spec);
+    EXPECT_NE(c.c, nullptr) << spec;
+    if (!c.c) return r;
     std::vector<float> out(size_t(N) * nq);
     std::vector<int32_t> idx(N);
     uint64_t h = 0xcbf29ce484222325ull;
-    *sel_layer = -1;
-    std::vector<int32_t> sel_pos;
+    std::vector<int32_t> &sel_pos = r.sel;
     for (uint32_t l = 0; l < L; ++l) {
         const float *ql = &q[size_t(l) * (N + T) * nq], *kl = &k[size_t(l) * (N + T) * nkv], *vl = &v[size_t(l) * (N + T) * nkv];
         kvp_selection sel;
@@ -291,6 +306,8 @@ uint64_t run_hash(const std::string &spec, int32_t *sel_layer) {
             h = fnv(h, out.data(), sel_pos.size() * nq * sizeof(float));
         }
     }
+    for (uint32_t l = 0; l < L; ++l)
+        for (uint32_t kh = 0; kh < 4; ++kh) r.after_prompt.push_back(c.positions(l, kh));
     for (uint32_t t = N; t < N + T; ++t)
         for (uint32_t l = 0; l < L; ++l) {
             const size_t base = size_t(l) * (N + T) + t;
@@ -301,7 +318,16 @@ uint64_t run_hash(const std::string &spec, int32_t *sel_layer) {
                 h = fnv(h, p.data(), p.size() * sizeof(int32_t));
             }
         }
-    return h;
+    r.hash = h;
+    r.st.struct_size = sizeof r.st;
+    EXPECT_EQ(kvp_get_stats(c.c, &r.st), KVP_OK);
+    return r;
+}
+
+uint64_t run_hash(const std::string &spec, int32_t *sel_layer) {
+    const AslRun r = run_all(spec);
+    *sel_layer = r.sel_layer;
+    return r.hash;
 }
 
 TEST(Asl, SameBitsForThreads123) {
@@ -317,6 +343,43 @@ TEST(Asl, SameBitsForThreads123) {
             EXPECT_EQ(s1, s3);
             EXPECT_GE(s1, 2) << base;  // a selection was made (the selection path is covered)
         }
+}
+
+// ASL over formatted storage (kv_dtype f16/q8/q4, ThinK): the prompt is staged at f32 (DECISIONS.md
+// "Prompt staging with formatted storage"), so a one-call prompt per layer is scored, ranked and
+// selected exactly as with f32 storage: the same selection layer, the same selection and the same
+// kept tokens after the prompt for every dtype, in less memory; then decode (h2o-style eviction
+// over quantized attention) gives the same bits on 1, 2 and 3 threads.
+TEST(Asl, FormattedStorageKeepsTheF32SelectionAndBits) {
+    const std::string base = "policy=asl budget=40 obs_window=8 capacity=60 asl_min_layer=2 asl_tau=1.5 asl_obs_layers=3";
+    for (const char *pos : {"original", "realign"}) {
+        const std::string tail = std::string(" positions=") + pos + " quant_group=16";
+        const AslRun f32 = run_all(base + tail);
+        ASSERT_GE(f32.sel_layer, 2);
+        for (const char *dt : {"f16", "q8", "q4"})
+            for (bool think : {false, true}) {
+                const std::string spec = (think ? "policy=think token_" + base +
+                                                      " key_channel_ratio=0.4 value_channel_ratio=0.2"
+                                                : base) +
+                                         tail + " kv_dtype=" + dt;
+                SCOPED_TRACE(spec);
+                const AslRun one = run_all(spec + " threads=1");
+                EXPECT_EQ(one.sel_layer, f32.sel_layer);
+                EXPECT_EQ(one.sel, f32.sel);
+                EXPECT_EQ(one.after_prompt, f32.after_prompt);
+                EXPECT_LT(one.st.live_bytes, f32.st.live_bytes);
+                EXPECT_LE(one.st.live_bytes, one.st.peak_live_bytes);
+                EXPECT_LE(one.st.peak_live_bytes, one.st.arena_bytes);
+                for (const char *th : {" threads=2", " threads=3"}) {
+                    setenv("KVP_PAR_WORK", "0", 1);  // every call on all threads (cache.cpp)
+                    const AslRun other = run_all(spec + th);
+                    unsetenv("KVP_PAR_WORK");
+                    EXPECT_EQ(other.hash, one.hash) << th;
+                    EXPECT_EQ(other.st.live_bytes, one.st.live_bytes) << th;
+                    EXPECT_EQ(other.st.peak_live_bytes, one.st.peak_live_bytes) << th;
+                }
+            }
+    }
 }
 
 TEST(Asl, ConfigErrors) {

@@ -37,6 +37,11 @@ const TokenPolicy kTokenPolicies[] = {
     {"pyramidkv", "budget=48 obs_window=8 beta=5 positions=realign prefill_stage=64"},
     {"simlayerkv", "nonlazy=h2o budget=64 recent=8 capacity=96 sinks=4 window=24 lazy_force=1"},
     {"simlayerkv", "sinks=4 window=24 capacity=260 lazy_last=8 lazy_mode=decode lazy_threshold=0.2 positions=realign"},
+    // over a staged snapkv: layer 0 lazy (its staged prompt trimmed to sinks + window), layer 1 snapkv
+    {"simlayerkv", "nonlazy=snapkv budget=48 obs_window=8 capacity=80 recent=4 prefill_stage=64 sinks=4 window=24 "
+                   "lazy_force=1"},
+    {"simlayerkv", "nonlazy=snapkv budget=48 obs_window=8 capacity=80 recent=4 prefill_stage=64 sinks=4 window=24 "
+                   "lazy_last=8 lazy_threshold=0.2 positions=realign total_capacity=120"},
 };
 const char *const kDtypes[] = {"f32", "f16", "q8", "q4"};
 

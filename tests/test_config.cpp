@@ -460,8 +460,6 @@ TEST(Errors, OneFormatAndNeverDoubled) {
     EXPECT_EQ(kvp_config_apply(&c, "bogus=1", err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_EQ(strncmp(err, "KVP_ERR_CONFIG: ", 16), 0) << err;
     EXPECT_EQ(count(err, "KVP_ERR"), 1u) << err;
-    EXPECT_EQ(kvp_config_apply(&c, "policy=asl kv_dtype=q8", err, sizeof err), KVP_ERR_UNSUPPORTED);
-    EXPECT_EQ(strncmp(err, "KVP_ERR_UNSUPPORTED: ", 21), 0) << err;
     c.threads = 0;
     EXPECT_EQ(kvp_config_check(&c, err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_EQ(strncmp(err, "KVP_ERR_CONFIG: ", 16), 0) << err;

@@ -285,8 +285,7 @@ TEST(Think, ConfigErrors) {
     EXPECT_NE(strstr(err, "qk|l1|l2"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "token_policy=fifo", err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "token_policy"), nullptr) << err;
-    EXPECT_EQ(kvp_config_apply(&cfg, "policy=think token_policy=asl", err, sizeof err), KVP_ERR_UNSUPPORTED);
-    EXPECT_NE(strstr(err, "asl"), nullptr) << err;
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=think token_policy=asl", err, sizeof err), KVP_OK) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "kv_dtype=q2", err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "f32|f16|q8|q4"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "quant_group=5000", err, sizeof err), KVP_ERR_CONFIG);

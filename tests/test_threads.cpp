@@ -286,6 +286,11 @@ const Work kWorks[] = {
     {"kv2_simlayerkv_h2o", 2, 4, 2, 32, KVP_ROPE_GPTJ,
      "policy=simlayerkv nonlazy=h2o budget=120 recent=8 capacity=200 sinks=4 window=40 lazy_last=8 lazy_force=1", 180, 30,
      false},
+    // simlayerkv over snapkv's staged prompt with q8 storage: layer 0 lazy (trimmed), layer 1 snapkv
+    {"kv2_simlayerkv_snapkv_q8", 2, 4, 2, 32, KVP_ROPE_GPTJ,
+     "policy=simlayerkv nonlazy=snapkv budget=100 obs_window=8 recent=8 capacity=160 sinks=4 window=40 lazy_force=1 "
+     "kv_dtype=q8 quant_group=16",
+     180, 30, false},
 };
 
 TEST(Threads, SameBitsForEveryThreadCountAndSchedule) {

@@ -9,7 +9,6 @@
 #include "cache.h"
 #include "config.h"
 #include "policies/snapkv.h"
-#include "quant/format.h"
 
 namespace kvp {
 namespace {
@@ -96,10 +95,6 @@ void reset(kvp_cache *c) {
 }
 
 kvp_status check(const kvp_config &cfg, Msg &m) {
-    if (store_formatted(cfg)) {  // DECISIONS.md "Not yet with formatted storage"
-        m.s("asl with quantized or reduced-width storage (kv_dtype other than f32, or ThinK) is not implemented yet");
-        return KVP_ERR_UNSUPPORTED;
-    }
     if (cfg.asl_min_layer != UINT32_MAX && cfg.asl_min_layer >= cfg.model.n_layers) {
         m.s("asl: asl_min_layer=").u(cfg.asl_min_layer).s(" must be < n_layers=").u(cfg.model.n_layers)
             .s(" (4294967295 = floor(n_layers/3))");
@@ -236,7 +231,7 @@ uint32_t selection(const kvp_cache *c, uint32_t layer, const int32_t **idx) {
 }  // namespace
 
 bool asl_layer_variance(const kvp_cache *c, uint32_t layer, double *var, double *rel) {
-    if (c->cfg.policy != KVP_POLICY_ASL || layer >= c->cfg.model.n_layers) return false;
+    if (&policy_of(c->cfg) != &kAslPolicy || layer >= c->cfg.model.n_layers) return false;  // asl, or think over it
     const State s = state_of(c);
     *var = s.var[layer];
     *rel = s.rel[layer];
@@ -244,7 +239,7 @@ bool asl_layer_variance(const kvp_cache *c, uint32_t layer, double *var, double 
 }
 
 int32_t asl_selection_layer(const kvp_cache *c) {
-    return c->cfg.policy == KVP_POLICY_ASL ? state_of(c).h->sel_layer : -1;
+    return &policy_of(c->cfg) == &kAslPolicy ? state_of(c).h->sel_layer : -1;
 }
 
 const Policy kAslPolicy = {"asl",          KVP_POS_ORIGINAL, &check,           &plan,

@@ -5,7 +5,6 @@
 #include "cache.h"
 #include "config.h"
 #include "policies/h2o.h"
-#include "quant/format.h"
 
 namespace kvp {
 namespace {
@@ -65,11 +64,6 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
     if (cfg.lazy_force && cfg.model.n_layers > 32) {
         m.s("simlayerkv: lazy_force is a bit mask of 32 layers; this model has ").u(cfg.model.n_layers);
         return KVP_ERR_CONFIG;
-    }
-    if (cfg.nonlazy == KVP_POLICY_SNAPKV && store_formatted(cfg)) {  // DECISIONS.md "Not yet with formatted storage"
-        m.s("simlayerkv nonlazy=snapkv with quantized or reduced-width storage (kv_dtype other than f32, or ThinK) "
-            "is not implemented yet");
-        return KVP_ERR_UNSUPPORTED;
     }
     const Policy &nl = nonlazy_of(cfg);
     const kvp_status st = nl.check ? nl.check(cfg, m) : KVP_OK;
