@@ -35,6 +35,8 @@ const TokenPolicy kTokenPolicies[] = {
     // in three calls of prefill_stage=64, each a selection over what the layer holds plus the chunk
     {"snapkv", "budget=48 obs_window=8 capacity=80 recent=4 prefill_stage=64"},
     {"pyramidkv", "budget=48 obs_window=8 beta=5 positions=realign prefill_stage=64"},
+    {"lethe", "capacity=120 evict_threshold=40 sparse_ratio=3 obs_window=8"},
+    {"lethe", "capacity=120 evict_threshold=32 sparse_ratio=3 positions=realign total_capacity=200"},
     {"simlayerkv", "nonlazy=h2o budget=64 recent=8 capacity=96 sinks=4 window=24 lazy_force=1"},
     {"simlayerkv", "sinks=4 window=24 capacity=260 lazy_last=8 lazy_mode=decode lazy_threshold=0.2 positions=realign"},
     // over a staged snapkv: layer 0 lazy (its staged prompt trimmed to sinks + window), layer 1 snapkv
