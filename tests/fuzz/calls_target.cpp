@@ -96,17 +96,45 @@ void spec_think(Bytes &b, std::string &s) {
     s += scores[b.pick(3)];
 }
 
+// SimLayerKV over each non-lazy policy: sinks + window below the layer capacity (else the
+// config is refused, which only wastes the sequence); laziness by attention, by a forced mask,
+// decided at prefill or at the first decode.
+void spec_simlayerkv(Bytes &b, std::string &s) {
+    const uint32_t S = b.pick(4), W = 1 + b.pick(20), cap = S + W + 1 + b.pick(48);
+    switch (b.pick(3)) {
+        case 0: s += " nonlazy=full" + kv("capacity", cap); break;
+        case 1: s += " nonlazy=h2o" + kv("budget", cap - 1) + kv("recent", b.pick(4)) + kv("capacity", cap); break;
+        default:
+            s += " nonlazy=snapkv" + kv("budget", cap - 1) + kv("obs_window", 1 + b.pick(8)) + kv("capacity", cap + b.pick(16));
+            break;
+    }
+    s += kv("sinks", S) + kv("window", W) + kv("lazy_last", 1 + b.pick(16));
+    s += std::string(" lazy_threshold=0.") + std::to_string(1 + b.pick(9));
+    if (b.pick(2)) s += " lazy_mode=decode";
+    if (b.pick(3) == 0) s += kv("lazy_force", b.pick(8));
+}
+// ASL: small budgets and rank windows so that prompts of a few dozen tokens can select; the
+// prefill passes a kvp_selection (Sequence::sel), as ASL requires where it may select.
+void spec_asl(Bytes &b, std::string &s) {
+    const uint32_t budget = 2 + b.pick(24);
+    s += kv("budget", budget) + kv("obs_window", 1 + b.pick(budget - 1)) + kv("asl_obs_layers", 1 + b.pick(3)) +
+         kv("asl_min_layer", b.pick(2)) + std::string(" asl_tau=") + (b.pick(2) ? "1e6" : "0.3");
+    if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(32));
+}
+
 struct PolicyRow {
     const char *name;
     SpecFn spec;
     bool evicts;   // a decode never answers KVP_ERR_FULL (the policy makes room)
-    bool observes; // a prefill reads q even without out (scores from the chunk's last queries)
+    bool observes; // a prefill reads q even without out (scores from the chunk's last queries);
+                   // not simlayerkv: lazy_mode=decode over full, or a layer already lazy, reads none
 };
 const PolicyRow kPolicies[] = {
     {"full", spec_full, false, false},         {"window", spec_window, true, false},
     {"streaming", spec_streaming, true, false}, {"h2o", spec_h2o, true, true},
     {"snapkv", spec_snapkv, false, true},       {"pyramidkv", spec_pyramidkv, false, true},
     {"lethe", spec_lethe, true, true},          {"think", spec_think, true, true},
+    {"simlayerkv", spec_simlayerkv, false, false}, {"asl", spec_asl, false, true},
 };
 constexpr uint32_t kNumRows = sizeof kPolicies / sizeof kPolicies[0];
 
@@ -214,6 +242,30 @@ struct Sequence {
     uint64_t seen0 = 0;                   // tokens appended to layer 0
     std::vector<float> q, k, v, oa, ot;
     std::vector<int32_t> pos;
+    std::vector<int32_t> sel_a, sel_t;  // kvp_selection indices of the cache and of the twin
+    kvp_selection sa{}, st_{};
+
+    // Selections of capacity n for a prefill of n tokens (every policy takes one; ASL needs it).
+    void selections(uint32_t n) {
+        sel_a.assign(n ? n : 1, -1);
+        sel_t.assign(n ? n : 1, -1);
+        sa = kvp_selection{};
+        st_ = kvp_selection{};
+        sa.struct_size = st_.struct_size = sizeof(kvp_selection);
+        sa.capacity = st_.capacity = n;
+        sa.indices = sel_a.data();
+        st_.indices = sel_t.data();
+    }
+    // The twin made the same selection.
+    void compare_selections(const char *what) {
+        KVPF_CHECK(sa.selected == st_.selected && sa.n == st_.n, "%s: selection differs from the twin", what);
+        KVPF_CHECK(!sa.selected || sa.n <= sa.capacity, "%s: selection of %u entries in a buffer of %u", what, sa.n,
+                   sa.capacity);
+        if (sa.selected && stats) ++stats->selections;
+        if (sa.selected)
+            for (uint32_t i = 0; i < sa.n; ++i)
+                KVPF_CHECK(sel_a[i] == sel_t[i] && (i == 0 || sel_a[i] > sel_a[i - 1]), "%s: selection entry %u", what, i);
+    }
 
     void fill(uint32_t n, uint64_t seed, float scale, bool with_q) {
         const size_t nq = size_t(n) * m.n_q_heads * m.head_dim, nkv = size_t(n) * m.n_kv_heads * m.head_dim;
@@ -364,8 +416,12 @@ struct Sequence {
         kvp_status st;
         const char *what = kind == 0 ? "decode" : kind == 1 ? "prefill" : "append";
         if (kind == 0) st = kvp_decode(a, la, qa, ka, va, out);
-        else if (kind == 1) st = kvp_prefill(a, la, na, pa, qa, ka, va, out, nullptr);
-        else st = kvp_append(a, la, na, pa, ka, va);
+        else if (kind == 1) {
+            selections(n);
+            st = kvp_prefill(a, la, na, pa, qa, ka, va, out, &sa);
+        } else {
+            st = kvp_append(a, la, na, pa, ka, va);
+        }
         expect_status(st, d, what);
         const bool evicts = kPolicies[row].evicts && !(cfg.policy == KVP_POLICY_STREAMING && cfg.compress_every == 0);
         if (kind == 0 && d == kNone && evicts)
@@ -380,9 +436,10 @@ struct Sequence {
         kvp_status st2;
         float *out_t = with_out ? ot.data() : nullptr;
         if (kind == 0) st2 = kvp_decode(t, layer, qa, ka, va, out_t);
-        else if (kind == 1) st2 = kvp_prefill(t, layer, n, p, qa, ka, va, out_t, nullptr);
+        else if (kind == 1) st2 = kvp_prefill(t, layer, n, p, qa, ka, va, out_t, &st_);
         else st2 = kvp_append(t, layer, n, p, ka, va);
         KVPF_CHECK(st2 == KVP_OK, "the twin refused a %s the cache took: %d (%s)", what, int(st2), kvp_last_error(t));
+        if (kind == 1) compare_selections(what);
         if (with_out) compare_outputs(nq, what);
         last_pos[layer] = p ? p[n - 1] : last_pos[layer] + n;
         if (layer == 0) seen0 += n;
@@ -398,11 +455,13 @@ struct Sequence {
         fill(n, b.u16(), 1.0f, true);
         for (uint32_t l = 0; l < m.n_layers; ++l) {
             const bool out = b.pick(2);
-            kvp_status s1 = kvp_prefill(a, l, n, nullptr, q.data(), k.data(), v.data(), out ? oa.data() : nullptr, nullptr);
+            selections(n);
+            kvp_status s1 = kvp_prefill(a, l, n, nullptr, q.data(), k.data(), v.data(), out ? oa.data() : nullptr, &sa);
             KVPF_CHECK(s1 == KVP_OK, "prefill of kvp_prefill_room()=%u (n=%u) tokens into layer %u failed: %s", r, n, l,
                        kvp_last_error(a));
-            kvp_status s2 = kvp_prefill(t, l, n, nullptr, q.data(), k.data(), v.data(), out ? ot.data() : nullptr, nullptr);
+            kvp_status s2 = kvp_prefill(t, l, n, nullptr, q.data(), k.data(), v.data(), out ? ot.data() : nullptr, &st_);
             KVPF_CHECK(s2 == KVP_OK, "twin prefill failed");
+            compare_selections("room prefill");
             if (out) compare_outputs(size_t(n) * m.n_q_heads * m.head_dim, "room prefill");
             last_pos[l] += n;
             if (l == 0) seen0 += n;

@@ -74,7 +74,7 @@ cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
   echo
   echo "Invariants of the call-sequence target (\`tests/fuzz/targets.h\`): a failed call changes nothing (the"
   echo "cache stays identical to a twin that only gets the calls that succeeded, run with the other thread"
-  echo "count: lengths, positions, counters, later outputs bit for bit); an injected bad input (bad layer,"
+  echo "count: lengths, positions, counters, later outputs and ASL selections bit for bit); an injected bad input (bad layer,"
   echo "NaN/Inf/|x| >= 2^56, NULL, zero tokens, positions not increasing, out overlapping an input) fails"
   echo "with its own status; outputs are finite; \`live_bytes <= arena_bytes\`; lengths <= capacity;"
   echo "positions ascending; \`kvp_prefill_room()\` tokens fit every layer in turn; policies that evict never"

@@ -14,6 +14,7 @@ namespace kvpfuzz {
 // Counters of what the call-sequence target did (summed over runs; for the figures).
 struct CallStats {
     uint64_t sequences = 0, configs_rejected = 0, calls = 0, calls_ok = 0, calls_failed = 0, bad_inputs = 0;
+    uint64_t selections = 0;  // prefills that returned an ASL selection (equal to the twin's)
     uint64_t policy_runs[16] = {};
 };
 
@@ -27,10 +28,10 @@ void config_target(const uint8_t *data, size_t size);
 // position modes, shared pools, 1-2 threads), then prefill/decode/append/reset/positions/stats/
 // layer_stats/prefill_room calls with good and bad inputs. The twin (another thread count) gets
 // only the calls that succeeded. Invariants: a failed call changes nothing (the two caches stay
-// identical: lengths, positions, counters, later outputs bit for bit), a bad input fails with its
-// status, outputs are finite, live_bytes <= arena_bytes, layer lengths <= capacity, positions
-// ascending, kvp_prefill_room tokens fit every layer in turn, policies that evict never say FULL
-// for a decode.
+// identical: lengths, positions, counters, later outputs and ASL selections bit for bit), a bad
+// input fails with its status, outputs are finite, live_bytes <= arena_bytes, layer lengths <=
+// capacity, positions ascending, kvp_prefill_room tokens fit every layer in turn, policies that
+// evict never say FULL for a decode.
 void calls_target(const uint8_t *data, size_t size, CallStats *stats = nullptr);
 
 // Names of the policies calls_target draws from (the implemented rows of its table).

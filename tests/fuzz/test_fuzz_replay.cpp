@@ -66,10 +66,13 @@ TEST(FuzzCalls, SeededSequences) {
            (unsigned long long)st.calls_ok, (unsigned long long)st.calls_failed, (unsigned long long)st.bad_inputs);
     for (uint32_t i = 0; i < kvpfuzz::calls_policy_count(); ++i)
         if (st.policy_runs[i]) printf("  policy %s: %llu sequences\n", kvpfuzz::calls_policy_name(i), (unsigned long long)st.policy_runs[i]);
+    printf("ASL selections returned (equal to the twin's): %llu\n", (unsigned long long)st.selections);
     EXPECT_GT(st.sequences, uint64_t(n / 4));
+    EXPECT_GT(st.selections, 0u);
     EXPECT_GT(st.calls_failed, 0u);
     EXPECT_GT(st.calls_ok, st.calls_failed);
-    for (const char *p : {"full", "window", "streaming", "h2o"}) {  // every implemented policy is drawn
+    for (const char *p : {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe", "think", "simlayerkv",
+                          "asl"}) {  // every implemented policy is drawn
         bool drawn = false;
         for (uint32_t i = 0; i < kvpfuzz::calls_policy_count(); ++i)
             if (std::string(kvpfuzz::calls_policy_name(i)) == p) drawn = st.policy_runs[i] > 0;
