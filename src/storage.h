@@ -14,8 +14,8 @@
 //   evict        arbitrary body tokens (scored policies): each victim's slot is marked dead
 //                (pos = -1) in O(1): it is no longer a token of the store (not in len(), the
 //                logical order, attention or positions). When the dead slots exceed the store's
-//                allowance `hole_cap` (the plan's; about capacity/32), or room is needed, one
-//                compaction pass from the first dead slot copies each survivor down over the
+//                allowance `hole_cap` (the plan's; min(capacity/32, sqrt(capacity)), policy.h), or
+//                room is needed, one compaction pass from the first dead slot copies each survivor down over the
 //                gaps (ascending order kept; cost = rows moved, never the capacity) and the
 //                trailing blocks that empty go back to the pool. So a policy that evicts one
 //                token per decode step (h2o) moves O(capacity / hole_cap) rows per step on
