@@ -80,7 +80,7 @@ extern "C" {
 #endif
 
 #define KVP_VERSION_MAJOR 0
-#define KVP_VERSION_MINOR 1
+#define KVP_VERSION_MINOR 2
 #define KVP_VERSION_PATCH 0
 /** Compile-time version, same encoding as kvp_version(). */
 #define KVP_VERSION ((KVP_VERSION_MAJOR << 16) | (KVP_VERSION_MINOR << 8) | KVP_VERSION_PATCH)
@@ -208,19 +208,19 @@ typedef struct kvp_config {
     uint32_t total_capacity;     /* total_capacity=N: token slots per KV head summed over layers that the
                                     shared pool holds; 0 (default) or >= the sum of the per-layer
                                     capacities = no sharing */
-    /* appended in 0.3 (issue 8) */
+    /* appended in 0.2 (issue 8) */
     uint32_t evict_threshold;    /* lethe: initial L_evict per layer; 0 = capacity/2 */
     uint32_t prefill_stage;      /* snapkv/pyramidkv/asl: prompt tokens one kvp_prefill call may take (staged
                                     in the arena, shared by the layers, before selection); 0 = the
                                     default max(1024, largest layer capacity) */
-    /* appended for issue 10: ThinK's token policy, the quantization group */
+    /* appended in 0.2 (issue 10): ThinK's token policy, the quantization group */
     kvp_policy token_policy;     /* token_policy=full|window|streaming|h2o|...: the token policy that
                                     policy=think composes with (its keys apply); default full */
     uint32_t quant_group;        /* quant_group=N: tokens per quantization group and full-precision
                                     residual (default 32); with kv_dtype != f32 or ThinK channel
                                     pruning the storage block is quant_group tokens (`block` applies
                                     to plain f32 storage only) */
-    /* appended for issue 9 */
+    /* appended in 0.2 (issue 9) */
     uint32_t lazy_force;         /* simlayerkv, benchmarks and tests: 0 (default) = decide laziness by
                                     attention; else bit l makes layer l lazy and every other layer not
                                     lazy at the same decision points (the paper's random-layer

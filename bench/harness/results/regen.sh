@@ -6,7 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../../.."
 B=${1:-build}
 K=$B/bench/harness/kvprune
-for f in budgets-256 budgets-1024 budget-sweep longctx; do
+for f in budgets-256 budgets-1024 budget-sweep longctx policies-25 policies-50 policies-25-p768 \
+         think-quant-h2o-256 think-quant-snapkv-256; do
   "$K" eval --replay bench/harness/results/$f.json --json bench/harness/results/$f.json || true
 done
 "$K" plot --in bench/harness/results/budget-sweep.json --out bench/harness/results/budget-sweep.png

@@ -13,7 +13,7 @@ import sysconfig
 import tempfile
 import zipfile
 
-NAME, VERSION = "kvprune", "0.1.0"
+NAME, VERSION = "kvprune", "0.2.0"
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

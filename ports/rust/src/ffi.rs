@@ -1,4 +1,4 @@
-//! Raw declarations of include/kvprune/kvprune.h (version 0.1, with 0.2's additions). Field order, types and enum
+//! Raw declarations of include/kvprune/kvprune.h (version 0.2). Field order, types and enum
 //! values match the header exactly; C enums are `int`-sized on every supported ABI and are
 //! declared here as `u32` type aliases with their pinned values as constants.
 #![allow(non_camel_case_types)]
