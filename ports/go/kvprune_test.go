@@ -41,7 +41,7 @@ func mustCache(t *testing.T, spec string) *Cache {
 }
 
 func TestVersion(t *testing.T) {
-	if a, b, c := Version(); a != 0 || b != 1 || c != 0 {
+	if a, b, c := Version(); a != 0 || b != 2 || c != 0 {
 		t.Fatalf("version %d.%d.%d", a, b, c)
 	}
 }

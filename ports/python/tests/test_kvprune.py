@@ -46,7 +46,7 @@ class Rng:
 
 class ConfigTest(unittest.TestCase):
     def test_version(self):
-        self.assertEqual(kvprune.version(), (0, 1, 0))
+        self.assertEqual(kvprune.version(), (0, 2, 0))
 
     def test_struct_layout(self):
         cfg = kvprune.Config(MODEL)

@@ -21,7 +21,7 @@ fn model() -> Model {
 
 #[test]
 fn version_matches_header() {
-    assert_eq!(kvprune::version(), (0, 1, 0));
+    assert_eq!(kvprune::version(), (0, 2, 0));
 }
 
 #[test]
