@@ -83,4 +83,18 @@ struct Inputs {
     const float *vt(uint32_t t) const { return &v[size_t(t) * nkv]; }
 };
 
+// Forces every call of caches created in its scope onto all their threads (KVP_PAR_WORK=0, read
+// at create by src/cache.cpp), so small test workloads take the parallel paths.
+struct ForceParallel {
+    explicit ForceParallel(bool force) : on(force) {
+        if (on) setenv("KVP_PAR_WORK", "0", 1);
+    }
+    ~ForceParallel() {
+        if (on) unsetenv("KVP_PAR_WORK");
+    }
+    ForceParallel(const ForceParallel &) = delete;
+    ForceParallel &operator=(const ForceParallel &) = delete;
+    bool on;
+};
+
 }  // namespace ref

@@ -6,7 +6,6 @@
 // kvp_selection error (status, message, sel->n, cache unchanged); the same bits for threads 1/2/3.
 #include <gtest/gtest.h>
 #include <math.h>
-#include <stdlib.h>
 
 #include <algorithm>
 #include <set>
@@ -371,9 +370,8 @@ TEST(Asl, FormattedStorageKeepsTheF32SelectionAndBits) {
                 EXPECT_LE(one.st.live_bytes, one.st.peak_live_bytes);
                 EXPECT_LE(one.st.peak_live_bytes, one.st.arena_bytes);
                 for (const char *th : {" threads=2", " threads=3"}) {
-                    setenv("KVP_PAR_WORK", "0", 1);  // every call on all threads (cache.cpp)
+                    const ref::ForceParallel fp(true);
                     const AslRun other = run_all(spec + th);
-                    unsetenv("KVP_PAR_WORK");
                     EXPECT_EQ(other.hash, one.hash) << th;
                     EXPECT_EQ(other.st.live_bytes, one.st.live_bytes) << th;
                     EXPECT_EQ(other.st.peak_live_bytes, one.st.peak_live_bytes) << th;

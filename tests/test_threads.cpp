@@ -189,17 +189,6 @@ TEST(Pool, IdleWorkersSleepAndDestroyJoins) {
 
 // ---- bit-identical for every thread count --------------------------------------------------
 
-// Forces every call of caches created in its scope onto all their threads (KVP_PAR_WORK=0).
-struct ForceParallel {
-    explicit ForceParallel(bool force) : on(force) {
-        if (on) setenv("KVP_PAR_WORK", "0", 1);
-    }
-    ~ForceParallel() {
-        if (on) unsetenv("KVP_PAR_WORK");
-    }
-    bool on;
-};
-
 struct Work {
     const char *name;
     uint32_t layers, nq, nkv, hd;
@@ -211,7 +200,7 @@ struct Work {
 
 // Outputs, kept positions of every (layer, KV head) and each layer's sparsity, as bytes.
 std::vector<uint8_t> run_work(const Work &w, uint32_t threads, bool force) {
-    ForceParallel fp(force);
+    ref::ForceParallel fp(force);
     const kvp_model m = ref::model(w.layers, w.nq, w.nkv, w.hd, w.rope);
     ref::Cache c(m, std::string(w.spec) + " threads=" + std::to_string(threads));
     std::vector<uint8_t> all;
@@ -333,7 +322,7 @@ TEST(Threads, LongMqaDecodeMatchesReference) {
     for (const auto &f : fmts)
     for (uint32_t threads : {1u, 3u}) {
         SCOPED_TRACE(f.dtype);
-        ForceParallel fp(threads > 1);
+        ref::ForceParallel fp(threads > 1);
         ref::Cache c(m, std::string("policy=full capacity=1200 kv_dtype=") + f.dtype + " threads=" + std::to_string(threads));
         ASSERT_EQ(kvp_append(c.c, 0, T - 1, nullptr, k.data(), v.data()), KVP_OK);
         ASSERT_EQ(kvp_decode(c.c, 0, &q[size_t(T - 1) * nq * hd], &k[size_t(T - 1) * hd], &v[size_t(T - 1) * hd],

@@ -140,9 +140,9 @@ inline void score_set_u(BlockPool &pool, uint32_t slot, uint32_t u) { memcpy(poo
 // the 2-core EPYC VM): cap/32 (128 holes) +6.1% decode time, sqrt (64) +2.0%. Up to 1024 tokens
 // cap/32 <= sqrt(cap), so small stores (and their arena bytes) are unchanged.
 inline uint32_t default_hole_cap(uint32_t cap) {
-    uint32_t r = 0;
-    while ((uint64_t(r) + 1) * (r + 1) <= cap) ++r;
-    return cap / 32 < r ? cap / 32 : r;
+    uint32_t h = 0;  // the smaller of cap/32 and the integer square root of cap
+    while (h < cap / 32 && (uint64_t(h) + 1) * (h + 1) <= cap) ++h;
+    return h;
 }
 // Evicts the `n` tokens with the lowest score among logical [from, to), ties by older (lower
 // index) first. scratch: 12 bytes per token of the store.

@@ -114,7 +114,7 @@ void spec_simlayerkv(Bytes &b, std::string &s) {
     if (b.pick(3) == 0) s += kv("lazy_force", b.pick(8));
 }
 // ASL: small budgets and rank windows so that prompts of a few dozen tokens can select; the
-// prefill passes a kvp_selection (Sequence::sel), as ASL requires where it may select.
+// prefill passes a kvp_selection (Sequence::selections), as ASL requires where it may select.
 void spec_asl(Bytes &b, std::string &s) {
     const uint32_t budget = 2 + b.pick(24);
     s += kv("budget", budget) + kv("obs_window", 1 + b.pick(budget - 1)) + kv("asl_obs_layers", 1 + b.pick(3)) +
@@ -261,10 +261,10 @@ struct Sequence {
         KVPF_CHECK(sa.selected == st_.selected && sa.n == st_.n, "%s: selection differs from the twin", what);
         KVPF_CHECK(!sa.selected || sa.n <= sa.capacity, "%s: selection of %u entries in a buffer of %u", what, sa.n,
                    sa.capacity);
-        if (sa.selected && stats) ++stats->selections;
-        if (sa.selected)
-            for (uint32_t i = 0; i < sa.n; ++i)
-                KVPF_CHECK(sel_a[i] == sel_t[i] && (i == 0 || sel_a[i] > sel_a[i - 1]), "%s: selection entry %u", what, i);
+        if (!sa.selected) return;
+        if (stats) ++stats->selections;
+        for (uint32_t i = 0; i < sa.n; ++i)
+            KVPF_CHECK(sel_a[i] == sel_t[i] && (i == 0 || sel_a[i] > sel_a[i - 1]), "%s: selection entry %u", what, i);
     }
 
     void fill(uint32_t n, uint64_t seed, float scale, bool with_q) {
