@@ -439,7 +439,7 @@ TEST(Lethe, RealignOutputsMatchReference) {
     st.struct_size = sizeof st;
     ASSERT_EQ(kvp_get_stats(c.c, &st), KVP_OK);
     rounds = uint32_t(st.prune_events);
-    EXPECT_LT(worst, 3e-4);
+    EXPECT_LT(worst, 1e-5);
     EXPECT_GT(rounds, 5u);
     const std::vector<int32_t> p = c.positions(0, 0);
     EXPECT_GT(p.back() - p.front() + 1, int32_t(p.size()) + 10);  // scattered evictions
