@@ -36,6 +36,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     uint32_t max_cap = 0, max_pin = 0;
     size_t max_runs = 0;
     bool any_obs = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
+    p->decode_scores = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
@@ -51,6 +52,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (observes) any_obs = true;
         if (g.lp.staged_prefill) staged = true;
         if (g.lp.decode_scores || observes) any_scoring = true;
+        if (g.lp.decode_scores) p->decode_scores = true;
         if (!g.lp.front_evict) any_compacting = true;
         if (g.pin_blk_cap) any_pinned = true;
     }
@@ -184,9 +186,19 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->scratch_bytes = z.add(p->scr_fmt, fp.on ? z.al(fp.scr_bytes) : 0);
     p->off_scratch = off;
     off = z.add(off, z.mul(p->scratch_bytes, cfg.threads));
+    off = z.add(off, z.mul(head_area_plan(*p, cfg.threads, G, z).bytes, H));
     p->total = off;
     if (!z.ok && why) *why = "the arena size overflows size_t";
     return z.ok;
+}
+
+HeadAreaPlan head_area_plan(const ArenaPlan &p, uint32_t threads, uint32_t group, Sz &z) {
+    HeadAreaPlan a{z.add(p.off_scratch, z.mul(p.scratch_bytes, threads)), 0, 0, 0};
+    if (threads <= 1) return a;
+    a.work = z.al(z.mul(sizeof(Run), p.max_runs));
+    a.part = z.add(a.work, p.decode_scores ? z.al(z.mul(z.mul(group, p.logit_ld), sizeof(float))) : 0);
+    a.bytes = z.add(a.part, z.al(z.mul(z.mul(p.max_chunks, p.part_floats), sizeof(float))));
+    return a;
 }
 
 }  // namespace kvp

@@ -103,6 +103,7 @@ struct ArenaPlan {
     uint32_t stage;          // prompt staging slots per pool (0: no staged policy)
     uint32_t kq_stride;      // score=fixed: int16 per scoring key row (0 otherwise)
     bool shared;             // total_capacity below the sum of the layers' capacities
+    bool decode_scores;      // some layer's decode scores its tokens (split areas keep logits)
     uint64_t sum_cap;        // sum of the layers' capacities (tokens per KV head)
     size_t max_runs;
     size_t off_layers, off_heads, off_tables, off_home, off_minb, off_pools, off_pool_meta, pool_meta_bytes;
@@ -136,5 +137,15 @@ struct ArenaPlan {
 // Plans the arena of a config that passed the range and policy checks; false when a size
 // overflows size_t (or the pool is smaller than the layers' reservations: *why is set then).
 bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why = nullptr);
+
+// The split schedules' per-KV-head areas (cache.cpp head_area), one per KV head after the
+// threads' scratch, only with threads > 1 (bytes 0 otherwise): a head's runs at 0, its group's
+// logits at `work` (only when some layer's decode scores: otherwise a chunk's logits live in
+// the running thread's scratch, dead once its pv is done), its decode partials at `part`. Derived from the plan's other fields (so the
+// plan, part of the cache object, does not grow); arena_plan counts them with its own Sz.
+struct HeadAreaPlan {
+    size_t off, bytes, work, part;
+};
+HeadAreaPlan head_area_plan(const ArenaPlan &p, uint32_t threads, uint32_t group, Sz &z);
 
 }  // namespace kvp

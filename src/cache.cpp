@@ -165,16 +165,25 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
 }
 
 // One call on one layer, shared by its participants (pool_run). Two schedules:
-//   heads  (KV heads >= participants): work item = one KV head, done whole by one thread
-//          (append, attention, observation, prune) in its own scratch.
-//   split  (fewer KV heads than participants; decode and prefill with queries; plain f32
-//          storage without prompt staging): the caller appends to every head first (runs into
-//          scratch[h]: the head's storage lives in the scratch of index h < H), then items are
-//          chunks of one head (decode: split-K chunks, attention.h; prefill: groups of query
-//          tiles, largest first); the participant that completes a head's last item merges it
+//   heads  (prefill, and calls the split cannot take): work item = one KV head, done whole by
+//          one thread (append, attention, observation, prune) in its own scratch.
+//   split  (decode on 2+ threads, and prefill with queries on more threads than KV heads;
+//          plain f32 storage without prompt staging or a decode observation; at most
+//          kSplitHeadsMax KV heads): a head's runs, logits and partials live in its own area
+//          (head_area), not in a thread's scratch.
+//            decode: each participant claims whole heads (j.next), appends to the head, builds
+//              its runs, then offers its split-K chunks (attention.h) and takes them in order
+//              from the front; with no head left to claim it takes chunks from the back of
+//              the head with the most left (steal). An owner thus streams its head's K and V
+//              in order (its prefetches run into its own next chunk), and the call ends within
+//              about one chunk on every thread instead of one head (DECISIONS.md "Two
+//              schedules").
+//            prefill: the caller appends to every head first; items are groups of query
+//              tiles of one head, largest first.
+//          The participant that completes a head's last chunk or tile group merges it
 //          (decode_finish), observes and prunes it.
 // Either way every head's arithmetic is fixed by the geometry, not by who runs it.
-constexpr uint32_t kSplitHeadsMax = 256;  // > any head count of a split (H < threads <= 256)
+constexpr uint32_t kSplitHeadsMax = 256;  // the most KV heads a split takes (prefill: H < threads <= 256)
 constexpr uint32_t kPrefillItemTiles = 4; // query tiles per prefill item
 static_assert(kSplitHeadsMax >= kMaxThreads, "a split has fewer KV heads than threads");
 
@@ -188,16 +197,37 @@ struct StepJob {
     bool split;
     uint32_t nitems;
     std::atomic<uint32_t> next;
-    // split only: items of head h are [base[h], base[h+1]); left[h] counts those not done
+    // split only: prefill items of head h are [base[h], base[h+1]); decode chunks of head h not
+    // yet taken are [front, back) of range[h] (front in the low half); left[h] counts the items
+    // or chunks of head h not done
     uint32_t base[kSplitHeadsMax + 1];
+    std::atomic<uint64_t> range[kSplitHeadsMax];
     std::atomic<uint32_t> left[kSplitHeadsMax];
     uint32_t nr[kSplitHeadsMax], L0[kSplitHeadsMax];
 };
 
-// Attention input of head h: runs, logits and partials in scratch `own`, the rest thread tid's.
-AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t own, size_t tid) {
-    const Scratch so = scratch_of(c, own), st = scratch_of(c, tid);
-    return AttnIn{c, &c->pools[h], so.runs, nr, L, &c->memos[tid], so.work, so.part, st.priv};
+// The split schedules' per-head area (arena.h head_area_plan).
+struct HeadArea {
+    Run *runs;
+    float *work;  // the group's logits
+    float *part;  // decode partials
+};
+HeadArea head_area(kvp_cache *c, uint32_t h) {
+    Sz z;  // the plan was checked at create
+    const HeadAreaPlan p = head_area_plan(c->plan, c->cfg.threads, c->group, z);
+    char *b = reinterpret_cast<char *>(c) + p.off + size_t(h) * p.bytes;  // the cache object opens the arena
+    return HeadArea{reinterpret_cast<Run *>(b), reinterpret_cast<float *>(b + p.work), reinterpret_cast<float *>(b + p.part)};
+}
+
+// Attention input of head h on thread tid: runs, logits and partials in the thread's scratch
+// (heads schedule) or in the head's area (split), the rest the thread's.
+AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t tid, bool split) {
+    const Scratch st = scratch_of(c, tid);
+    if (split) {
+        const HeadArea ha = head_area(c, h);
+        return AttnIn{c, &c->pools[h], ha.runs, nr, L, &c->memos[tid], ha.work, ha.part, st.priv};
+    }
+    return AttnIn{c, &c->pools[h], st.runs, nr, L, &c->memos[tid], st.work, st.part, st.priv};
 }
 
 // Observation, formatted conversion and prune of one head after its attention (thread tid's
@@ -294,7 +324,7 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     uint32_t nr = 0;
     if (attends) nr = c->fmt ? fmt_runs(c, hs, pool, realign, ap.nw, s.runs) : store_runs(hs, pool, realign, s.runs);
     if (ap.staged) s.runs[nr++] = Run{pool.stage_slot, j.n, ap.L0, c->fmt ? uint32_t(kSrcStaged) : 0u, realign ? hs.shift : 0};
-    AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, tid);
+    AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, false);
     FixedWork fw;
     if (pool.kq) {
         fw = fixed_work(c, tid);
@@ -328,16 +358,18 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     head_observe_prune(j, h, a, ap, tid);
 }
 
-// The split schedule: item i (decode: a split-K chunk; prefill: kPrefillItemTiles query tiles).
-void split_item(StepJob &j, uint32_t i, size_t tid) {
+// The split schedule, one chunk or item of head h (decode: split-K chunk ci, the query rows
+// rotated in the thread's scratch unless *cur says they are; prefill: item ci of
+// kPrefillItemTiles query tiles). Whoever completes the head's last one merges, observes and
+// prunes it (every other one of the head is done and visible: left[h]).
+void split_work(StepJob &j, uint32_t h, uint32_t ci, size_t tid, int64_t *cur) {
     kvp_cache *c = j.c;
     const kvp_model &m = c->cfg.model;
-    if (j.mode == StepMode::kPrefill) i = j.nitems - 1 - i;  // the longest (last) tiles first
-    uint32_t h = 0;
-    while (i >= j.base[h + 1]) ++h;
-    const uint32_t ci = i - j.base[h];
-    AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), h, tid);
-    if (j.mode == StepMode::kPrefill) a.work = scratch_of(c, tid).work;  // tile scratch: the running thread's
+    AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), tid, true);
+    // Prefill: tile scratch, the running thread's. Decode without scores: a chunk's logits are
+    // dead after its pv, so they stay in the running thread's scratch too (the head's area has
+    // logits only when some layer scores, arena.h head_area_plan).
+    if (j.mode == StepMode::kPrefill || !c->layers[j.layer].geom.lp.decode_scores) a.work = scratch_of(c, tid).work;
     FixedWork fw;
     if (c->pools[h].kq) {
         fw = fixed_work(c, tid);
@@ -346,30 +378,92 @@ void split_item(StepJob &j, uint32_t i, size_t tid) {
     const QueryPos qp{&j.pos, c->positions == KVP_POS_REALIGN, j.L0[h]};
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (j.mode == StepMode::kDecode) {
-        int64_t cur = INT64_MIN;
-        decode_chunk(a, j.q + qoff, qp.at(0), ci, &cur);
+        decode_chunk(a, j.q + qoff, qp.at(0), ci, cur);
     } else if (j.out) {
         const uint32_t t0 = ci * kPrefillItemTiles * kTileTokens;
         const uint32_t t1 = j.n - t0 < kPrefillItemTiles * kTileTokens ? j.n : t0 + kPrefillItemTiles * kTileTokens;
         attend_prefill_tiles(a, j.n, qp, j.q + qoff, j.out + qoff, size_t(m.n_q_heads) * m.head_dim, t0, t1);
     }
     if (j.left[h].fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    // The head's last item: merge, observe, prune (every other item of it is done and visible).
-    if (j.mode == StepMode::kDecode)
+    if (j.mode == StepMode::kDecode) {
         head_of(c, j.layer, h).hoyer =
             decode_finish(a, j.q + qoff, qp.at(0), j.out + qoff, c->layers[j.layer].geom.lp.decode_scores);
+        *cur = INT64_MIN;  // decode_finish reused the query rows' scratch
+    }
     Appended ap;
     ap.L0 = j.L0[h];
     head_observe_prune(j, h, a, ap, tid);
 }
 
+// Takes a decode chunk of head h not yet taken: the first (the head's owner) or the last (a
+// thief). Acquire: the head's append and runs (released with its range) are visible; the
+// chunks' outputs are ordered by left[h].
+bool take_chunk(StepJob &j, uint32_t h, bool last, uint32_t *ci) {
+    uint64_t r = j.range[h].load(std::memory_order_acquire);
+    for (;;) {
+        const uint32_t f = uint32_t(r), b = uint32_t(r >> 32);
+        if (f >= b) return false;
+        const uint64_t nr = last ? (uint64_t(b - 1) << 32 | f) : (uint64_t(b) << 32 | (f + 1));
+        if (j.range[h].compare_exchange_weak(r, nr, std::memory_order_acquire, std::memory_order_acquire)) {
+            *ci = last ? b - 1 : f;
+            return true;
+        }
+    }
+}
+
+// Split decode on one participant: whole heads in claim order, each chunk by chunk from the
+// front; then chunks from the back of the head with the most left (the lowest index on ties)
+// until none is left.
+void split_decode(StepJob &j, size_t tid) {
+    kvp_cache *c = j.c;
+    const uint32_t H = j.nitems;
+    int64_t cur = INT64_MIN;
+    uint32_t ci;
+    for (uint32_t h; (h = j.next.fetch_add(1, std::memory_order_relaxed)) < H;) {
+        // The owner appends, builds the runs in the head's area and only then offers the chunks
+        // (release: a thief that takes one sees all of it).
+        j.L0[h] = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, false, false, tid).L0;
+        HeadStore &hs = head_of(c, j.layer, h);
+        j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_area(c, h).runs);
+        const uint32_t nch = (hs.len() + c->plan.granule - 1) / c->plan.granule;
+        j.left[h].store(nch, std::memory_order_relaxed);
+        j.range[h].store(uint64_t(nch) << 32, std::memory_order_release);
+        cur = INT64_MIN;  // another head's query rows
+        while (take_chunk(j, h, false, &ci)) split_work(j, h, ci, tid, &cur);
+    }
+    for (;;) {
+        uint32_t best = H, most = 0;
+        for (uint32_t h = 0; h < H; ++h) {
+            const uint64_t r = j.range[h].load(std::memory_order_relaxed);
+            const uint32_t left = uint32_t(r >> 32) - uint32_t(r);
+            if (left > most) {
+                most = left;
+                best = h;
+            }
+        }
+        if (best == H) return;
+        cur = INT64_MIN;
+        if (take_chunk(j, best, true, &ci)) split_work(j, best, ci, tid, &cur);
+    }
+}
+
 void step_worker(void *arg, uint32_t tid) {
     StepJob &j = *static_cast<StepJob *>(arg);
+    if (j.split && j.mode == StepMode::kDecode) {
+        split_decode(j, tid);
+        return;
+    }
     for (;;) {
         const uint32_t i = j.next.fetch_add(1, std::memory_order_relaxed);
         if (i >= j.nitems) return;
-        if (j.split) split_item(j, i, tid);
-        else head_step(j, i, tid);
+        if (j.split) {  // prefill: the longest (last) tiles first
+            uint32_t h = 0, it = j.nitems - 1 - i;
+            while (it >= j.base[h + 1]) ++h;
+            int64_t cur = INT64_MIN;
+            split_work(j, h, it - j.base[h], tid, &cur);
+        } else {
+            head_step(j, i, tid);
+        }
     }
 }
 
@@ -772,30 +866,40 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     const bool queries = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
     uint32_t nt = threads_for(c, layer, n, mode, queries);
     // Formatted stores and prompt staging keep per-step rows in the appending thread's scratch:
-    // their heads are never split.
-    j.split = nt > H && queries && (mode == StepMode::kDecode || out) && !c->fmt &&
+    // their heads are never split. A decode whose first query is observed observes in the
+    // finisher's work area: not split either.
+    j.split = nt > 1 && (mode == StepMode::kDecode || nt > H) && H <= kSplitHeadsMax && queries &&
+              (mode == StepMode::kDecode || out) && !c->fmt &&
               !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill) &&
-              !(mode == StepMode::kDecode && ls.observe_decode);  // observed in the finisher's work area
-    if (j.split) {
-        // The caller appends to every head (H < nt: a few heads) and builds its runs in
-        // scratch[h]; the chunks are the items.
+              !(mode == StepMode::kDecode && ls.observe_decode);
+    uint32_t parts = H;  // the most participants the call can use
+    if (j.split && mode == StepMode::kDecode) {
+        // Heads are claimed by owners, which append (split_decode); no chunk until then.
+        parts = 0;
+        for (uint32_t h = 0; h < H; ++h) {
+            j.range[h].store(0, std::memory_order_relaxed);
+            parts += (head_of(c, layer, h).len() + n + c->plan.granule - 1) / c->plan.granule;
+        }
+        j.nitems = H;
+    } else if (j.split) {
+        // Prefill: the caller appends to every head and builds its runs in the head's area.
         const bool realign = c->positions == KVP_POS_REALIGN;
         j.base[0] = 0;
+        parts = 0;
         for (uint32_t h = 0; h < H; ++h) {
             j.L0[h] = head_append(c, layer, h, n, pos, k, v, false, false, 0).L0;
             HeadStore &hs = head_of(c, layer, h);
-            j.nr[h] = store_runs(hs, c->pools[h], realign, scratch_of(c, h).runs);
-            const uint32_t items = mode == StepMode::kDecode
-                                       ? (hs.len() + c->plan.granule - 1) / c->plan.granule
-                                       : (n + kPrefillItemTiles * kTileTokens - 1) / (kPrefillItemTiles * kTileTokens);
+            j.nr[h] = store_runs(hs, c->pools[h], realign, head_area(c, h).runs);
+            const uint32_t items = (n + kPrefillItemTiles * kTileTokens - 1) / (kPrefillItemTiles * kTileTokens);
             j.base[h + 1] = j.base[h] + items;
             j.left[h].store(items, std::memory_order_relaxed);
+            parts += items;
         }
         j.nitems = j.base[H];
     } else {
         j.nitems = H;
     }
-    if (nt > j.nitems) nt = j.nitems;
+    if (nt > parts) nt = parts;
     threads_feedback(c, nt, pool_run(c->tpool, nt, step_worker, &j));
 
     // Peak: after every head appended, before the policy's prunes.

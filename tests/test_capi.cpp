@@ -182,8 +182,26 @@ TEST(Arena, SizeIsExactAndPinned) {
     // (+2 x 3 x 64), the run list (+66 runs x 24 -> +1600) and the RoPE call tables (+64 x 128)
     // grow with them; the attention scratch is unchanged.
     EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 384 + 1600 + 64 * 128);
-    kvp_config cfg3 = base_config("capacity=100 threads=3");
-    EXPECT_GT(kvp_arena_size(&cfg3), n);
+    // Threads: each thread beyond the first adds its scratch (13568 B above), its RoPE memo and
+    // a thread handle; from 2 threads on, the worker pool's object and one split area per KV head
+    // (arena.h head_area_plan: runs 2624 + one split-K chunk's partials 320 = 2944 B, as a
+    // decode's chunks may run on any thread; no logits there, as full does not score decode).
+    kvp_config cfg2t = base_config("capacity=100 threads=2"), cfg3 = base_config("capacity=100 threads=3");
+    const size_t t2 = kvp_arena_size(&cfg2t), t3 = kvp_arena_size(&cfg3);
+    EXPECT_GT(t3, t2);
+    const size_t once = (t2 - n) - (t3 - t2);  // what the second thread adds beyond what the third does
+    if (sizeof(void *) == 8) {
+        EXPECT_EQ(once, 2u * 2944 + 256);  // + the pool object, 256 B on 64-bit targets
+    } else {
+        EXPECT_GE(once, 2u * 2944);
+        EXPECT_LT(once, 2u * 2944 + 512);
+    }
+    // A policy that scores decode (h2o) keeps each head's logits there too: 2 rows x 112 floats.
+    kvp_config h1 = base_config("policy=h2o budget=90 capacity=100");
+    kvp_config h2 = base_config("policy=h2o budget=90 capacity=100 threads=2");
+    kvp_config h3 = base_config("policy=h2o budget=90 capacity=100 threads=3");
+    const size_t s1 = kvp_arena_size(&h1), s2 = kvp_arena_size(&h2), s3 = kvp_arena_size(&h3);
+    EXPECT_EQ(((s2 - s1) - (s3 - s2)) - once, 2u * 896);
 
     std::vector<char> mem(n + 128);
     char *aligned = mem.data() + (64 - reinterpret_cast<uintptr_t>(mem.data()) % 64) % 64;
