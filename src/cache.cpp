@@ -172,10 +172,10 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
 //          kSplitHeadsMax KV heads): a head's runs, logits and partials live in its own area
 //          (head_area), not in a thread's scratch.
 //            decode: each participant claims whole heads (j.next), appends to the head, builds
-//              its runs, then offers its split-K chunks (attention.h) and takes them in order
-//              from the front; with no head left to claim it takes chunks from the back of
-//              the head with the most left (steal). An owner thus streams its head's K and V
-//              in order (its prefetches run into its own next chunk), and the call ends within
+//              its runs, then takes its split-K chunks (attention.h) in order from the front
+//              of its own range; with no head left to claim it moves the back half of the
+//              largest other range into its own (split_decode). Every thread thus streams K and
+//              V upwards (its prefetches run into its own next chunk), and the call ends within
 //              about one chunk on every thread instead of one head (DECISIONS.md "Two
 //              schedules").
 //            prefill: the caller appends to every head first; items are groups of query
@@ -195,13 +195,13 @@ struct StepJob {
     float *out;
     StepMode mode;
     bool split;
-    uint32_t nitems;
+    uint32_t nitems, parts;  // parts: participants (split decode)
     std::atomic<uint32_t> next;
-    // split only: prefill items of head h are [base[h], base[h+1]); decode chunks of head h not
-    // yet taken are [front, back) of range[h] (front in the low half); left[h] counts the items
-    // or chunks of head h not done
+    // split only: prefill items of head h are [base[h], base[h+1]); decode: range[t] holds
+    // participant t's chunks not yet taken (split_decode); left[h] counts the items or chunks of
+    // head h not done
     uint32_t base[kSplitHeadsMax + 1];
-    std::atomic<uint64_t> range[kSplitHeadsMax];
+    std::atomic<uint64_t> range[kMaxThreads];
     std::atomic<uint32_t> left[kSplitHeadsMax];
     uint32_t nr[kSplitHeadsMax], L0[kSplitHeadsMax];
 };
@@ -395,55 +395,87 @@ void split_work(StepJob &j, uint32_t h, uint32_t ci, size_t tid, int64_t *cur) {
     head_observe_prune(j, h, a, ap, tid);
 }
 
-// Takes a decode chunk of head h not yet taken: the first (the head's owner) or the last (a
-// thief). Acquire: the head's append and runs (released with its range) are visible; the
-// chunks' outputs are ordered by left[h].
-bool take_chunk(StepJob &j, uint32_t h, bool last, uint32_t *ci) {
-    uint64_t r = j.range[h].load(std::memory_order_acquire);
+// Split decode work ranges: participant t's chunks not yet taken are [f, b) of head hd, packed
+// in range[t] as hd << 56 | b << 28 | f (a head has at most 2^26 chunks: capacity < 2^32,
+// granule >= 64; at most kSplitHeadsMax = 256 heads).
+constexpr uint32_t kRangeBits = 28;
+constexpr uint64_t kRangeMask = (uint64_t(1) << kRangeBits) - 1;
+inline uint64_t range_of(uint32_t h, uint32_t f, uint32_t b) {
+    return uint64_t(h) << (2 * kRangeBits) | uint64_t(b) << kRangeBits | f;
+}
+inline uint32_t range_f(uint64_t r) { return uint32_t(r & kRangeMask); }
+inline uint32_t range_b(uint64_t r) { return uint32_t(r >> kRangeBits & kRangeMask); }
+inline uint32_t range_h(uint64_t r) { return uint32_t(r >> (2 * kRangeBits)); }
+
+// Takes the first chunk of participant tid's own range. Acquire: the head's append and runs,
+// released with the range by its owner (a range a thief moved carries that on), are visible.
+bool take_own(StepJob &j, size_t tid, uint32_t *h, uint32_t *ci) {
+    std::atomic<uint64_t> &R = j.range[tid];
+    uint64_t r = R.load(std::memory_order_acquire);
     for (;;) {
-        const uint32_t f = uint32_t(r), b = uint32_t(r >> 32);
-        if (f >= b) return false;
-        const uint64_t nr = last ? (uint64_t(b - 1) << 32 | f) : (uint64_t(b) << 32 | (f + 1));
-        if (j.range[h].compare_exchange_weak(r, nr, std::memory_order_acquire, std::memory_order_acquire)) {
-            *ci = last ? b - 1 : f;
+        if (range_f(r) >= range_b(r)) return false;
+        if (R.compare_exchange_weak(r, r + 1, std::memory_order_acquire, std::memory_order_acquire)) {
+            *h = range_h(r);
+            *ci = range_f(r);
             return true;
         }
     }
 }
 
-// Split decode on one participant: whole heads in claim order, each chunk by chunk from the
-// front; then chunks from the back of the head with the most left (the lowest index on ties)
-// until none is left.
-void split_decode(StepJob &j, size_t tid) {
-    kvp_cache *c = j.c;
-    const uint32_t H = j.nitems;
-    int64_t cur = INT64_MIN;
-    uint32_t ci;
-    for (uint32_t h; (h = j.next.fetch_add(1, std::memory_order_relaxed)) < H;) {
-        // The owner appends, builds the runs in the head's area and only then offers the chunks
-        // (release: a thief that takes one sees all of it).
-        j.L0[h] = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, false, false, tid).L0;
-        HeadStore &hs = head_of(c, j.layer, h);
-        j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_area(c, h).runs);
-        const uint32_t nch = (hs.len() + c->plan.granule - 1) / c->plan.granule;
-        j.left[h].store(nch, std::memory_order_relaxed);
-        j.range[h].store(uint64_t(nch) << 32, std::memory_order_release);
-        cur = INT64_MIN;  // another head's query rows
-        while (take_chunk(j, h, false, &ci)) split_work(j, h, ci, tid, &cur);
-    }
+// Moves the back half of the largest other range (the lowest participant on ties; the larger
+// half, as the victim is still busy with the chunk it took last, so a single chunk left moves
+// too) into participant tid's own range; false when every other range is empty.
+bool steal_half(StepJob &j, size_t tid) {
     for (;;) {
-        uint32_t best = H, most = 0;
-        for (uint32_t h = 0; h < H; ++h) {
-            const uint64_t r = j.range[h].load(std::memory_order_relaxed);
-            const uint32_t left = uint32_t(r >> 32) - uint32_t(r);
-            if (left > most) {
-                most = left;
-                best = h;
+        uint32_t best = j.parts, most = 0;
+        uint64_t seen = 0;
+        for (uint32_t t = 0; t < j.parts; ++t) {
+            if (t == tid) continue;
+            const uint64_t r = j.range[t].load(std::memory_order_acquire);
+            if (range_b(r) > range_f(r) && range_b(r) - range_f(r) > most) {
+                most = range_b(r) - range_f(r);
+                best = t;
+                seen = r;
             }
         }
-        if (best == H) return;
-        cur = INT64_MIN;
-        if (take_chunk(j, best, true, &ci)) split_work(j, best, ci, tid, &cur);
+        if (best == j.parts) return false;
+        const uint32_t f = range_f(seen), b = range_b(seen), mid = f + (b - f) / 2;  // the victim keeps [f, mid)
+        if (j.range[best].compare_exchange_strong(seen, range_of(range_h(seen), f, mid), std::memory_order_acq_rel,
+                                                  std::memory_order_acquire)) {
+            j.range[tid].store(range_of(range_h(seen), mid, b), std::memory_order_release);
+            return true;
+        }
+    }
+}
+
+// Split decode on one participant: its own range chunk by chunk from the front; when that is
+// empty, a new head (append, runs, then its chunks become the range); with no head left, the
+// back half of the largest range of another participant. Every participant thus walks its
+// chunks upwards (its prefetches run into its own next chunk), and the call ends within about
+// one chunk on every thread.
+void split_decode(StepJob &j, size_t tid) {
+    kvp_cache *c = j.c;
+    int64_t cur = INT64_MIN;
+    uint32_t cur_h = UINT32_MAX, h, ci;
+    for (;;) {
+        while (take_own(j, tid, &h, &ci)) {
+            if (h != cur_h) {
+                cur = INT64_MIN;  // another head's query rows
+                cur_h = h;
+            }
+            split_work(j, h, ci, tid, &cur);
+        }
+        if ((h = j.next.fetch_add(1, std::memory_order_relaxed)) < j.nitems) {
+            // The owner appends and builds the runs in the head's area before it offers the chunks.
+            j.L0[h] = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, false, false, tid).L0;
+            HeadStore &hs = head_of(c, j.layer, h);
+            j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_area(c, h).runs);
+            const uint32_t nch = (hs.len() + c->plan.granule - 1) / c->plan.granule;
+            j.left[h].store(nch, std::memory_order_relaxed);
+            j.range[tid].store(range_of(h, 0, nch), std::memory_order_release);
+            continue;
+        }
+        if (!steal_half(j, tid)) return;
     }
 }
 
@@ -874,12 +906,11 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
               !(mode == StepMode::kDecode && ls.observe_decode);
     uint32_t parts = H;  // the most participants the call can use
     if (j.split && mode == StepMode::kDecode) {
-        // Heads are claimed by owners, which append (split_decode); no chunk until then.
+        // Heads are claimed by owners, which append (split_decode); every range starts empty.
         parts = 0;
-        for (uint32_t h = 0; h < H; ++h) {
-            j.range[h].store(0, std::memory_order_relaxed);
+        for (uint32_t h = 0; h < H; ++h)
             parts += (head_of(c, layer, h).len() + n + c->plan.granule - 1) / c->plan.granule;
-        }
+        for (uint32_t t = 0; t < nt; ++t) j.range[t].store(0, std::memory_order_relaxed);
         j.nitems = H;
     } else if (j.split) {
         // Prefill: the caller appends to every head and builds its runs in the head's area.
@@ -900,6 +931,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         j.nitems = H;
     }
     if (nt > parts) nt = parts;
+    j.parts = nt;
     threads_feedback(c, nt, pool_run(c->tpool, nt, step_worker, &j));
 
     // Peak: after every head appended, before the policy's prunes.

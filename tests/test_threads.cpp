@@ -254,8 +254,8 @@ const Work kWorks[] = {
     {"kv2_window", 2, 8, 2, 64, KVP_ROPE_GPTJ, "policy=window window=560", 540, 30, false},
     {"kv4_h2o", 1, 8, 4, 32, KVP_ROPE_NEOX, "policy=h2o budget=200 recent=8 obs_window=8 capacity=260", 220, 40, false},
     // As many KV heads as threads or more: decode claims whole heads and takes their chunks in
-    // order, a participant with no head left takes chunks from the back of another's (3 chunks
-    // per head here, so threads 2 and 3 both steal).
+    // order, a participant with no head left moves the back half of another's chunks into its
+    // own range (3 chunks per head here, so threads 2 and 3 both steal).
     {"kv4_window_chunks", 1, 4, 4, 128, KVP_ROPE_NEOX, "policy=window window=600", 540, 24, false},
     {"kv4_h2o_chunks", 1, 8, 4, 128, KVP_ROPE_GPTJ, "policy=h2o budget=300 recent=16 obs_window=16 capacity=340", 320,
      30, false},
