@@ -201,7 +201,9 @@ struct StepJob {
     // participant t's chunks not yet taken (split_decode); left[h] counts the items or chunks of
     // head h not done
     uint32_t base[kSplitHeadsMax + 1];
+#if KVP_THREADS  // 64-bit atomics: Cortex-M has none (and no threads, so no split decode)
     std::atomic<uint64_t> range[kMaxThreads];
+#endif
     std::atomic<uint32_t> left[kSplitHeadsMax];
     uint32_t nr[kSplitHeadsMax], L0[kSplitHeadsMax];
 };
@@ -395,6 +397,7 @@ void split_work(StepJob &j, uint32_t h, uint32_t ci, size_t tid, int64_t *cur) {
     head_observe_prune(j, h, a, ap, tid);
 }
 
+#if KVP_THREADS
 // Split decode work ranges: participant t's chunks not yet taken are [f, b) of head hd, packed
 // in range[t] as hd << 56 | b << 28 | f (a head has at most 2^26 chunks: capacity < 2^32,
 // granule >= 64; at most kSplitHeadsMax = 256 heads).
@@ -478,13 +481,16 @@ void split_decode(StepJob &j, size_t tid) {
         if (!steal_half(j, tid)) return;
     }
 }
+#endif  // KVP_THREADS
 
 void step_worker(void *arg, uint32_t tid) {
     StepJob &j = *static_cast<StepJob *>(arg);
+#if KVP_THREADS
     if (j.split && j.mode == StepMode::kDecode) {
         split_decode(j, tid);
         return;
     }
+#endif
     for (;;) {
         const uint32_t i = j.next.fetch_add(1, std::memory_order_relaxed);
         if (i >= j.nitems) return;
@@ -900,18 +906,20 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     // Formatted stores and prompt staging keep per-step rows in the appending thread's scratch:
     // their heads are never split. A decode whose first query is observed observes in the
     // finisher's work area: not split either.
-    j.split = nt > 1 && (mode == StepMode::kDecode || nt > H) && H <= kSplitHeadsMax && queries &&
+    j.split = KVP_THREADS && nt > 1 && (mode == StepMode::kDecode || nt > H) && H <= kSplitHeadsMax && queries &&
               (mode == StepMode::kDecode || out) && !c->fmt &&
               !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill) &&
               !(mode == StepMode::kDecode && ls.observe_decode);
     uint32_t parts = H;  // the most participants the call can use
     if (j.split && mode == StepMode::kDecode) {
+#if KVP_THREADS
         // Heads are claimed by owners, which append (split_decode); every range starts empty.
         parts = 0;
         for (uint32_t h = 0; h < H; ++h)
             parts += (head_of(c, layer, h).len() + n + c->plan.granule - 1) / c->plan.granule;
         for (uint32_t t = 0; t < nt; ++t) j.range[t].store(0, std::memory_order_relaxed);
         j.nitems = H;
+#endif
     } else if (j.split) {
         // Prefill: the caller appends to every head and builds its runs in the head's area.
         const bool realign = c->positions == KVP_POS_REALIGN;
