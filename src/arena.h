@@ -141,8 +141,9 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why = nullptr)
 // The split schedules' per-KV-head areas (cache.cpp head_area), one per KV head after the
 // threads' scratch, only with threads > 1 (bytes 0 otherwise): a head's runs at 0, its group's
 // logits at `work` (only when some layer's decode scores: otherwise a chunk's logits live in
-// the running thread's scratch, dead once its pv is done), its decode partials at `part`. Derived from the plan's other fields (so the
-// plan, part of the cache object, does not grow); arena_plan counts them with its own Sz.
+// the running thread's scratch, dead once its pv is done), its decode partials at `part`.
+// Derived from the plan's other fields (so the plan, part of the cache object, does not
+// grow); arena_plan counts them with its own Sz, cache_step once per split call.
 struct HeadAreaPlan {
     size_t off, bytes, work, part;
 };

@@ -185,7 +185,7 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
 // Either way every head's arithmetic is fixed by the geometry, not by who runs it.
 constexpr uint32_t kSplitHeadsMax = 256;  // the most KV heads a split takes (prefill: H < threads <= 256)
 constexpr uint32_t kPrefillItemTiles = 4; // query tiles per prefill item
-static_assert(kSplitHeadsMax >= kMaxThreads, "a split has fewer KV heads than threads");
+static_assert(kSplitHeadsMax >= kMaxThreads, "a prefill split has fewer KV heads than threads");
 
 struct StepJob {
     kvp_cache *c;
@@ -196,6 +196,7 @@ struct StepJob {
     StepMode mode;
     bool split;
     uint32_t nitems, parts;  // parts: participants (split decode)
+    HeadAreaPlan areas;      // split only: the heads' areas (arena.h head_area_plan)
     std::atomic<uint32_t> next;
     // split only: prefill items of head h are [base[h], base[h+1]); decode: range[t] holds
     // participant t's chunks not yet taken (split_decode); left[h] counts the items or chunks of
@@ -208,26 +209,20 @@ struct StepJob {
     uint32_t nr[kSplitHeadsMax], L0[kSplitHeadsMax];
 };
 
-// The split schedules' per-head area (arena.h head_area_plan).
-struct HeadArea {
-    Run *runs;
-    float *work;  // the group's logits
-    float *part;  // decode partials
-};
-HeadArea head_area(kvp_cache *c, uint32_t h) {
-    Sz z;  // the plan was checked at create
-    const HeadAreaPlan p = head_area_plan(c->plan, c->cfg.threads, c->group, z);
-    char *b = reinterpret_cast<char *>(c) + p.off + size_t(h) * p.bytes;  // the cache object opens the arena
-    return HeadArea{reinterpret_cast<Run *>(b), reinterpret_cast<float *>(b + p.work), reinterpret_cast<float *>(b + p.part)};
+// Head h's area in the split schedules: its runs at 0, logits at .work, partials at .part.
+char *head_area(kvp_cache *c, const HeadAreaPlan &p, uint32_t h) {
+    return reinterpret_cast<char *>(c) + p.off + size_t(h) * p.bytes;  // the cache object opens the arena
 }
+Run *head_runs(kvp_cache *c, const HeadAreaPlan &p, uint32_t h) { return reinterpret_cast<Run *>(head_area(c, p, h)); }
 
 // Attention input of head h on thread tid: runs, logits and partials in the thread's scratch
-// (heads schedule) or in the head's area (split), the rest the thread's.
-AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t tid, bool split) {
+// (heads schedule: areas == nullptr) or in the head's area (split), the rest the thread's.
+AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t tid, const HeadAreaPlan *areas) {
     const Scratch st = scratch_of(c, tid);
-    if (split) {
-        const HeadArea ha = head_area(c, h);
-        return AttnIn{c, &c->pools[h], ha.runs, nr, L, &c->memos[tid], ha.work, ha.part, st.priv};
+    if (areas) {
+        char *b = head_area(c, *areas, h);
+        return AttnIn{c, &c->pools[h], reinterpret_cast<Run *>(b), nr, L, &c->memos[tid],
+                      reinterpret_cast<float *>(b + areas->work), reinterpret_cast<float *>(b + areas->part), st.priv};
     }
     return AttnIn{c, &c->pools[h], st.runs, nr, L, &c->memos[tid], st.work, st.part, st.priv};
 }
@@ -326,7 +321,7 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     uint32_t nr = 0;
     if (attends) nr = c->fmt ? fmt_runs(c, hs, pool, realign, ap.nw, s.runs) : store_runs(hs, pool, realign, s.runs);
     if (ap.staged) s.runs[nr++] = Run{pool.stage_slot, j.n, ap.L0, c->fmt ? uint32_t(kSrcStaged) : 0u, realign ? hs.shift : 0};
-    AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, false);
+    AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, nullptr);
     FixedWork fw;
     if (pool.kq) {
         fw = fixed_work(c, tid);
@@ -367,7 +362,7 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
 void split_work(StepJob &j, uint32_t h, uint32_t ci, size_t tid, int64_t *cur) {
     kvp_cache *c = j.c;
     const kvp_model &m = c->cfg.model;
-    AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), tid, true);
+    AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), tid, &j.areas);
     // Prefill: tile scratch, the running thread's. Decode without scores: a chunk's logits are
     // dead after its pv, so they stay in the running thread's scratch too (the head's area has
     // logits only when some layer scores, arena.h head_area_plan).
@@ -472,7 +467,7 @@ void split_decode(StepJob &j, size_t tid) {
             // The owner appends and builds the runs in the head's area before it offers the chunks.
             j.L0[h] = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, false, false, tid).L0;
             HeadStore &hs = head_of(c, j.layer, h);
-            j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_area(c, h).runs);
+            j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_runs(c, j.areas, h));
             const uint32_t nch = (hs.len() + c->plan.granule - 1) / c->plan.granule;
             j.left[h].store(nch, std::memory_order_relaxed);
             j.range[tid].store(range_of(h, 0, nch), std::memory_order_release);
@@ -911,6 +906,10 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
               !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill) &&
               !(mode == StepMode::kDecode && ls.observe_decode);
     uint32_t parts = H;  // the most participants the call can use
+    if (j.split) {
+        Sz z;  // the plan was checked at create
+        j.areas = head_area_plan(c->plan, c->cfg.threads, c->group, z);
+    }
     if (j.split && mode == StepMode::kDecode) {
 #if KVP_THREADS
         // Heads are claimed by owners, which append (split_decode); every range starts empty.
@@ -928,7 +927,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         for (uint32_t h = 0; h < H; ++h) {
             j.L0[h] = head_append(c, layer, h, n, pos, k, v, false, false, 0).L0;
             HeadStore &hs = head_of(c, layer, h);
-            j.nr[h] = store_runs(hs, c->pools[h], realign, head_area(c, h).runs);
+            j.nr[h] = store_runs(hs, c->pools[h], realign, head_runs(c, j.areas, h));
             const uint32_t items = (n + kPrefillItemTiles * kTileTokens - 1) / (kPrefillItemTiles * kTileTokens);
             j.base[h + 1] = j.base[h] + items;
             j.left[h].store(items, std::memory_order_relaxed);

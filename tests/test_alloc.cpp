@@ -222,8 +222,9 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
     }
 }
 
-// Every parallel path (KVP_PAR_WORK=0 puts every call on all threads): one thread per KV head
-// (4 heads), and split-K decode / tile-split prefill (MQA: 1 KV head, 2 KV heads on 3 threads).
+// Every parallel path (KVP_PAR_WORK=0 puts every call on all threads): prefill one thread per
+// KV head (4 heads), split decode (owned and stolen chunk ranges, any head count) and
+// tile-split prefill (MQA: 1 KV head, 2 KV heads on 3 threads).
 TEST(NoAllocation, ParallelPathsAllocateNothing) {
     setenv("KVP_PAR_WORK", "0", 1);
     const struct {
