@@ -228,7 +228,7 @@ void BM_Kernel(benchmark::State &state, const kvp::kern::AttnF32 *var, uint32_t 
         float inv[4];
         for (uint32_t r = 0; r < rows; ++r) {
             float *l = logits.p + (size_t)r * n;
-            inv[r] = 1.0f / var->expsum(l, n, var->max(l, n));
+            inv[r] = 1.0f / var->expsum(l, n, var->max(l, n), nullptr);
         }
         std::memset(out.p, 0, out.n * sizeof(float));
         var->pv(logits.p, n, rows, v.p, d, n, d, out.p, d);

@@ -136,12 +136,10 @@ void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, in
         if (a.fmt) fmt_qk(a, run, s0, s1, qr, st, G, logits + s0, ld);
         else K.qk(qr, st, G, a.pool->k_row(slot_at(run, s0)), st, s1 - s0, hd, c->scale, logits + s0, ld);
     }
-    const kern::ScoreF32 &S = *c->skern;
     for (uint32_t g = 0; g < G; ++g) {
         float *row = logits + g * ld + j0;
         m[g] = K.max(row, nj);
-        l[g] = K.expsum(row, nj, m[g]);
-        ss[g] = S.sumsq(row, nj);
+        l[g] = K.expsum(row, nj, m[g], &ss[g]);  // with the squares' sum, in one pass
     }
     memset(o, 0, size_t(G) * st * sizeof(float));
     if (a.fmt) fmt_pv_begin(a, G);
@@ -290,7 +288,7 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const
                     if (a.fmt) fmt_pv_rescale(a, r, al);
                     lrow[r] *= al;
                 }
-                lrow[r] += K.expsum(row, nb, mn);
+                lrow[r] += K.expsum(row, nb, mn, nullptr);
                 mrow[r] = mn;
             }
             for (uint32_t r = ri; r < a.nr && a.runs[r].logical < kb1; ++r) {
@@ -344,7 +342,7 @@ const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, co
                 const size_t r = size_t(t) * G + g;
                 float *row = lgf + r * ld;
                 for (uint32_t j = L0 + i0 + t + 1; j < vis; ++j) row[j] = -INFINITY;
-                inv[r] = 1.0f / K.expsum(row, vis, K.max(row, vis));
+                inv[r] = 1.0f / K.expsum(row, vis, K.max(row, vis), nullptr);
             }
         }
         for (uint32_t g = 0; g < G; ++g) {

@@ -2,6 +2,7 @@
 // against double precision, exp_approx against std::exp, edge cases (n = 0, -inf, odd d,
 // padded leading dimensions).
 #include "kernels/attn_f32.h"
+#include "kernels/score_f32.h"
 #include "reference.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 using kvp::kern::AttnF32;
+using kvp::kern::ScoreF32;
 
 namespace {
 
@@ -29,6 +31,14 @@ std::vector<const AttnF32 *> simd_variants() {
     if (kvp::kern::attn_f32_avx2()) v.push_back(kvp::kern::attn_f32_avx2());
     if (kvp::kern::attn_f32_avx512()) v.push_back(kvp::kern::attn_f32_avx512());
     return v;
+}
+
+// The scoring kernels' variant with the same summation order as an attention variant.
+const ScoreF32 *score_for(const AttnF32 *a) {
+    const std::string n = a->name;
+    if (n == "scalar") return kvp::kern::score_f32_scalar();
+    if (n == "simde") return kvp::kern::score_f32_simde();
+    return kvp::kern::score_f32_avx2();  // avx2 and avx512 (the avx512 attention runs avx2's order)
 }
 
 const uint32_t kDims[] = {1, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 127, 128, 129};
@@ -340,10 +350,11 @@ TEST(Kernels, ExpsumMatchesScalarAndStdExp) {
     all.insert(all.begin(), ref);
     for (const AttnF32 *var : all) {
         // n = 0: returns 0 and touches nothing
-        float untouched = 7.0f;
-        EXPECT_EQ(var->expsum(&untouched, 0, 1.0f), 0.0f) << var->name;
+        float untouched = 7.0f, sq0 = 5.0f;
+        EXPECT_EQ(var->expsum(&untouched, 0, 1.0f, nullptr), 0.0f) << var->name;
         EXPECT_EQ(untouched, 7.0f) << var->name;
-        EXPECT_EQ(var->expsum(nullptr, 0, -kInf), 0.0f) << var->name;
+        EXPECT_EQ(var->expsum(nullptr, 0, -kInf, &sq0), 0.0f) << var->name;
+        EXPECT_EQ(sq0, 0.0f) << var->name << ": n = 0 gives a sum of squares of 0";
         for (uint32_t n = 1; n <= 70; ++n) {
             Rng g(1000 + n);
             std::vector<float> x(n + 1);
@@ -353,8 +364,25 @@ TEST(Kernels, ExpsumMatchesScalarAndStdExp) {
             x[n] = kNaN;                  // past the end: must not be read or written
             const float m = ref->max(x.data(), n);
             std::vector<float> want = x, got = x;
-            const float swant = ref->expsum(want.data(), n, m);
-            const float sgot = var->expsum(got.data(), n, m);
+            float qwant = kNaN, qgot = kNaN;
+            const float swant = ref->expsum(want.data(), n, m, &qwant);
+            const float sgot = var->expsum(got.data(), n, m, &qgot);
+            // Without the sum of squares: the same values and sum, bit for bit.
+            std::vector<float> plain = x;
+            const float splain = var->expsum(plain.data(), n, m, nullptr);
+            ASSERT_EQ(std::memcmp(&splain, &sgot, sizeof sgot), 0) << var->name << " n=" << n;
+            ASSERT_EQ(std::memcmp(plain.data(), got.data(), n * sizeof(float)), 0) << var->name << " n=" << n;
+            // The sum of squares is the scoring kernels' sumsq of the new row, bit for bit, for
+            // the variant of the same arithmetic (the scalar one for the scalar reference, simde
+            // for simde, the avx2 order for avx2 and avx512); decode's Hoyer figure relies on it.
+            const ScoreF32 *sk = score_for(var);
+            const float qsep = sk->sumsq(got.data(), n);
+            EXPECT_EQ(std::memcmp(&qsep, &qgot, sizeof qgot), 0)
+                << var->name << " vs " << sk->name << " n=" << n << ": " << qgot << " != " << qsep;
+            double exact_sq = 0;
+            for (uint32_t i = 0; i < n; ++i) exact_sq += (double)got[i] * got[i];
+            EXPECT_NEAR(qgot, exact_sq, 1e-6 * exact_sq) << var->name << " n=" << n;
+            EXPECT_NEAR(qgot, qwant, 1e-5 * qwant) << var->name << " n=" << n;
             double exact_sum = 0;
             for (uint32_t i = 0; i < n; ++i) {
                 const float arg = x[i] - m;
@@ -375,7 +403,7 @@ TEST(Kernels, ExpsumMatchesScalarAndStdExp) {
         }
         // x - m above the range saturates (finite, no inf or NaN), as exp_approx does
         float big[9] = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-        const float sbig = var->expsum(big, 9, -1000.0f);
+        const float sbig = var->expsum(big, 9, -1000.0f, nullptr);
         EXPECT_TRUE(std::isfinite(big[0]) && std::isfinite(big[8])) << var->name;
         const float sat = kvp::kern::exp_approx(1000.0f);
         EXPECT_NEAR(big[0], sat, kExpRelTol * sat) << var->name;
@@ -415,7 +443,7 @@ TEST(Kernels, AttentionPipelineMatchesDouble) {
         var->qk(q.data(), d, rows, k.data(), d, n, d, scale, logits.data(), n);
         for (uint32_t r = 0; r < rows; ++r) {
             float *lr = &logits[(size_t)r * n];
-            const float s = var->expsum(lr, n, var->max(lr, n));
+            const float s = var->expsum(lr, n, var->max(lr, n), nullptr);
             for (uint32_t t = 0; t < n; ++t) lr[t] /= s;
         }
         var->pv(logits.data(), n, rows, v.data(), d, n, d, out.data(), d);
@@ -457,8 +485,10 @@ TEST(Kernels, Avx512BitIdenticalToAvx2) {
         for (float &e : x) e = g.uniform(-30.0f, 5.0f);
         EXPECT_EQ(a2->max(x.data(), n), a5->max(x.data(), n)) << "n=" << n;
         std::vector<float> e2 = x, e5 = x;
-        const float s2 = a2->expsum(e2.data(), n, 5.0f), s5 = a5->expsum(e5.data(), n, 5.0f);
+        float q2 = 0, q5 = 0;
+        const float s2 = a2->expsum(e2.data(), n, 5.0f, &q2), s5 = a5->expsum(e5.data(), n, 5.0f, &q5);
         EXPECT_EQ(std::memcmp(&s2, &s5, sizeof s2), 0) << "n=" << n;
+        EXPECT_EQ(std::memcmp(&q2, &q5, sizeof q2), 0) << "n=" << n;
         if (n) {
             EXPECT_EQ(std::memcmp(e2.data(), e5.data(), n * sizeof(float)), 0) << "n=" << n;
         }

@@ -26,8 +26,13 @@ typedef void (*f32_pv_fn)(const float *p, size_t ldp, uint32_t rows, const float
                           uint32_t n, uint32_t d, float *o, size_t ldo);
 // max of x[0..n); -INFINITY for n == 0
 typedef float (*f32_max_fn)(const float *x, uint32_t n);
-// x[i] = exp(x[i] - m) in place (exp(-inf) = 0), returns the sum of the new x[0..n)
-typedef float (*f32_expsum_fn)(float *x, uint32_t n, float m);
+// x[i] = exp(x[i] - m) in place (exp(-inf) = 0), returns the sum of the new x[0..n). When
+// sumsq is not NULL, *sumsq = the sum of the squares of the new x[0..n) (0 for n == 0), in
+// the same pass: the SIMD variants in score_f32.h's sumsq order, so the same bits as
+// ScoreF32::sumsq run afterwards over the new x (decode's Hoyer sparsity needs both, and a
+// second pass over the row cost 1.8 % of a cache-resident decode step); the scalar reference
+// as score_f32_scalar's sumsq does (in index order).
+typedef float (*f32_expsum_fn)(float *x, uint32_t n, float m, float *sumsq);
 
 struct AttnF32 {
     const char *name;  // "scalar", "simde", "avx2", "avx512"

@@ -91,12 +91,14 @@ float max_scalar(const float *x, uint32_t n) {
     return m;
 }
 
-float expsum_scalar(float *x, uint32_t n, float m) {
-    float s = 0.0f;
+float expsum_scalar(float *x, uint32_t n, float m, float *sumsq) {
+    float s = 0.0f, q = 0.0f;
     for (uint32_t i = 0; i < n; ++i) {
         x[i] = exp_approx(x[i] - m);
         s += x[i];
+        q += x[i] * x[i];
     }
+    if (sumsq) *sumsq = q;
     return s;
 }
 

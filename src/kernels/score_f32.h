@@ -11,7 +11,9 @@
 //   acc    per t: a = w[0]*p[0][t]; a = a + w[r]*p[r][t] for r = 1..rows-1 (FMA in SIMD
 //          variants); then s[t] = s[t] + a. Each t is independent of every other t.
 //   sumsq  8-lane accumulator over chunks of 8 (tail zero-padded), tree-reduced
-//          ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), like attn expsum.
+//          ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), like attn expsum. Decode takes it fused
+//          into the attention kernels' expsum pass (attn_f32.h), which must give these bits:
+//          this one is the order that pass is tested against (tests/test_kernels.cpp).
 //   argmin exact (min is order-independent): the first index holding the minimum, so every
 //          variant returns the same index (ties: the lowest index, i.e. the older token).
 //   dots16 integer (score=fixed, kernels/score_fixed.h): exact int64 sums of int16 products, so
