@@ -155,6 +155,7 @@ void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, in
 
 float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
     const kvp_cache *c = a.c;
+    const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride, L = a.L;
     const size_t ld = c->plan.logit_ld, pf = c->plan.part_floats, ooff = align_up(3 * size_t(G), kR16);
     const uint32_t nch = decode_chunks(a);
@@ -175,20 +176,8 @@ float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, b
         }
         inv[g] = 1.0f / sum;
         const float ig = inv[g];
-        float *o = out + size_t(g) * hd;
-        const float *oc = a.part + ooff + size_t(g) * st;
-        if (nch == 1) {  // w = 1: (1 * o_0) * inv in one pass
-            for (uint32_t j = 0; j < hd; ++j) o[j] = oc[j] * ig;
-        } else {
-            const float w0 = a.part[g];
-            for (uint32_t j = 0; j < hd; ++j) o[j] = w0 * oc[j];
-            for (uint32_t ci = 1; ci < nch; ++ci) {
-                const float w = a.part[ci * pf + g];
-                const float *occ = a.part + ci * pf + ooff + size_t(g) * st;
-                for (uint32_t j = 0; j < hd; ++j) o[j] = o[j] + w * occ[j];
-            }
-            for (uint32_t j = 0; j < hd; ++j) o[j] *= ig;
-        }
+        // out = (sum_c w_c o_c) * inv, in chunk order (with one chunk w = 1: o_0 * inv)
+        K.merge(a.part + ooff + size_t(g) * st, pf, a.part + g, pf, nch, ig, hd, out + size_t(g) * hd);
         if (L > 1) {
             const double l2 = sqrt(sq) * double(ig);  // |p|_2, |p|_1 = 1
             double h = l2 > 0 ? (rl - 1.0 / l2) / (rl - 1.0) : 0.0;

@@ -412,6 +412,43 @@ TEST(Kernels, ExpsumMatchesScalarAndStdExp) {
     }
 }
 
+// ---- merge --------------------------------------------------------------------------------
+
+// The split-K merge rounds every product and sum on its own, in chunk order: every variant
+// gives the scalar reference's bits, for odd widths, one chunk and many, padded strides.
+TEST(Kernels, MergeBitIdenticalToScalar) {
+    const AttnF32 *ref = kvp::kern::attn_f32_scalar();
+    const uint32_t nchs[] = {1, 2, 3, 8, 17};
+    for (const AttnF32 *var : simd_variants())
+        for (uint32_t d : kDims)
+            for (uint32_t nch : nchs) {
+                const size_t ldo = d + 5, ldw = 3;
+                Rng g(d * 100 + nch);
+                std::vector<float> o(nch * ldo, kNaN), w(nch * ldw, kNaN);  // padding: NaN
+                for (uint32_t c = 0; c < nch; ++c) {
+                    for (uint32_t j = 0; j < d; ++j) o[c * ldo + j] = g.uniform(-3.0f, 3.0f);
+                    w[c * ldw] = c == 0 ? 1.0f : g.uniform(0.0f, 1.0f);
+                }
+                const float scale = g.uniform(0.01f, 2.0f);
+                std::vector<float> want(d + 1, 7.0f), got(d + 1, 7.0f);
+                ref->merge(o.data(), ldo, w.data(), ldw, nch, scale, d, want.data());
+                var->merge(o.data(), ldo, w.data(), ldw, nch, scale, d, got.data());
+                ASSERT_EQ(std::memcmp(want.data(), got.data(), d * sizeof(float)), 0)
+                    << var->name << " d=" << d << " nch=" << nch;
+                ASSERT_EQ(got[d], 7.0f) << var->name << ": wrote past d";
+                // The reference is the documented sum (mul, then add, in chunk order).
+                for (uint32_t j = 0; j < d; ++j) {
+                    volatile float s = w[0] * o[j];
+                    for (uint32_t c = 1; c < nch; ++c) {
+                        volatile float p = w[c * ldw] * o[c * ldo + j];
+                        s = s + p;
+                    }
+                    volatile float r = s * scale;
+                    ASSERT_EQ(want[j], (float)r) << "scalar merge d=" << d << " nch=" << nch << " j=" << j;
+                }
+            }
+}
+
 // ---- full softmax attention through the kernels vs double --------------------------------
 
 TEST(Kernels, AttentionPipelineMatchesDouble) {
@@ -527,6 +564,7 @@ TEST(Kernels, Dispatch) {
         EXPECT_NE(var->pv, nullptr);
         EXPECT_NE(var->max, nullptr);
         EXPECT_NE(var->expsum, nullptr);
+        EXPECT_NE(var->merge, nullptr);
     }
 }
 

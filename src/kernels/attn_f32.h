@@ -34,12 +34,20 @@ typedef float (*f32_max_fn)(const float *x, uint32_t n);
 // as score_f32_scalar's sumsq does (in index order).
 typedef float (*f32_expsum_fn)(float *x, uint32_t n, float m, float *sumsq);
 
+// Split-K merge of one output row (attention.h): for j < d,
+//   out[j] = ((w[0]*o[j] + w[ldw]*o[ldo + j]) + ... + w[(nch-1)*ldw]*o[(nch-1)*ldo + j]) * scale
+// in chunk order, every product and sum rounded on its own (no FMA), so every variant, the
+// scalar reference included, gives the same bits. nch >= 1.
+typedef void (*f32_merge_fn)(const float *o, size_t ldo, const float *w, size_t ldw, uint32_t nch, float scale,
+                             uint32_t d, float *out);
+
 struct AttnF32 {
     const char *name;  // "scalar", "simde", "avx2", "avx512"
     f32_qk_fn qk;
     f32_pv_fn pv;
     f32_max_fn max;
     f32_expsum_fn expsum;
+    f32_merge_fn merge;
 };
 
 // Variants. attn_f32_avx2() / attn_f32_avx512() are nullptr where not compiled in or not

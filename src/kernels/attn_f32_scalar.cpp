@@ -102,7 +102,16 @@ float expsum_scalar(float *x, uint32_t n, float m, float *sumsq) {
     return s;
 }
 
-constexpr AttnF32 kScalar = {"scalar", &qk_scalar, &pv_scalar, &max_scalar, &expsum_scalar};
+void merge_scalar(const float *o, size_t ldo, const float *w, size_t ldw, uint32_t nch, float scale, uint32_t d,
+                  float *out) {
+    for (uint32_t j = 0; j < d; ++j) {
+        float s = w[0] * o[j];
+        for (uint32_t c = 1; c < nch; ++c) s = s + w[c * ldw] * o[c * ldo + j];
+        out[j] = s * scale;
+    }
+}
+
+constexpr AttnF32 kScalar = {"scalar", &qk_scalar, &pv_scalar, &max_scalar, &expsum_scalar, &merge_scalar};
 
 }  // namespace
 
