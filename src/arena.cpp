@@ -158,7 +158,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     const size_t ld = p->logit_ld, st = p->stride, TR = size_t(kTileTokens) * G;
     p->memo_floats = rope_memo_floats(pairs);
     p->granule = decode_granule(p->stride);
-    p->max_chunks = (max_cap + p->granule - 1) / p->granule;  // decode reads at most a layer's capacity
+    p->max_chunks = decode_chunk_count(*p, max_cap);  // decode reads at most a layer's capacity
     p->part_floats = z.add(z.al16(z.mul(3, G)), z.mul(G, st));
     const size_t dec = z.mul(G, ld);  // the group's logits; partials and query rows follow
     size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), 2 * z.al16(TR));

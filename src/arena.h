@@ -138,6 +138,14 @@ struct ArenaPlan {
 // overflows size_t (or the pool is smaller than the layers' reservations: *why is set then).
 bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why = nullptr);
 
+// Decode split-K (decode_granule): the chunks over L logical keys, and the key after chunk ci's
+// last (chunk ci covers [ci * granule, decode_chunk_end)).
+inline uint32_t decode_chunk_count(const ArenaPlan &p, uint32_t L) { return (L + p.granule - 1) / p.granule; }
+inline uint32_t decode_chunk_end(const ArenaPlan &p, uint32_t ci, uint32_t L) {
+    const uint32_t j0 = ci * p.granule;
+    return L - j0 < p.granule ? L : j0 + p.granule;
+}
+
 // The split schedules' per-KV-head areas (cache.cpp head_area), one per KV head after the
 // threads' scratch, only with threads > 1 (bytes 0 otherwise): a head's runs at 0, its group's
 // logits at `work` (only when some layer's decode scores: otherwise a chunk's logits live in

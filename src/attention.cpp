@@ -108,17 +108,14 @@ uint32_t first_run(const AttnIn &a, uint32_t j) {
 
 }  // namespace
 
-uint32_t decode_chunks(const AttnIn &a) {
-    const uint32_t g = a.c->plan.granule;
-    return (a.L + g - 1) / g;
-}
+uint32_t decode_chunks(const AttnIn &a) { return decode_chunk_count(a.c->plan, a.L); }
 
 void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, int64_t *cur) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
     const size_t ld = c->plan.logit_ld;
-    const uint32_t j0 = ci * c->plan.granule, j1 = a.L - j0 < c->plan.granule ? a.L : j0 + c->plan.granule;
+    const uint32_t j0 = ci * c->plan.granule, j1 = decode_chunk_end(c->plan, ci, a.L);
     const uint32_t nj = j1 - j0;
     float *logits = a.work, *qr = a.priv;
     float *pc = a.part + size_t(ci) * c->plan.part_floats;
@@ -192,7 +189,7 @@ float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, b
         for (uint32_t ci = 0; ci < nch; ++ci) {
             const float *pc = a.part + ci * pf;
             for (uint32_t g = 0; g < G; ++g) wv[g] = pc[g] * inv[g];
-            const uint32_t j0 = ci * c->plan.granule, j1 = L - j0 < c->plan.granule ? L : j0 + c->plan.granule;
+            const uint32_t j0 = ci * c->plan.granule, j1 = decode_chunk_end(c->plan, ci, L);
             for (uint32_t r = first_run(a, j0); r < a.nr && a.runs[r].logical < j1; ++r) {
                 const Run &run = a.runs[r];
                 const uint32_t s0 = run.logical > j0 ? run.logical : j0;

@@ -468,7 +468,7 @@ void split_decode(StepJob &j, size_t tid) {
             j.L0[h] = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, false, false, tid).L0;
             HeadStore &hs = head_of(c, j.layer, h);
             j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_runs(c, j.areas, h));
-            const uint32_t nch = (hs.len() + c->plan.granule - 1) / c->plan.granule;
+            const uint32_t nch = decode_chunk_count(c->plan, hs.len());
             j.left[h].store(nch, std::memory_order_relaxed);
             j.range[tid].store(range_of(h, 0, nch), std::memory_order_release);
             continue;
@@ -915,7 +915,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         // Heads are claimed by owners, which append (split_decode); every range starts empty.
         parts = 0;
         for (uint32_t h = 0; h < H; ++h)
-            parts += (head_of(c, layer, h).len() + n + c->plan.granule - 1) / c->plan.granule;
+            parts += decode_chunk_count(c->plan, head_of(c, layer, h).len() + n);
         for (uint32_t t = 0; t < nt; ++t) j.range[t].store(0, std::memory_order_relaxed);
         j.nitems = H;
 #endif
