@@ -24,12 +24,82 @@ inline float dot(const float *a, const float *b, int n) {
 }
 
 // out[t][o] = W[o] . x[t]  for t < n, o < out_dim; W is [out_dim][in_dim] (llama2.c layout).
-void matmul(float *out, const float *x, const float *W, int n, int in_dim, int out_dim) {
+// Every output is bit for bit dot(W[o], x[t]): the tiled kernels below keep dot()'s eight lane
+// sums (one 8-float vector, multiply then add: the harness is compiled with -ffp-contract=off so
+// no FMA merges them), its reduction tree and its tail. Tokens go in blocks of about 256 KiB of x
+// (L2-resident while the rows of W pass over them); R rows x T tokens share each load.
+void matmul_plain(float *out, const float *x, const float *W, int n, int in_dim, int out_dim) {
     for (int o = 0; o < out_dim; o++) {
         const float *w = W + (size_t)o * in_dim;
         for (int t = 0; t < n; t++) out[(size_t)t * out_dim + o] = dot(w, x + (size_t)t * in_dim, in_dim);
     }
 }
+
+#if defined(__x86_64__) || defined(__i386__)
+typedef float v8f __attribute__((vector_size(32)));
+
+template <int R, int T>
+inline __attribute__((always_inline)) void matmul_tiled(float *out, const float *x, const float *W, int n, int in,
+                                                        int od) {
+    const int n8 = in / 8 * 8;
+    const int tb = std::max(T, (int)((256u << 10) / (sizeof(float) * (size_t)std::max(in, 1)))) / T * T;
+    for (int t0 = 0; t0 < n; t0 += tb) {
+        const int t1 = std::min(n, t0 + tb);
+        int o = 0;
+        for (; o + R <= od; o += R) {
+            const float *w = W + (size_t)o * in;
+            int t = t0;
+            for (; t + T <= t1; t += T) {
+                const float *xt = x + (size_t)t * in;
+                v8f acc[R][T];
+                for (int r = 0; r < R; r++)
+                    for (int k = 0; k < T; k++) acc[r][k] = v8f{};
+                for (int i = 0; i < n8; i += 8) {
+                    v8f u[R];
+                    for (int r = 0; r < R; r++) __builtin_memcpy(&u[r], w + (size_t)r * in + i, sizeof(v8f));
+                    for (int k = 0; k < T; k++) {
+                        v8f y;
+                        __builtin_memcpy(&y, xt + (size_t)k * in + i, sizeof y);
+                        for (int r = 0; r < R; r++) acc[r][k] += u[r] * y;
+                    }
+                }
+                for (int r = 0; r < R; r++)
+                    for (int k = 0; k < T; k++) {
+                        float s[8];
+                        __builtin_memcpy(s, &acc[r][k], sizeof s);
+                        float v = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+                        const float *wr = w + (size_t)r * in, *xk = xt + (size_t)k * in;
+                        for (int i = n8; i < in; i++) v += wr[i] * xk[i];
+                        out[(size_t)(t + k) * od + o + r] = v;
+                    }
+            }
+            for (; t < t1; t++)
+                for (int r = 0; r < R; r++) out[(size_t)t * od + o + r] = dot(w + (size_t)r * in, x + (size_t)t * in, in);
+        }
+        for (; o < od; o++)
+            for (int t = t0; t < t1; t++) out[(size_t)t * od + o] = dot(W + (size_t)o * in, x + (size_t)t * in, in);
+    }
+}
+
+__attribute__((target("avx2"))) void matmul_avx2(float *out, const float *x, const float *W, int n, int in, int od) {
+    matmul_tiled<2, 4>(out, x, W, n, in, od);  // 8 accumulators + 2 rows + 1 token of 16 registers
+}
+__attribute__((target("avx512f,avx512vl"))) void matmul_avx512(float *out, const float *x, const float *W, int n, int in,
+                                                               int od) {
+    matmul_tiled<4, 4>(out, x, W, n, in, od);  // 16 accumulators of 32 registers
+}
+
+using MatmulFn = void (*)(float *, const float *, const float *, int, int, int);
+MatmulFn pick_matmul() {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return matmul_avx512;
+    if (__builtin_cpu_supports("avx2")) return matmul_avx2;
+    return matmul_plain;
+}
+const MatmulFn matmul = pick_matmul();
+#else
+const auto matmul = matmul_plain;
+#endif
 
 void rmsnorm(float *o, const float *x, const float *w, int n, int dim) {
     for (int t = 0; t < n; t++) {
