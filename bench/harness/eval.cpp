@@ -104,13 +104,15 @@ bool check_range(const std::vector<int32_t> &tokens, int N, int P, std::string *
     return true;
 }
 
-void json_str(std::string &o, const std::string &s) {
+}  // namespace
+
+void json_str(std::string &o, const std::string &s, bool bytes) {
     o += '"';
     for (unsigned char ch : s) {
         if (ch == '"' || ch == '\\') {
             o += '\\';
             o += (char)ch;
-        } else if (ch < 0x20) {
+        } else if (ch < 0x20 || (bytes && ch >= 0x7f)) {
             char b[8];
             std::snprintf(b, sizeof b, "\\u%04x", ch);
             o += b;
@@ -121,7 +123,7 @@ void json_str(std::string &o, const std::string &s) {
     o += '"';
 }
 
-std::string num(double v, const char *f = "%.9g") {
+std::string json_num(double v, const char *f) {
     if (!std::isfinite(v)) return "null";
     return strprintf(f, v);
 }
@@ -132,7 +134,6 @@ std::string csv_str(const std::string &s) {
     return p + "\"";
 }
 
-}  // namespace
 
 bool run_policy(const Checkpoint &ck, const std::string &spec, const std::vector<int32_t> &tokens, int N,
                 int P, EvalResult *r, std::vector<int32_t> *argmax, std::string *err, const Progress &progress,
@@ -332,14 +333,14 @@ std::string to_json(const std::vector<EvalResult> &rs) {
         o += ", \"text\": ";
         json_str(o, r.text);
         o += ", \"tokens\": " + std::to_string(r.tokens) + ", \"prefill\": " + std::to_string(r.prefill) +
-             ", \"nll\": " + num(r.nll) + ", \"ppl\": " + num(r.ppl) + ", \"agreement\": " + num(r.agreement) +
+             ", \"nll\": " + json_num(r.nll) + ", \"ppl\": " + json_num(r.ppl) + ", \"agreement\": " + json_num(r.agreement) +
              ", \"live_bytes\": " + std::to_string(r.live_bytes) +
              ", \"peak_live_bytes\": " + std::to_string(r.peak_live_bytes) +
              ", \"arena_bytes\": " + std::to_string(r.arena_bytes) + ", \"capacity\": " + std::to_string(r.capacity) +
-             ", \"threads\": " + std::to_string(r.threads) + ", \"kv_ratio\": " + num(r.kv_ratio) +
+             ", \"threads\": " + std::to_string(r.threads) + ", \"kv_ratio\": " + json_num(r.kv_ratio) +
              ", \"version\": ";
         json_str(o, r.version);
-        o += ", \"tok_per_s\": " + num(r.tok_per_s, "%.1f") + "}";
+        o += ", \"tok_per_s\": " + json_num(r.tok_per_s, "%.1f") + "}";
         o += i + 1 < rs.size() ? ",\n" : "\n";
     }
     o += "]\n";
@@ -352,10 +353,10 @@ std::string to_csv(const std::vector<EvalResult> &rs) {
         "threads,kv_ratio,version,tok_per_s\n";
     for (const EvalResult &r : rs) {
         o += csv_str(r.policy) + "," + csv_str(r.spec) + "," + csv_str(r.model) + "," + csv_str(r.text) + "," +
-             std::to_string(r.tokens) + "," + std::to_string(r.prefill) + "," + num(r.nll) + "," + num(r.ppl) + "," +
-             num(r.agreement) + "," + std::to_string(r.live_bytes) + "," + std::to_string(r.peak_live_bytes) + "," +
+             std::to_string(r.tokens) + "," + std::to_string(r.prefill) + "," + json_num(r.nll) + "," + json_num(r.ppl) + "," +
+             json_num(r.agreement) + "," + std::to_string(r.live_bytes) + "," + std::to_string(r.peak_live_bytes) + "," +
              std::to_string(r.arena_bytes) + "," + std::to_string(r.capacity) + "," + std::to_string(r.threads) + "," +
-             num(r.kv_ratio) + "," + csv_str(r.version) + "," + num(r.tok_per_s, "%.1f") + "\n";
+             json_num(r.kv_ratio) + "," + csv_str(r.version) + "," + json_num(r.tok_per_s, "%.1f") + "\n";
     }
     return o;
 }
@@ -397,14 +398,14 @@ bool same_figures(const EvalResult &a, const EvalResult &b, std::string *diff) {
     };
     return cmp("policy", a.policy, b.policy) && cmp("spec", a.spec, b.spec) && cmp("model", a.model, b.model) &&
            cmp("text", a.text, b.text) && cmp("tokens", std::to_string(a.tokens), std::to_string(b.tokens)) &&
-           cmp("prefill", std::to_string(a.prefill), std::to_string(b.prefill)) && cmp("nll", num(a.nll), num(b.nll)) &&
-           cmp("ppl", num(a.ppl), num(b.ppl)) && cmp("agreement", num(a.agreement), num(b.agreement)) &&
+           cmp("prefill", std::to_string(a.prefill), std::to_string(b.prefill)) && cmp("nll", json_num(a.nll), json_num(b.nll)) &&
+           cmp("ppl", json_num(a.ppl), json_num(b.ppl)) && cmp("agreement", json_num(a.agreement), json_num(b.agreement)) &&
            cmp("live_bytes", std::to_string(a.live_bytes), std::to_string(b.live_bytes)) &&
            cmp("peak_live_bytes", std::to_string(a.peak_live_bytes), std::to_string(b.peak_live_bytes)) &&
            cmp("arena_bytes", std::to_string(a.arena_bytes), std::to_string(b.arena_bytes)) &&
            cmp("capacity", std::to_string(a.capacity), std::to_string(b.capacity)) &&
            cmp("threads", std::to_string(a.threads), std::to_string(b.threads)) &&
-           cmp("kv_ratio", num(a.kv_ratio), num(b.kv_ratio));
+           cmp("kv_ratio", json_num(a.kv_ratio), json_num(b.kv_ratio));
 }
 
 }  // namespace kvh

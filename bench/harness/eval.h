@@ -91,6 +91,15 @@ std::string to_table(const std::vector<EvalResult> &rs);
 // kv_ratio (no tok/s: it is not reproducible).
 std::string to_markdown(const std::vector<EvalResult> &rs);
 
+// JSON and CSV pieces shared by the results writers. json_str appends s as a JSON string:
+// '"' and '\\' escaped, control bytes as \u00XX, and with `bytes` also 0x7f..0xff (model output
+// that need not be UTF-8; the results reader maps \u00XX back to the byte).
+void json_str(std::string &o, const std::string &s, bool bytes = false);
+// A number as JSON ("null" when not finite).
+std::string json_num(double v, const char *f = "%.9g");
+// A CSV field in double quotes ('"' doubled).
+std::string csv_str(const std::string &s);
+
 // printf into a std::string of any length.
 std::string strprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -23,6 +23,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "checkpoint.h"
@@ -30,6 +31,7 @@
 #include "plot.h"
 #include "session.h"
 #include "spec.h"
+#include "tasks.h"
 
 #ifndef KVP_HARNESS_MODELS_DIR
 #define KVP_HARNESS_MODELS_DIR "models"
@@ -47,6 +49,7 @@ const char *kRunPrompt = "In the beginning";
 const char *kStreamSpec = "policy=streaming sinks=4 window=60 compress_every=1";
 const char *kDefaultModel = "enbytes-1m.bin";
 const char *kDefaultText = "enbytes-1m.eval.txt";
+const char *kDefaultTaskModel = "induction6.bin";  // the bundled model that retrieves (models/README.md)
 
 std::string exe_dir() {
     char buf[4096];
@@ -115,21 +118,41 @@ const char *kUsageEval =
     "kvprune eval --replay RESULTS.json [--json FILE] [--csv FILE]\n"
     "    Re-runs every row of a results file (its model, text, N, P, policy) and compares every\n"
     "    figure except tok/s; exit 1 on a difference. With --json: writes the fresh rows.\n";
+const char *kUsageTask =
+    "kvprune eval --task passkey|niah|niah-multikey|recall[,...] [--model M] [--text FILE] [--lengths L,...]\n"
+    "             [--depths D,...] [--samples S] [--seed S] [--setting query-aware|query-agnostic|both]\n"
+    "             [--policy SPEC]... [--compression-ratio R,...] [--threads T] [--json FILE] [--csv FILE]\n"
+    "    Retrieval tasks: a needle (or passage) at each depth of held-out text, every prompt exactly\n"
+    "    L bytes; the answer is greedy-decoded after the question and scored by exact match (recall:\n"
+    "    per byte), with the answer's teacher-forced NLL and live/peak KV bytes per cell.\n"
+    "    query-aware: the question is prefilled with the context (SnapKV's setting); query-agnostic:\n"
+    "    the context is prefilled and compressed first, the question arrives by decode.\n"
+    "    Defaults: model induction6.bin (exact 6-byte induction, context 1024), text enbytes-1m.eval.txt,\n"
+    "    lengths 256,512,1000, depths 0,0.1,...,1, 1 sample, seed 0, both settings, ratios 0.5,0.75,0.875\n"
+    "    applied to every --policy that takes one (full KV runs once), policies: full KV and every\n"
+    "    policy (window, streaming, h2o, snapkv, pyramidkv, lethe, simlayerkv, asl, think over snapkv,\n"
+    "    snapkv with q8/q4 storage); threads: the machine's cores (results do not depend on them).\n"
+    "    Prints the summary table (kvprune report); --json/--csv write one row per cell.\n";
 const char *kUsagePlot =
     "kvprune plot --in results.json --out FILE|- [--format png|svg] [--x auto|bytes|n]\n"
+    "             [--kind heatmap|memory] [--task T] [--setting S]   (task results)\n"
     "    NLL against live KV bytes (or against N for a long-context file: --x auto), one series per\n"
     "    policy family; the title names the model, N and P. FILE.svg writes SVG, otherwise PNG;\n"
-    "    --out - writes to stdout (not a PNG to a terminal). Needs gnuplot.\n";
+    "    --out - writes to stdout (not a PNG to a terminal). Needs gnuplot.\n"
+    "    Task results (kvprune eval --task): --kind heatmap (default) draws the needle heatmap, a panel per\n"
+    "    policy and ratio (length x depth, colour = accuracy) for --task (default: the first row's) and\n"
+    "    --setting; --kind memory draws accuracy against mean live KV bytes, a line per policy.\n";
 const char *kUsageKeys =
     "kvprune keys [--policy NAME] [--markdown]\n"
     "    Every configuration key from the library's own table (kvp_config_key): type, default,\n"
     "    range or values, the policies that use it, meaning. --policy: only that policy's keys.\n";
 const char *kUsageReport =
     "kvprune report --in results.json\n"
-    "    The rows of a results file as a markdown table (the docs' tables are made by it).\n";
+    "    The rows of a results file as a markdown table (the docs' tables are made by it); task results:\n"
+    "    per task, accuracy (recall: mean byte accuracy) and mean live KV per policy x setting x ratio.\n";
 
 std::string usage_all() {
-    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsagePlot + kUsageKeys + kUsageReport +
+    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport +
            "kvprune help | version\n"
            "SPEC is the kvp_config_apply string, e.g. \"policy=streaming sinks=4 window=60\" (`kvprune keys`).\n"
            "Models with vocab 256 read text as bytes; others read whitespace-separated token ids.\n";
@@ -421,12 +444,15 @@ int finish_eval(const Args &a, std::vector<EvalResult> &all, const std::string &
     return 0;
 }
 
+int cmd_task_replay(const Args &a, const std::string &in, const std::string &json);
+
 int cmd_replay(const Args &a) {
     std::string err;
     const std::string in = a.get("replay");
     std::ifstream f(in, std::ios::binary);
     if (!f) return error("eval", "cannot open '" + in + "'");
     std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (is_task_results(text)) return cmd_task_replay(a, in, text);
     std::vector<EvalResult> old;
     if (!parse_results_json(text, &old, &err)) return error("eval", in + ": " + err);
     if (old.empty()) return error("eval", in + ": no rows to replay");
@@ -486,10 +512,196 @@ int cmd_replay(const Args &a) {
     return rc ? rc : (diffs ? 1 : 0);
 }
 
+// ---------------------------------------------------------------- eval --task
+
+// "a,b,c" -> numbers / integers; false on an empty item or a bad number.
+bool split_list(const std::string &s, std::vector<std::string> *out) {
+    out->clear();
+    std::string cur;
+    for (size_t i = 0; i <= s.size(); i++) {
+        if (i == s.size() || s[i] == ',') {
+            if (cur.empty()) return false;
+            out->push_back(cur);
+            cur.clear();
+        } else {
+            cur += s[i];
+        }
+    }
+    return true;
+}
+
+bool read_text_file(const std::string &path, std::string *out, std::string *err) {
+    std::vector<int32_t> bytes;  // load_tokens' checks (regular file, readable), as bytes
+    if (!load_tokens(path, 256, &bytes, err)) return false;
+    out->assign(bytes.begin(), bytes.end());
+    return true;
+}
+
+// Progress of a task grid on stderr: a bar on a terminal, else a line every `every` seconds.
+struct TaskBar {
+    bool on = true, tty = false;
+    double every = 10;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now(), last = t0;
+    void operator()(size_t done, size_t total) {
+        if (!on) return;
+        const auto now = std::chrono::steady_clock::now();
+        const double el = std::chrono::duration<double>(now - t0).count();
+        const double eta = done ? el / (double)done * (double)(total - done) : 0;
+        if (tty) {
+            const int W = 30, f = total ? (int)(W * done / total) : W;
+            std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu cells, %.1f cells/s, ETA %.0fs   ", f,
+                         "##############################", W - f, "", done, total, el > 0 ? done / el : 0.0, eta);
+            if (done == total) std::fprintf(stderr, "\n");
+        } else if (done == total || std::chrono::duration<double>(now - last).count() >= every) {
+            std::fprintf(stderr, "kvprune eval: %zu/%zu cells, %.1f cells/s, ETA %.0fs\n", done, total,
+                         el > 0 ? done / el : 0.0, eta);
+            last = now;
+        }
+        std::fflush(stderr);
+    }
+};
+
+int finish_task(const Args &a, const std::vector<TaskResult> &rows, const std::string &failures) {
+    std::string err;
+    if (a.has("json") && !write_file(a.get("json"), tasks_to_json(rows), &err)) return error("eval", err);
+    if (a.has("csv") && !write_file(a.get("csv"), tasks_to_csv(rows), &err)) return error("eval", err);
+    if (!failures.empty()) {
+        std::istringstream is(failures);
+        std::string line;
+        while (std::getline(is, line)) std::fprintf(stderr, "kvprune eval: error: %s\n", line.c_str());
+        return 1;
+    }
+    return 0;
+}
+
+int default_threads() {
+    const unsigned n = std::thread::hardware_concurrency();
+    return (int)std::max(1u, std::min(n, 8u));
+}
+
+int cmd_task(const Args &a) {
+    for (const char *k : {"tokens", "prefill", "preset", "random-lazy"})
+        if (a.has(k)) return usage_error("eval", std::string("--") + k + " does not apply to --task", kUsageTask);
+    TaskGrid g;
+    std::vector<std::string> items;
+    if (!split_list(a.get("task"), &g.tasks)) return usage_error("eval", "--task takes names separated by commas", kUsageTask);
+    for (const std::string &t : g.tasks) {
+        bool known = false;
+        for (const char *n : kTaskNames) known = known || t == n;
+        if (!known) return usage_error("eval", "unknown task '" + t + "' (known: passkey, niah, niah-multikey, recall)", kUsageTask);
+    }
+    if (!split_list(a.get("lengths", "256,512,1000"), &items))
+        return usage_error("eval", "--lengths takes integers separated by commas", kUsageTask);
+    for (const std::string &x : items) {
+        long long v = 0;
+        if (!to_int(x, 1, INT32_MAX, &v)) return usage_error("eval", "--lengths: '" + x + "' is not a positive integer", kUsageTask);
+        g.lengths.push_back((int)v);
+    }
+    if (!split_list(a.get("depths", "0,0.1,0.2,0.3,0.4,0.5,0.6,0.7,0.8,0.9,1"), &items))
+        return usage_error("eval", "--depths takes numbers separated by commas", kUsageTask);
+    for (const std::string &x : items) {
+        double d = 0;
+        if (!to_num(x, &d) || d < 0 || d > 1) return usage_error("eval", "--depths: '" + x + "' is not a number in [0, 1]", kUsageTask);
+        g.depths.push_back(d);
+    }
+    if (!split_list(a.get("compression-ratio", "0.5,0.75,0.875"), &items))
+        return usage_error("eval", "--compression-ratio takes numbers separated by commas", kUsageTask);
+    for (const std::string &x : items) {
+        double r = 0;
+        if (!to_num(x, &r) || r < 0 || r >= 1)
+            return usage_error("eval", "--compression-ratio: '" + x + "' is not a number in [0, 1)", kUsageTask);
+        g.ratios.push_back(r);
+    }
+    long long samples = 1, seed = 0, threads = default_threads();
+    if (a.has("samples") && !to_int(a.get("samples"), 1, 1000000, &samples))
+        return usage_error("eval", "--samples must be a positive integer", kUsageTask);
+    if (a.has("seed") && !to_int(a.get("seed"), 0, INT64_MAX, &seed))
+        return usage_error("eval", "--seed must be a non-negative integer", kUsageTask);
+    if (a.has("threads") && !to_int(a.get("threads"), 1, 256, &threads))
+        return usage_error("eval", "--threads must be an integer in 1..256", kUsageTask);
+    g.samples = (int)samples;
+    g.seed = (uint64_t)seed;
+    g.threads = (int)threads;
+    const std::string setting = a.get("setting", "both");
+    if (setting == "both") g.settings = {kSettings[0], kSettings[1]};
+    else if (setting == kSettings[0] || setting == kSettings[1]) g.settings = {setting};
+    else return usage_error("eval", "--setting must be query-aware, query-agnostic or both", kUsageTask);
+    std::string err;
+    Checkpoint ck;
+    if (!load_checkpoint(a.get("model", bundled(kDefaultTaskModel)), &ck, &err)) return error("eval", err);
+    std::string text;
+    if (!read_text_file(a.get("text", bundled(kDefaultText)), &text, &err)) return error("eval", err);
+    g.specs = a.all("policy");
+    if (g.specs.empty()) {
+        int longest = 0;
+        for (int L : g.lengths) longest = std::max(longest, L);
+        g.specs = {"policy=full capacity=" + std::to_string(longest + 64)};  // the answer's tokens too
+        for (const std::string &s : default_task_specs()) g.specs.push_back(s);
+    }
+    g.model_name = display_name(a, "model", kDefaultTaskModel);
+    g.text_name = display_name(a, "text", kDefaultText);
+    std::vector<TaskResult> rows;
+    if (!expand_task_grid(ck, text, g, &rows, &err)) return error("eval", err);
+    TaskBar bar;
+    bar.on = !a.has("no-progress");
+    bar.tty = isatty(2) != 0;
+    if (a.has("progress-every") && !to_num(a.get("progress-every"), &bar.every))
+        return usage_error("eval", "--progress-every must be a number of seconds >= 0", kUsageTask);
+    std::fprintf(stderr, "kvprune eval: %zu cells (%zu tasks x %zu policies/ratios x %zu settings x %zu lengths x %zu depths x %d samples) on %d threads\n",
+                 rows.size(), g.tasks.size(), rows.size() / (g.tasks.size() * g.settings.size() * g.lengths.size() * g.depths.size() * g.samples),
+                 g.settings.size(), g.lengths.size(), g.depths.size(), g.samples, g.threads);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string failures;
+    if (!run_task_rows(ck, text, &rows, g.threads, &failures, [&bar](size_t d, size_t t) { bar(d, t); })) {}
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s", task_report(rows).c_str());
+    std::printf("%zu cells in %.1f s on %d threads\n", rows.size(), secs, g.threads);
+    return finish_task(a, rows, failures);
+}
+
+int cmd_task_replay(const Args &a, const std::string &in, const std::string &json) {
+    std::vector<TaskResult> old;
+    std::string err;
+    if (!parse_task_json(json, &old, &err)) return error("eval", in + ": " + err);
+    if (old.empty()) return error("eval", in + ": no rows to replay");
+    // Rows of one (model, text) run together; rows keep their order.
+    std::vector<TaskResult> fresh = old;
+    std::string failures;
+    std::map<std::pair<std::string, std::string>, std::vector<size_t>> groups;
+    for (size_t i = 0; i < old.size(); i++) groups[{old[i].model, old[i].text}].push_back(i);
+    long long threads = default_threads();
+    if (a.has("threads") && !to_int(a.get("threads"), 1, 256, &threads))
+        return usage_error("eval", "--threads must be an integer in 1..256", kUsageEval);
+    for (const auto &grp : groups) {
+        Checkpoint ck;
+        if (!load_checkpoint(find_data_file(grp.first.first), &ck, &err)) return error("eval", err);
+        std::string text;
+        if (!read_text_file(find_data_file(grp.first.second), &text, &err)) return error("eval", err);
+        std::vector<TaskResult> rows;
+        for (size_t i : grp.second) rows.push_back(old[i]);
+        std::string e;
+        if (!run_task_rows(ck, text, &rows, (int)threads, &e)) failures += (failures.empty() ? "" : "\n") + e;
+        for (size_t j = 0; j < rows.size(); j++) fresh[grp.second[j]] = rows[j];
+    }
+    int diffs = 0;
+    for (size_t i = 0; i < old.size(); i++) {
+        std::string d;
+        if (!same_task_figures(old[i], fresh[i], &d)) {
+            ++diffs;
+            std::fprintf(stderr, "kvprune eval: row %zu '%s' %s %s L=%lld depth=%g: %s\n", i, old[i].policy.c_str(),
+                         old[i].task.c_str(), old[i].setting.c_str(), (long long)old[i].length, old[i].depth, d.c_str());
+        }
+    }
+    std::printf("replay of %s: %zu rows, %d differ\n", in.c_str(), old.size(), diffs);
+    const int rc = finish_task(a, fresh, failures);
+    return rc ? rc : (diffs ? 1 : 0);
+}
+
 int cmd_eval(int argc, char **argv) {
     Args a;
     if (!parse_args(argc, argv, 2,
-                    {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy"},
+                    {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy",
+                     "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads"},
                     {"no-progress"}, &a))
         return usage_error("eval", a.err, kUsageEval);
     if (a.help) return help(kUsageEval);
@@ -501,6 +713,10 @@ int cmd_eval(int argc, char **argv) {
     // Output paths first: a typo must not cost a long run.
     for (const char *k : {"json", "csv"})
         if (a.has(k) && !check_writable(a.get(k), &err)) return error("eval", "--" + std::string(k) + ": " + err);
+    if (a.has("task")) return cmd_task(a);
+    for (const char *k : {"lengths", "depths", "samples", "seed", "setting", "compression-ratio"})
+        if (a.has(k)) return usage_error("eval", std::string("--") + k + " applies to --task only", kUsageEval);
+    if (a.has("threads") && !a.has("replay")) return usage_error("eval", "--threads applies to --task and --replay only", kUsageEval);
     if (a.has("replay")) {
         if (a.has("preset") || a.has("policy") || a.has("tokens") || a.has("prefill") || a.has("model") || a.has("text"))
             return usage_error("eval", "--replay takes everything from the results file", kUsageEval);
@@ -625,9 +841,24 @@ bool read_results(const std::string &cmd, const std::string &in, std::vector<Eva
     return true;
 }
 
+// A task results file (rows with a "task" field): read as such, or "" when it holds eval rows.
+bool read_task_results(const std::string &cmd, const std::string &in, std::vector<TaskResult> *rs, bool *is_task, int *rc) {
+    std::ifstream f(in, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    *is_task = f && is_task_results(text);
+    if (!*is_task) return true;
+    std::string err;
+    if (!parse_task_json(text, rs, &err)) {
+        *rc = error(cmd, in + ": " + err);
+        return false;
+    }
+    return true;
+}
+
 int cmd_plot(int argc, char **argv) {
     Args a;
-    if (!parse_args(argc, argv, 2, {"in", "out", "format", "x"}, {}, &a)) return usage_error("plot", a.err, kUsagePlot);
+    if (!parse_args(argc, argv, 2, {"in", "out", "format", "x", "kind", "task", "setting"}, {}, &a))
+        return usage_error("plot", a.err, kUsagePlot);
     if (a.help) return help(kUsagePlot);
     if (!a.has("in") || !a.has("out")) return usage_error("plot", "--in and --out are required", kUsagePlot);
     PlotOptions o;
@@ -639,7 +870,30 @@ int cmd_plot(int argc, char **argv) {
     std::string err;
     if (!check_plot_output(out, o.format, isatty(1) != 0, &err)) return error("plot", err);
     std::vector<EvalResult> rs;
+    std::vector<TaskResult> ts;
     int rc = 0;
+    bool is_task = false;
+    if (!read_task_results("plot", a.get("in"), &ts, &is_task, &rc)) return rc;
+    if (is_task) {  // task rows (kvprune eval --task) have their own plots
+        const std::string kind = a.get("kind", "heatmap");
+        if (kind != "heatmap" && kind != "memory") return usage_error("plot", "--kind must be heatmap or memory", kUsagePlot);
+        const std::string task = a.get("task", ts[0].task), setting = a.get("setting", ts[0].setting);
+        size_t n = 0;
+        for (const TaskResult &t : ts) n += t.task == task && (kind == "memory" || t.setting == setting);
+        if (!n) return error("plot", "no rows for task '" + task + "'" + (kind == "heatmap" ? " and setting '" + setting + "'" : ""));
+        int w = 0, h = 0;
+        auto make = [&](const std::string &file) {
+            return kind == "heatmap" ? task_heatmap_script(ts, task, setting, file, &w, &h)
+                                     : task_memory_script(ts, task, file, &w, &h);
+        };
+        make("");  // the size
+        if (!render_plot(make, out, o.format, w, h, &err)) return error("plot", err);
+        std::fprintf(out == "-" ? stderr : stdout, "wrote %s (%s, %s of %s, %zu cells)\n", out == "-" ? "stdout" : out.c_str(),
+                     o.format.c_str(), kind.c_str(), task.c_str(), n);
+        return 0;
+    }
+    if (a.has("kind") || a.has("task") || a.has("setting"))
+        return usage_error("plot", "--kind, --task and --setting apply to task results (kvprune eval --task)", kUsagePlot);
     if (!read_results("plot", a.get("in"), &rs, &rc)) return rc;
     if (!plot_results(rs, out, o, &err)) return error("plot", err);
     std::fprintf(out == "-" ? stderr : stdout, "wrote %s (%s, %zu points, x axis: %s)\n",
@@ -654,7 +908,14 @@ int cmd_report(int argc, char **argv) {
     if (a.help) return help(kUsageReport);
     if (!a.has("in")) return usage_error("report", "--in is required", kUsageReport);
     std::vector<EvalResult> rs;
+    std::vector<TaskResult> ts;
     int rc = 0;
+    bool is_task = false;
+    if (!read_task_results("report", a.get("in"), &ts, &is_task, &rc)) return rc;
+    if (is_task) {
+        std::printf("%s", task_report(ts).c_str());
+        return 0;
+    }
     if (!read_results("report", a.get("in"), &rs, &rc)) return rc;
     std::printf("%s", to_markdown(rs).c_str());
     return 0;

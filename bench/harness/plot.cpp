@@ -59,7 +59,7 @@ struct JsonReader {
                         if (i + 4 > s.size()) return fail("bad \\u escape");
                         unsigned v = (unsigned)std::strtoul(s.substr(i, 4).c_str(), nullptr, 16);
                         i += 4;
-                        *o += v < 0x80 ? (char)v : '?';  // our writer only escapes control bytes
+                        *o += v < 0x100 ? (char)v : '?';  // our writers escape single bytes only (json_str)
                         break;
                     }
                     default: *o += e;
@@ -159,66 +159,37 @@ bool is_exec(const std::string &p) {
 
 }  // namespace
 
-bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, std::string *err) {
-    out->clear();
+bool parse_json_rows(const std::string &text, std::vector<JsonRow> *rows, std::string *err) {
+    rows->clear();
     JsonReader r(text);
     if (!r.expect('[')) {
-        *err = r.err;
+        *err = "invalid results JSON: " + r.err;
         return false;
     }
     r.ws();
     if (r.i < text.size() && text[r.i] == ']') return true;
     for (;;) {
         if (!r.expect('{')) break;
-        EvalResult e;
-        std::set<std::string> seen;
+        JsonRow row;
         r.ws();
         bool empty = r.i < text.size() && text[r.i] == '}';
         if (empty) r.i++;
         while (!empty) {
-            std::string key, val;
-            bool is_str = false;
-            if (!r.string(&key) || !r.expect(':') || !r.scalar(&val, &is_str)) break;
-            double d = 0;
-            bool num_ok = !is_str && to_double(val, &d);
-            std::string *str_field = key == "policy" ? &e.policy : key == "spec" ? &e.spec : key == "model" ? &e.model
-                                     : key == "text" ? &e.text : key == "version" ? &e.version : nullptr;
-            double *real_field = key == "nll" ? &e.nll : key == "ppl" ? &e.ppl : key == "agreement" ? &e.agreement
-                                 : key == "tok_per_s" ? &e.tok_per_s : key == "kv_ratio" ? &e.kv_ratio : nullptr;
-            uint64_t *u64_field = key == "live_bytes" ? &e.live_bytes : key == "peak_live_bytes" ? &e.peak_live_bytes
-                                  : key == "arena_bytes" ? &e.arena_bytes : key == "capacity" ? &e.capacity
-                                  : key == "threads" ? &e.threads : nullptr;
-            if (str_field) {
-                if (!is_str) return *err = "field " + key + " must be a string", false;
-                *str_field = val;
-            } else if (real_field || u64_field || key == "tokens" || key == "prefill") {
-                if (!num_ok) return *err = "field " + key + " must be a number, got '" + val + "'", false;
-                if (real_field) {
-                    if (std::isinf(d) || (key == "nll" && std::isnan(d)))
-                        return *err = "field " + key + ": '" + val + "' is not a finite number", false;
-                    *real_field = d;
-                } else if (u64_field) {
-                    if (!to_int(key, val, d, 9007199254740992.0, u64_field, err)) return false;
-                } else {
-                    uint64_t v = 0;
-                    if (!to_int(key, val, d, 2147483647.0, &v, err)) return false;
-                    (key == "tokens" ? e.tokens : e.prefill) = (int64_t)v;
-                }
-            }
-            seen.insert(key);
+            std::string key;
+            JsonField f;
+            if (!r.string(&key) || !r.expect(':') || !r.scalar(&f.text, &f.is_str)) break;
+            row.emplace_back(key, f);
             r.ws();
             if (r.i < text.size() && text[r.i] == ',') {
                 r.i++;
                 continue;
             }
-            if (!r.expect('}')) break;
+            r.expect('}');
             break;
         }
         if (!r.err.empty()) break;
-        for (const char *k : {"policy", "nll", "live_bytes"})
-            if (!empty && !seen.count(k)) return *err = std::string("an entry lacks the field ") + k, false;
         if (empty) return *err = "an entry is empty", false;
-        out->push_back(e);
+        rows->push_back(row);
         r.ws();
         if (r.i < text.size() && text[r.i] == ',') {
             r.i++;
@@ -232,6 +203,58 @@ bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, s
     if (!r.err.empty()) {
         *err = "invalid results JSON: " + r.err;
         return false;
+    }
+    return true;
+}
+
+bool json_field_number(const std::string &key, const JsonField &f, double *v, std::string *err) {
+    if (f.is_str || !to_double(f.text, v)) return *err = "field " + key + " must be a number, got '" + f.text + "'", false;
+    return true;
+}
+
+bool json_field_uint(const std::string &key, const JsonField &f, double hi, uint64_t *out, std::string *err) {
+    double d = 0;
+    return json_field_number(key, f, &d, err) && to_int(key, f.text, d, hi, out, err);
+}
+
+bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, std::string *err) {
+    out->clear();
+    std::vector<JsonRow> rows;
+    if (!parse_json_rows(text, &rows, err)) return false;
+    for (const JsonRow &row : rows) {
+        EvalResult e;
+        std::set<std::string> seen;
+        for (const auto &kv : row) {
+            const std::string &key = kv.first, &val = kv.second.text;
+            const bool is_str = kv.second.is_str;
+            std::string *str_field = key == "policy" ? &e.policy : key == "spec" ? &e.spec : key == "model" ? &e.model
+                                     : key == "text" ? &e.text : key == "version" ? &e.version : nullptr;
+            double *real_field = key == "nll" ? &e.nll : key == "ppl" ? &e.ppl : key == "agreement" ? &e.agreement
+                                 : key == "tok_per_s" ? &e.tok_per_s : key == "kv_ratio" ? &e.kv_ratio : nullptr;
+            uint64_t *u64_field = key == "live_bytes" ? &e.live_bytes : key == "peak_live_bytes" ? &e.peak_live_bytes
+                                  : key == "arena_bytes" ? &e.arena_bytes : key == "capacity" ? &e.capacity
+                                  : key == "threads" ? &e.threads : nullptr;
+            if (str_field) {
+                if (!is_str) return *err = "field " + key + " must be a string", false;
+                *str_field = val;
+            } else if (real_field) {
+                double d = 0;
+                if (!json_field_number(key, kv.second, &d, err)) return false;
+                if (std::isinf(d) || (key == "nll" && std::isnan(d)))
+                    return *err = "field " + key + ": '" + val + "' is not a finite number", false;
+                *real_field = d;
+            } else if (u64_field) {
+                if (!json_field_uint(key, kv.second, 9007199254740992.0, u64_field, err)) return false;
+            } else if (key == "tokens" || key == "prefill") {
+                uint64_t v = 0;
+                if (!json_field_uint(key, kv.second, 2147483647.0, &v, err)) return false;
+                (key == "tokens" ? e.tokens : e.prefill) = (int64_t)v;
+            }
+            seen.insert(key);
+        }
+        for (const char *k : {"policy", "nll", "live_bytes"})
+            if (!seen.count(k)) return *err = std::string("an entry lacks the field ") + k, false;
+        out->push_back(e);
     }
     return true;
 }
@@ -434,10 +457,9 @@ bool render(const std::string &gp, const std::vector<std::string> &terms, const 
 
 }  // namespace
 
-bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path, const PlotOptions &o,
-                  std::string *err) {
-    if (rs.empty()) return *err = "no results to plot", false;
-    const std::string fmt = plot_format(out_path == "-" ? "" : out_path, o.format);
+bool render_plot(const std::function<std::string(const std::string &)> &make_script, const std::string &out_path,
+                 const std::string &format, int width, int height, std::string *err) {
+    const std::string fmt = plot_format(out_path == "-" ? "" : out_path, format);
     if (!check_plot_output(out_path, fmt, isatty(1) != 0, err)) return false;
     std::string gp = find_gnuplot();
     if (gp.empty()) {
@@ -446,10 +468,11 @@ bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path
         return false;
     }
     if (gp.find('\'') != std::string::npos) return *err = "gnuplot path contains a quote: " + gp, false;
+    const std::string size = std::to_string(width) + "," + std::to_string(height);
     std::vector<std::string> terms;
-    if (fmt == "svg") terms = {"set terminal svg size 1000,700 dynamic\n"};
-    else terms = {"set terminal pngcairo size 1000,700\n", "set terminal png size 1000,700\n"};
-    if (out_path != "-") return render(gp, terms, gnuplot_script(rs, out_path, o), out_path, err);
+    if (fmt == "svg") terms = {"set terminal svg size " + size + " dynamic\n"};
+    else terms = {"set terminal pngcairo size " + size + "\n", "set terminal png size " + size + "\n"};
+    if (out_path != "-") return render(gp, terms, make_script(out_path), out_path, err);
     // stdout: render into a temporary file, then copy it out (a failed terminal leaves nothing half-written).
     const char *tmpdir = std::getenv("TMPDIR");
     std::string tmpl = std::string(tmpdir && *tmpdir ? tmpdir : "/tmp") + "/kvprune-plot-XXXXXX";
@@ -459,7 +482,7 @@ bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path
     if (fd < 0) return *err = "cannot create a temporary file in " + tmpl, false;
     close(fd);
     const std::string tmp = name.data();
-    bool ok = render(gp, terms, gnuplot_script(rs, tmp, o), tmp, err);
+    bool ok = render(gp, terms, make_script(tmp), tmp, err);
     if (ok) {
         std::FILE *f = std::fopen(tmp.c_str(), "rb");
         char buf[65536];
@@ -471,6 +494,13 @@ bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path
     }
     std::remove(tmp.c_str());
     return ok;
+}
+
+bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path, const PlotOptions &o,
+                  std::string *err) {
+    if (rs.empty()) return *err = "no results to plot", false;
+    return render_plot([&](const std::string &file) { return gnuplot_script(rs, file, o); }, out_path, o.format, 1000, 700,
+                       err);
 }
 
 }  // namespace kvh

@@ -1,12 +1,27 @@
 // `kvprune plot`: NLL against live KV bytes from an eval JSON, one series per policy family,
 // rendered by gnuplot (Debian package gnuplot-nox).
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "eval.h"
 
 namespace kvh {
+
+// A results file is a JSON array of flat objects: each row's fields in file order, scalars as
+// their text (strings unescaped; numbers, true/false/null as written).
+struct JsonField {
+    std::string text;
+    bool is_str = false;
+};
+using JsonRow = std::vector<std::pair<std::string, JsonField>>;
+bool parse_json_rows(const std::string &text, std::vector<JsonRow> *rows, std::string *err);
+// A number field (null = NaN); an unsigned integer field in 0..hi, range-checked before the cast.
+bool json_field_number(const std::string &key, const JsonField &f, double *v, std::string *err);
+bool json_field_uint(const std::string &key, const JsonField &f, double hi, uint64_t *out, std::string *err);
 
 // Parses the JSON written by `kvprune eval --json` (an array of flat objects). Unknown fields
 // are ignored; a missing policy/nll/live_bytes is an error, and so is a number outside its
@@ -43,6 +58,12 @@ bool check_plot_output(const std::string &out_path, const std::string &format, b
 // Writes out_path ("-" = stdout); false with a message (e.g. gnuplot missing) on failure.
 bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path, const PlotOptions &o,
                   std::string *err);
+
+// Runs gnuplot on make_script(file) (the script writes `file`) with a PNG or SVG terminal of
+// width x height, into out_path ("-" = stdout, through a temporary file); the refusals of
+// check_plot_output first; false with a message (e.g. gnuplot missing) on failure.
+bool render_plot(const std::function<std::string(const std::string &)> &make_script, const std::string &out_path,
+                 const std::string &format, int width, int height, std::string *err);
 
 // An output file can be created or overwritten (checked before long runs start).
 bool check_writable(const std::string &path, std::string *err);
