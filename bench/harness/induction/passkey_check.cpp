@@ -53,7 +53,8 @@ bool greedy_answer(Session &s, const std::vector<int32_t> &prompt, int len, std:
 }
 
 bool compare_passkey(const Checkpoint &a, const Checkpoint &b, const std::vector<uint8_t> &hay,
-                     const std::vector<int> &lengths, PasskeyComparison *out, std::string *err) {
+                     const std::vector<int> &lengths, PasskeyComparison *out, std::string *err,
+                     const std::vector<int> &deciles) {
     *out = PasskeyComparison();
     // Full KV over the models' whole context (policy=full capacity=1024 for induction6).
     const int cap = std::min(a.cfg.seq_len, b.cfg.seq_len);
@@ -68,7 +69,11 @@ bool compare_passkey(const Checkpoint &a, const Checkpoint &b, const std::vector
     Session sa, sb;
     if (!sa.init(a, spec, err) || !sb.init(b, spec, err)) return false;
     for (int n : lengths) {
-        for (int d = 1; d <= 9; d++) {
+        for (int d : deciles) {
+            if (d < 0 || d > 10) {
+                *err = "passkey: depth deciles must be in 0..10";
+                return false;
+            }
             uint32_t h = 0x9E3779B9u * (uint32_t)(out->cases + 1);  // a fixed, well-mixed key per prompt
             h ^= h >> 15;
             h *= 0x2C1B3C6Du;
@@ -91,7 +96,7 @@ bool compare_passkey(const Checkpoint &a, const Checkpoint &b, const std::vector
                 return r;
             };
             char line[160];
-            std::snprintf(line, sizeof line, "N %4d depth 0.%d key %s: '%s' %s | '%s' %s", n, d, p.key.c_str(),
+            std::snprintf(line, sizeof line, "N %4d depth %.1f key %s: '%s' %s | '%s' %s", n, d / 10.0, p.key.c_str(),
                           show(ans_a).c_str(), ans_a == want ? "right" : "WRONG", show(ans_b).c_str(),
                           ans_b == want ? "right" : "WRONG");
             out->lines.push_back(line);

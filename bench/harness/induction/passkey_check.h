@@ -35,10 +35,12 @@ struct PasskeyComparison {
     std::vector<std::string> lines;  // one per prompt: N, depth, key, both answers
 };
 
-// Both checkpoints on the same prompts (every length x depths 0.1..0.9, keys from a fixed sequence,
+// Both checkpoints on the same prompts (every length x depths d/10 for d in `deciles`, default 1..9;
+// keys from a fixed sequence,
 // haystack offsets spread over `hay`), full KV with capacity = the smaller model context (every length
 // plus the 6-byte answer must fit in it). Answers are 6 bytes: the space after "is" and the key.
 bool compare_passkey(const Checkpoint &a, const Checkpoint &b, const std::vector<uint8_t> &hay,
-                     const std::vector<int> &lengths, PasskeyComparison *out, std::string *err);
+                     const std::vector<int> &lengths, PasskeyComparison *out, std::string *err,
+                     const std::vector<int> &deciles = {1, 2, 3, 4, 5, 6, 7, 8, 9});
 
 }  // namespace kvh

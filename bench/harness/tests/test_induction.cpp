@@ -114,8 +114,14 @@ TEST(InductionGenerator, SamePasskeyAnswersAsTheBundledModel) {
     ASSERT_TRUE(load_checkpoint(generated_model_path(), &gen, &err)) << err;
     ASSERT_TRUE(load_checkpoint(kDir + "/induction6.bin", &ref, &err)) << err;
     PasskeyComparison r;
+#ifdef KVP_INDUCTION_QUICK
+    // Sanitizer build: the forward runs ~60x slower (the full grid took 11 minutes), so 4 of the 18.
+    ASSERT_TRUE(compare_passkey(gen, ref, hay, {256, 512}, &r, &err, {2, 8})) << err;
+    ASSERT_EQ(r.cases, 4);
+#else
     ASSERT_TRUE(compare_passkey(gen, ref, hay, {256, 512}, &r, &err)) << err;
     ASSERT_EQ(r.cases, 18);
+#endif
     for (const std::string &l : r.lines) std::printf("[ passkey ] %s\n", l.c_str());
     std::printf("[ passkey ] %d prompts: generated %d right, induction6.bin %d right, %d identical answers\n",
                 r.cases, r.right_a, r.right_b, r.same);
