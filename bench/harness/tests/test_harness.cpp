@@ -52,8 +52,8 @@ bool read_golden(const std::string &path, Golden *g) {
 }
 
 const Checkpoint &model(const std::string &name) {
-    static Checkpoint en, st;
-    Checkpoint &c = name == "enbytes-1m" ? en : st;
+    static Checkpoint en, st, ind;
+    Checkpoint &c = name == "enbytes-1m" ? en : name == "induction6" ? ind : st;
     if (c.data.empty()) {
         std::string err;
         EXPECT_TRUE(load_checkpoint(kDir + "/" + name + ".bin", &c, &err)) << err;
@@ -69,6 +69,11 @@ std::vector<int32_t> eval_text_tokens() {
 }
 
 class GoldenTest : public ::testing::TestWithParam<const char *> {};
+
+// Largest absolute logit error accepted against the PyTorch forward. induction6's float32 sums run over
+// a residual of 1152 (enbytes-1m: 128) with logits of the same range (about -21..21): its measured
+// error is 1.6e-4 in both paths (enbytes-1m 1.5e-5, stories260K 6.6e-5), so it gets 4e-4, the others 1e-4.
+double golden_tolerance(const std::string &name) { return name == "induction6" ? 4e-4 : 1e-4; }
 
 // All golden positions in one kvp_prefill chunk.
 TEST_P(GoldenTest, PrefillLogitsMatch) {
@@ -87,7 +92,7 @@ TEST_P(GoldenTest, PrefillLogitsMatch) {
     EXPECT_EQ(s.max_chunk_used(), n);
     double maxd = 0;
     for (size_t i = 0; i < lg.size(); i++) maxd = std::max(maxd, (double)std::fabs(lg[i] - g.logits[i]));
-    EXPECT_LT(maxd, 1e-4) << name << ": max abs logit error (prefill)";
+    EXPECT_LT(maxd, golden_tolerance(name)) << name << ": max abs logit error (prefill)";
     std::printf("[ golden ] %s prefill max abs error %.3g\n", name.c_str(), maxd);
 }
 
@@ -113,19 +118,20 @@ TEST_P(GoldenTest, DecodeLogitsMatch) {
         for (int i = 0; i < V; i++)
             maxd = std::max(maxd, (double)std::fabs(lg[i] - g.logits[(size_t)t * V + i]));
     }
-    EXPECT_LT(maxd, 1e-4) << name << ": max abs logit error (decode)";
+    EXPECT_LT(maxd, golden_tolerance(name)) << name << ": max abs logit error (decode)";
     std::printf("[ golden ] %s decode max abs error %.3g\n", name.c_str(), maxd);
 }
 
 // The greedy continuation of the golden file (prompt: 16 bytes for enbytes-1m, token 1 for
-// stories260K; the golden sequence includes the prompt).
+// stories260K, the whole 256-byte passkey prompt for induction6, whose continuation is the key;
+// the golden sequence includes the prompt).
 TEST_P(GoldenTest, GreedyContinuationMatches) {
     const std::string name = GetParam();
     const Checkpoint &ck = model(name);
     ASSERT_FALSE(ck.data.empty());
     Golden g;
     ASSERT_TRUE(read_golden(kDir + "/" + name + ".golden", &g));
-    const int n_prompt = name == "enbytes-1m" ? 16 : 1, V = g.vocab;
+    const int n_prompt = name == "enbytes-1m" ? 16 : name == "induction6" ? (int)g.tokens.size() : 1, V = g.vocab;
     const int ng = (int)g.greedy.size();
     ASSERT_GT(ng, n_prompt);
     Session s;
@@ -149,7 +155,7 @@ TEST_P(GoldenTest, GreedyContinuationMatches) {
     EXPECT_EQ(mismatch, -1) << name << ": greedy continuation diverges at position " << mismatch;
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenTest, ::testing::Values("enbytes-1m", "stories260K"));
+INSTANTIATE_TEST_SUITE_P(Checkpoints, GoldenTest, ::testing::Values("enbytes-1m", "stories260K", "induction6"));
 
 // Full KV: the NLL of tokens 64..255 through kvp_prefill(64) + kvp_decode equals the NLL of
 // the same 256 tokens run through one kvp_prefill chunk (positions 0..255).
