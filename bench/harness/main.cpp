@@ -121,7 +121,7 @@ const char *kUsageEval =
 const char *kUsageTask =
     "kvprune eval --task passkey|niah|niah-multikey|recall[,...] [--model M] [--text FILE] [--lengths L,...]\n"
     "             [--depths D,...] [--samples S] [--seed S] [--setting query-aware|query-agnostic|both]\n"
-    "             [--policy SPEC]... [--compression-ratio R,...] [--threads T] [--json FILE] [--csv FILE]\n"
+    "             [--policy SPEC]... [--compression-ratio R,...] [--threads T] [--answers] [--json FILE] [--csv FILE]\n"
     "    Retrieval tasks: a needle (or passage) at each depth of held-out text, every prompt exactly\n"
     "    L bytes; the answer is greedy-decoded after the question and scored by exact match (recall:\n"
     "    per byte), with the answer's teacher-forced NLL and live/peak KV bytes per cell.\n"
@@ -132,7 +132,8 @@ const char *kUsageTask =
     "    applied to every --policy that takes one (full KV runs once), policies: full KV and every\n"
     "    policy (window, streaming, h2o, snapkv, pyramidkv, lethe, simlayerkv, asl, think over snapkv,\n"
     "    snapkv with q8/q4 storage); threads: the machine's cores (results do not depend on them).\n"
-    "    Prints the summary table (kvprune report); --json/--csv write one row per cell.\n";
+    "    Prints the summary table (kvprune report), after one line per cell with --answers (expected and\n"
+    "    answered bytes, right or wrong, live KV); --json/--csv write one row per cell.\n";
 const char *kUsagePlot =
     "kvprune plot --in results.json --out FILE|- [--format png|svg] [--x auto|bytes|n]\n"
     "             [--kind heatmap|memory] [--task T] [--setting S]   (task results)\n"
@@ -654,6 +655,20 @@ int cmd_task(const Args &a) {
     std::string failures;
     if (!run_task_rows(ck, text, &rows, g.threads, &failures, [&bar](size_t d, size_t t) { bar(d, t); })) {}
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (a.has("answers")) {  // one line per cell: what the model answered, right or wrong, and the bytes kept
+        size_t w = 6;
+        for (const TaskResult &r : rows) w = std::max(w, r.policy.size());
+        std::printf("%-*s  %-14s %5s %5s  %-10s %-10s %-5s %9s\n", (int)w, "policy", "setting", "len", "depth", "expected",
+                    "answered", "", "live KiB");
+        for (const TaskResult &r : rows) {
+            std::string shown;
+            for (char c : r.generated) shown += (unsigned char)c >= 0x20 && (unsigned char)c < 0x7f ? c : '?';
+            std::printf("%-*s  %-14s %5lld %5.2f  %-10s %-10s %-5s %9.0f\n", (int)w, r.policy.c_str(), r.setting.c_str(),
+                        (long long)r.length, r.depth, r.answer.c_str(), ("'" + shown + "'").c_str(),
+                        r.correct ? "right" : "WRONG", (double)r.live_bytes / 1024);
+        }
+        std::printf("\n");
+    }
     std::printf("%s", task_report(rows).c_str());
     std::printf("%zu cells in %.1f s on %d threads\n", rows.size(), secs, g.threads);
     return finish_task(a, rows, failures);
@@ -702,7 +717,7 @@ int cmd_eval(int argc, char **argv) {
     if (!parse_args(argc, argv, 2,
                     {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy",
                      "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads"},
-                    {"no-progress"}, &a))
+                    {"no-progress", "answers"}, &a))
         return usage_error("eval", a.err, kUsageEval);
     if (a.help) return help(kUsageEval);
     std::string err;
@@ -714,7 +729,7 @@ int cmd_eval(int argc, char **argv) {
     for (const char *k : {"json", "csv"})
         if (a.has(k) && !check_writable(a.get(k), &err)) return error("eval", "--" + std::string(k) + ": " + err);
     if (a.has("task")) return cmd_task(a);
-    for (const char *k : {"lengths", "depths", "samples", "seed", "setting", "compression-ratio"})
+    for (const char *k : {"lengths", "depths", "samples", "seed", "setting", "compression-ratio", "answers"})
         if (a.has(k)) return usage_error("eval", std::string("--") + k + " applies to --task only", kUsageEval);
     if (a.has("threads") && !a.has("replay")) return usage_error("eval", "--threads applies to --task and --replay only", kUsageEval);
     if (a.has("replay")) {
