@@ -242,6 +242,19 @@ bool run_eval(const Checkpoint &ck, const std::vector<int32_t> &tokens, int N, i
         std::string resolved, e;
         ok[i] = resolve_spec(ck.cfg, specs[i], N, &resolved, &cfgs[i], &e);
         if (!ok[i]) failed(specs[i], "bad policy spec: " + e);
+        const kvp_config &c = cfgs[i];
+        const bool never_evicts = c.policy == KVP_POLICY_FULL ||
+                                  (c.policy == KVP_POLICY_THINK && c.token_policy == KVP_POLICY_FULL) ||
+                                  (c.policy == KVP_POLICY_STREAMING && c.compress_every == 0);
+        Session s;
+        if (ok[i] && never_evicts && s.init(ck, resolved, &e) && (int64_t)s.max_layer_capacity() < N) {
+            // It would fail with KVP_ERR_FULL after max_layer_capacity tokens: say so before running.
+            ok[i] = false;
+            failed(specs[i], strprintf("KVP_ERR_FULL before running: this policy never evicts and its layers hold %u "
+                                       "tokens, fewer than N = %d (raise capacity to at least %d, or choose a policy "
+                                       "that evicts)",
+                                       s.max_layer_capacity(), N, N));
+        }
     }
     std::vector<std::vector<int32_t>> am(specs.size());
     std::vector<EvalResult> rows(specs.size());

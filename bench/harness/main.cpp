@@ -115,9 +115,10 @@ const char *kUsageEval =
     "kvprune eval --preset longctx [--model M] [--text FILE] [--json FILE] [--csv FILE]\n"
     "    NLL at 1x, 4x and 8x the model's trained context: full (original positions) vs\n"
     "    streaming sinks 4 + window 60 (realign, and original positions).\n"
-    "kvprune eval --replay RESULTS.json [--json FILE] [--csv FILE]\n"
+    "kvprune eval --replay RESULTS.json [--json FILE] [--csv FILE] [--threads T] [--replay-every K]\n"
     "    Re-runs every row of a results file (its model, text, N, P, policy) and compares every\n"
-    "    figure except tok/s; exit 1 on a difference. With --json: writes the fresh rows.\n";
+    "    figure except tok/s; exit 1 on a difference. With --json: writes the fresh rows.\n"
+    "    Task results (--task): every figure but the times; --replay-every K re-runs rows 0, K, 2K, ...\n";
 const char *kUsageTask =
     "kvprune eval --task passkey|niah|niah-multikey|recall[,...] [--model M] [--text FILE] [--lengths L,...]\n"
     "             [--depths D,...] [--samples S] [--seed S] [--setting query-aware|query-agnostic|both]\n"
@@ -675,9 +676,13 @@ int cmd_task(const Args &a) {
 }
 
 int cmd_task_replay(const Args &a, const std::string &in, const std::string &json) {
-    std::vector<TaskResult> old;
+    std::vector<TaskResult> all_rows, old;
     std::string err;
-    if (!parse_task_json(json, &old, &err)) return error("eval", in + ": " + err);
+    if (!parse_task_json(json, &all_rows, &err)) return error("eval", in + ": " + err);
+    long long every = 1;
+    if (a.has("replay-every") && !to_int(a.get("replay-every"), 1, INT32_MAX, &every))
+        return usage_error("eval", "--replay-every must be a positive integer", kUsageEval);
+    for (size_t i = 0; i < all_rows.size(); i += (size_t)every) old.push_back(all_rows[i]);  // rows 0, K, 2K, ...
     if (old.empty()) return error("eval", in + ": no rows to replay");
     // Rows of one (model, text) run together; rows keep their order.
     std::vector<TaskResult> fresh = old;
@@ -708,6 +713,7 @@ int cmd_task_replay(const Args &a, const std::string &in, const std::string &jso
         }
     }
     std::printf("replay of %s: %zu rows, %d differ\n", in.c_str(), old.size(), diffs);
+    if (every > 1) std::printf("(every %lld-th of its %zu rows)\n", every, all_rows.size());
     const int rc = finish_task(a, fresh, failures);
     return rc ? rc : (diffs ? 1 : 0);
 }
@@ -716,7 +722,7 @@ int cmd_eval(int argc, char **argv) {
     Args a;
     if (!parse_args(argc, argv, 2,
                     {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy",
-                     "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads"},
+                     "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads", "replay-every"},
                     {"no-progress", "answers"}, &a))
         return usage_error("eval", a.err, kUsageEval);
     if (a.help) return help(kUsageEval);
@@ -732,6 +738,7 @@ int cmd_eval(int argc, char **argv) {
     for (const char *k : {"lengths", "depths", "samples", "seed", "setting", "compression-ratio", "answers"})
         if (a.has(k)) return usage_error("eval", std::string("--") + k + " applies to --task only", kUsageEval);
     if (a.has("threads") && !a.has("replay")) return usage_error("eval", "--threads applies to --task and --replay only", kUsageEval);
+    if (a.has("replay-every") && !a.has("replay")) return usage_error("eval", "--replay-every applies to --replay only", kUsageEval);
     if (a.has("replay")) {
         if (a.has("preset") || a.has("policy") || a.has("tokens") || a.has("prefill") || a.has("model") || a.has("text"))
             return usage_error("eval", "--replay takes everything from the results file", kUsageEval);

@@ -260,18 +260,27 @@ bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, s
 }
 
 std::string policy_family(const std::string &spec) {
-    std::string policy = "full", positions;
-    size_t p = 0;
-    while (p < spec.size()) {
-        while (p < spec.size() && std::isspace((unsigned char)spec[p])) p++;
-        size_t e = p;
-        while (e < spec.size() && !std::isspace((unsigned char)spec[e])) e++;
-        std::string kv = spec.substr(p, e - p);
-        if (kv.compare(0, 7, "policy=") == 0) policy = kv.substr(7);
-        if (kv.compare(0, 10, "positions=") == 0) positions = kv.substr(10);
-        p = e;
+    // The keys a budget curve moves along; every other key names a configuration of its own.
+    static const char *const kAlong[] = {"compression_ratio", "budget", "window", "capacity", "extra",
+                                         "key_channel_ratio", "value_channel_ratio"};
+    std::string policy = "full", positions, rest;
+    std::istringstream is(spec);
+    std::string kv;
+    while (is >> kv) {
+        const std::string k = kv.substr(0, kv.find('='));
+        if (k == "policy") {
+            policy = kv.substr(7);
+            continue;
+        }
+        if (k == "positions") {
+            positions = kv.substr(10);
+            continue;
+        }
+        bool along = false;
+        for (const char *x : kAlong) along = along || k == x;
+        if (!along) rest += " " + kv;
     }
-    return positions.empty() ? policy : policy + ", " + positions + " positions";
+    return policy + rest + (positions.empty() ? "" : ", " + positions + " positions");
 }
 
 std::string find_gnuplot() {

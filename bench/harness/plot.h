@@ -29,8 +29,11 @@ bool json_field_uint(const std::string &key, const JsonField &f, double hi, uint
 // friends: finite or null), checked before any conversion.
 bool parse_results_json(const std::string &text, std::vector<EvalResult> *out, std::string *err);
 
-// Family of a spec: the value of its `policy=` key ("full" when absent), plus the position
-// mode when the spec sets one explicitly ("streaming, original positions").
+// The series of a spec in plots and task tables: the value of its `policy=` key ("full" when
+// absent), then every other key but those a budget curve moves along (budget, window, capacity,
+// extra, compression_ratio, ThinK's channel ratios), in the spec's order, then the position mode when
+// the spec sets one ("streaming sinks=4, original positions", "h2o kv_dtype=q4"): specs that differ
+// in anything else (kv_dtype, ThinK's token policy, sinks, ...) get series of their own.
 std::string policy_family(const std::string &spec);
 
 // Full path of gnuplot found in $PATH (or $KVPRUNE_GNUPLOT), "" when absent.

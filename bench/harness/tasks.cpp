@@ -661,23 +661,7 @@ std::string task_base_spec(const std::string &policy) {
     return o;
 }
 
-std::string task_label(const std::string &policy) {
-    static const char *const kVarying[] = {"compression_ratio", "budget", "window", "capacity", "key_channel_ratio",
-                                           "value_channel_ratio"};
-    std::istringstream is(policy);
-    std::string t, name = "full", rest;
-    while (is >> t) {
-        const std::string k = t.substr(0, t.find('='));
-        if (k == "policy") {
-            name = t.substr(7);
-            continue;
-        }
-        bool skip = false;
-        for (const char *v : kVarying) skip = skip || k == v;
-        if (!skip) rest += " " + t;
-    }
-    return name + rest;
-}
+std::string task_label(const std::string &policy) { return policy_family(policy); }
 
 namespace {
 

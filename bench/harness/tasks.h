@@ -129,9 +129,8 @@ bool same_task_figures(const TaskResult &a, const TaskResult &b, std::string *di
 
 // The spec without its compression_ratio (the series of the memory plot and the report's rows).
 std::string task_base_spec(const std::string &policy);
-// A short label of a spec for tables and plots: the policy, then every key but the ones a
-// compression ratio sets (budget, window, capacity, channel ratios) — kv_dtype and ThinK stay
-// visible ("snapkv kv_dtype=q4", "think token_policy=snapkv").
+// A short label of a spec for tables and plots: policy_family (plot.h), e.g. "snapkv kv_dtype=q4",
+// "think token_policy=snapkv" (the keys a compression ratio sets are left out).
 std::string task_label(const std::string &policy);
 
 // Summary (markdown): per task, a table of spec rows x (setting, ratio) columns of the accuracy

@@ -360,11 +360,24 @@ TEST(HarnessOutput, JsonRoundTripAndFields) {
     EXPECT_FALSE(parse_results_json("[{\"nll\": 1}]", &back, &err));
     EXPECT_FALSE(parse_results_json("[{\"policy\": \"x\", \"nll\": 1, \"live_bytes\": 2", &back, &err));
     EXPECT_FALSE(parse_results_json("{}", &back, &err));
-    EXPECT_EQ(policy_family("sinks=4 policy=streaming window=60"), "streaming");
+    EXPECT_EQ(policy_family("sinks=4 policy=streaming window=60"), "streaming sinks=4");
     EXPECT_EQ(policy_family("capacity=64"), "full");
-    EXPECT_EQ(policy_family("policy=streaming positions=original sinks=4"), "streaming, original positions");
+    EXPECT_EQ(policy_family("policy=streaming positions=original sinks=4"), "streaming sinks=4, original positions");
+    // Specs that differ in anything but their budget are series of their own (issue 22, item 12).
+    EXPECT_EQ(policy_family("policy=h2o budget=64 kv_dtype=q4"), "h2o kv_dtype=q4");
+    EXPECT_EQ(policy_family("policy=h2o budget=128"), "h2o");
+    EXPECT_EQ(policy_family("policy=think token_policy=h2o budget=64 key_channel_ratio=0.4"), "think token_policy=h2o");
     std::string script = gnuplot_script({r}, "/tmp/x.png");
-    EXPECT_NE(script.find("'streaming'"), std::string::npos) << script;
+    EXPECT_NE(script.find("'streaming \"q\" sinks=4'"), std::string::npos) << script;
+    EXPECT_EQ(script.find("smooth"), std::string::npos) << "points are joined by straight lines";
+    EvalResult q = r, q4 = r;
+    q.policy = "policy=h2o budget=64";
+    q4.policy = "policy=h2o budget=64 kv_dtype=q4";
+    script = gnuplot_script({q, q4}, "/tmp/x.png");
+    EXPECT_NE(script.find("'h2o'"), std::string::npos) << script;
+    EXPECT_NE(script.find("'h2o kv_dtype=q4'"), std::string::npos) << script;
+    EXPECT_NE(script.find("pt 7 "), std::string::npos) << script;
+    EXPECT_NE(script.find("pt 6 "), std::string::npos) << "another marker for the q4 series: " << script;
 }
 
 

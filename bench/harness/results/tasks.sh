@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Issue 19's retrieval figures (docs/harness.md "Retrieval tasks"): every default policy at 50/25/12.5%
+# of the prompt's tokens and full KV, both settings, 11 depths, on the retrieval model induction6.bin:
+# passkey and recall at lengths 256/512/1000, niah-multikey at 512/768/1000 (four needles need room).
+# Writes tasks-<task>.json (replayed in part by ctest), the heatmaps per setting, the accuracy-vs-memory
+# plot and tasks-report.md (kvprune report of the three files).
+#   bash bench/harness/results/tasks.sh [build dir, default build]
+set -euo pipefail
+cd "$(dirname "$0")/../../.."
+B=${1:-build}
+K=$B/bench/harness/kvprune
+R=bench/harness/results
+for t in passkey niah-multikey recall; do
+  lengths=256,512,1000
+  [ "$t" = niah-multikey ] && lengths=512,768,1000
+  /usr/bin/time -f "$t grid: %e s wall, %M KiB peak RSS" "$K" eval --task "$t" --lengths "$lengths" \
+    --json "$R/tasks-$t.json" --progress-every 60 >"$R/tasks-$t.txt"
+  for s in query-aware query-agnostic; do
+    "$K" plot --in "$R/tasks-$t.json" --out "$R/tasks-$t-$s.png" --setting "$s"
+  done
+  "$K" plot --in "$R/tasks-$t.json" --out "$R/tasks-$t-memory.png" --kind memory
+done
+{ for t in passkey niah-multikey recall; do "$K" report --in "$R/tasks-$t.json"; done; } >"$R/tasks-report.md"
+echo "load average after the grids: $(cut -d' ' -f1-3 /proc/loadavg)"
