@@ -272,7 +272,28 @@ const char *vtype_name(uint32_t t) {
     return t < 13 ? n[t] : "?";
 }
 
+// A name from the file as it may appear in a one-line message: printable ASCII, at most 64 bytes.
+std::string shown(const std::string &s) {
+    std::string o;
+    for (unsigned char ch : s) {
+        if (o.size() >= 64) {
+            o += "...";
+            break;
+        }
+        if (ch >= 32 && ch < 127) {
+            o.push_back((char)ch);
+        } else {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\x%02x", ch);
+            o += b;
+        }
+    }
+    return o;
+}
+
 }  // namespace
+
+std::string gguf_shown(const std::string &s) { return shown(s); }
 
 bool GgufFile::parse(const uint8_t *data, size_t size, const std::string &name, std::string *err) {
     kv_.clear();
@@ -303,30 +324,30 @@ bool GgufFile::parse(const uint8_t *data, size_t size, const std::string &name, 
     for (uint64_t i = 0; i < n_kv; i++) {
         GgufKV kv;
         if (!c.str(&kv.key, "a metadata key") || !c.u32(&kv.type, "a metadata type")) return fail(c.what);
-        if (!seen.insert(kv.key).second) return fail("metadata key '" + kv.key + "' appears twice");
+        if (!seen.insert(kv.key).second) return fail("metadata key '" + shown(kv.key) + "' appears twice");
         if (kv.type == GGUF_ARRAY) {
             if (!c.u32(&kv.arr_type, "an array type") || !c.u64(&kv.arr_n, "an array length")) return fail(c.what);
             kv.pos = c.pos;
             if (kv.arr_type == GGUF_STRING) {
-                if (kv.arr_n > (size - c.pos) / 8) return fail("array '" + kv.key + "' length cannot fit in the file");
+                if (kv.arr_n > (size - c.pos) / 8) return fail("array '" + shown(kv.key) + "' length cannot fit in the file");
                 for (uint64_t j = 0; j < kv.arr_n; j++)
-                    if (!c.skip_str("a string array element")) return fail(c.what + " (key '" + kv.key + "')");
+                    if (!c.skip_str("a string array element")) return fail(c.what + " (key '" + shown(kv.key) + "')");
             } else {
                 const uint64_t es = scalar_size(kv.arr_type);
                 if (es == 0)
-                    return fail("array '" + kv.key + "' has element type " + std::to_string(kv.arr_type) +
+                    return fail("array '" + shown(kv.key) + "' has element type " + std::to_string(kv.arr_type) +
                                 " (nested arrays and unknown types are not supported)");
-                if (kv.arr_n > (size - c.pos) / es) return fail("array '" + kv.key + "' length cannot fit in the file");
+                if (kv.arr_n > (size - c.pos) / es) return fail("array '" + shown(kv.key) + "' length cannot fit in the file");
                 c.pos += kv.arr_n * es;
             }
         } else if (kv.type == GGUF_STRING) {
             kv.pos = c.pos;
-            if (!c.skip_str("a string value")) return fail(c.what + " (key '" + kv.key + "')");
+            if (!c.skip_str("a string value")) return fail(c.what + " (key '" + shown(kv.key) + "')");
         } else {
             const uint64_t es = scalar_size(kv.type);
-            if (es == 0) return fail("metadata '" + kv.key + "' has unknown type " + std::to_string(kv.type));
+            if (es == 0) return fail("metadata '" + shown(kv.key) + "' has unknown type " + std::to_string(kv.type));
             kv.pos = c.pos;
-            if (!c.need(es, "a metadata value")) return fail(c.what + " (key '" + kv.key + "')");
+            if (!c.need(es, "a metadata value")) return fail(c.what + " (key '" + shown(kv.key) + "')");
             c.pos += es;
         }
         kv_.push_back(std::move(kv));
@@ -343,25 +364,25 @@ bool GgufFile::parse(const uint8_t *data, size_t size, const std::string &name, 
         GgufTensor t;
         if (!c.str(&t.name, "a tensor name") || !c.u32(&t.n_dims, "a tensor's dimension count")) return fail(c.what);
         if (t.n_dims < 1 || t.n_dims > 4)
-            return fail("tensor '" + t.name + "' has " + std::to_string(t.n_dims) + " dimensions (1..4)");
+            return fail("tensor '" + shown(t.name) + "' has " + std::to_string(t.n_dims) + " dimensions (1..4)");
         uint64_t total = 1;
         for (uint32_t d = 0; d < t.n_dims; d++) {
             if (!c.u64(&t.ne[d], "a tensor dimension")) return fail(c.what);
             if (t.ne[d] == 0 || t.ne[d] > ((uint64_t)1 << 40) || total > ((uint64_t)1 << 40) / t.ne[d])
-                return fail("tensor '" + t.name + "' has a zero or absurd dimension " + std::to_string(t.ne[d]));
+                return fail("tensor '" + shown(t.name) + "' has a zero or absurd dimension " + std::to_string(t.ne[d]));
             total *= t.ne[d];
         }
         if (!c.u32(&t.type, "a tensor type") || !c.u64(&t.offset, "a tensor offset")) return fail(c.what);
-        if (!seen.insert(t.name).second) return fail("tensor '" + t.name + "' appears twice");
+        if (!seen.insert(t.name).second) return fail("tensor '" + shown(t.name) + "' appears twice");
         uint64_t be = 0, bb = 0;
         if (ggml_block(t.type, &be, &bb)) {
             if (t.ne[0] % be != 0)
-                return fail("tensor '" + t.name + "' of type " + ggml_type_name(t.type) + " has rows of " +
+                return fail("tensor '" + shown(t.name) + "' of type " + ggml_type_name(t.type) + " has rows of " +
                             std::to_string(t.ne[0]) + " elements, not a multiple of its block of " + std::to_string(be));
             t.nbytes = total / be * bb;
         }
         if (t.offset % align_ != 0)
-            return fail("tensor '" + t.name + "' offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+            return fail("tensor '" + shown(t.name) + "' offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
                         std::to_string(align_));
         tensors_.push_back(std::move(t));
     }
@@ -372,7 +393,7 @@ bool GgufFile::parse(const uint8_t *data, size_t size, const std::string &name, 
         // Unknown types keep nbytes 0 and no data: the model loader names them; info lists them.
         if (t.nbytes == 0) continue;
         if (t.offset > room || t.nbytes > room - t.offset)
-            return fail("tensor '" + t.name + "' (" + std::to_string(t.nbytes) + " bytes at data offset " +
+            return fail("tensor '" + shown(t.name) + "' (" + std::to_string(t.nbytes) + " bytes at data offset " +
                         std::to_string(t.offset) + ") extends past the end of the file");
         t.data = data + data_start + t.offset;
     }
@@ -490,8 +511,7 @@ std::string GgufFile::value_text(const GgufKV &k) const {
     std::string s;
     if (k.type == GGUF_STRING) {
         get_str(k.key, &s);
-        if (s.size() > 60) s = s.substr(0, 57) + "...";
-        return "\"" + s + "\"";
+        return "\"" + shown(s) + "\"";
     }
     if (k.type == GGUF_BOOL) return base_[k.pos] ? "true" : "false";
     double f;

@@ -33,6 +33,8 @@ bool ggml_block(uint32_t t, uint64_t *block_elems, uint64_t *block_bytes);
 // unsupported type. src must hold n / block_elems * block_bytes bytes.
 bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n);
 float fp16_to_f32(uint16_t h);
+// A string from a file as shown in a one-line message: printable ASCII (others as \xNN), <= 64 bytes.
+std::string gguf_shown(const std::string &s);
 float bf16_to_f32(uint16_t h);
 
 struct GgufKV {

@@ -33,7 +33,7 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
     out->arch = arch;
     f.get_str("general.name", &out->name);
     if (arch != "llama" && arch != "qwen2" && arch != "qwen3")
-        return fail("architecture '" + arch + "' is not supported (supported: " + kSupportedArch + ")");
+        return fail("architecture '" + gguf_shown(arch) + "' is not supported (supported: " + kSupportedArch + ")");
     const std::string a = arch + ".";
     auto need_int = [&](const std::string &key, int64_t lo, int64_t hi, int64_t *v) {
         if (!f.get_int(a + key, v)) {
@@ -89,7 +89,7 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
     c.rope_theta = (float)theta;
     std::string scaling;
     if (f.get_str(a + "rope.scaling.type", &scaling) && scaling != "none")
-        return fail("RoPE scaling type '" + scaling + "' is not supported (kvprune applies plain RoPE; supported: none)");
+        return fail("RoPE scaling type '" + gguf_shown(scaling) + "' is not supported (kvprune applies plain RoPE; supported: none)");
     double factor = 1.0;
     if (f.get_float(a + "rope.scaling.factor", &factor) && factor != 1.0 && scaling != "none")
         return fail("RoPE scaling factor " + std::to_string(factor) + " is not supported (kvprune applies plain RoPE)");

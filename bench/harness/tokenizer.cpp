@@ -194,7 +194,7 @@ bool Tokenizer::build(Kind kind, const std::string &pre, std::vector<std::string
         bool ok = false;
         for (const char *k : known) ok = ok || pre == k;
         if (!ok) {
-            *err = "tokenizer pre-tokenizer '" + pre + "' is not supported (supported: default, gpt2, llama3, llama-bpe, qwen2, smollm)";
+            *err = "tokenizer pre-tokenizer '" + gguf_shown(pre) + "' is not supported (supported: default, gpt2, llama3, llama-bpe, qwen2, smollm)";
             return false;
         }
     }
@@ -230,7 +230,7 @@ bool Tokenizer::from_gguf(const GgufFile &f, int vocab, std::shared_ptr<const To
     } else if (model == "gpt2") {
         kind = kBpe;
     } else {
-        *err = "tokenizer model '" + model + "' is not supported (supported: llama, gpt2)";
+        *err = "tokenizer model '" + gguf_shown(model) + "' is not supported (supported: llama, gpt2)";
         return false;
     }
     std::vector<std::string> pieces, merges;
