@@ -75,7 +75,7 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
         if (v <= 0 || v > limits[i]) {
             std::fclose(f);
             char b[160];
-            std::snprintf(b, sizeof b, "bad header: %s = %d (expected 1..%d); not a llama2.c checkpoint?",
+            std::snprintf(b, sizeof b, "bad header: %s = %d (expected 1..%d); not a llama2.c checkpoint (nor a GGUF file)?",
                           names[i], (int)h[i], (int)limits[i]);
             return fail(b);
         }
