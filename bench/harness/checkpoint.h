@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvprune/kvprune.h"
+#include "qmatmul.h"
 
 namespace kvh {
 
@@ -57,6 +58,13 @@ struct Checkpoint {
     int64_t context_length = 0;        // GGUF <arch>.context_length (llama2.c: seq_len)
     std::map<std::string, int> weight_types;  // ggml type name -> tensor count (GGUF)
     uint64_t file_bytes = 0;
+    // GGUF matrices of a type other than f32, read where they lie in the mapped file (their f32
+    // pointers above are then null, and data holds only the f32 tensors): qmat[k * n_layers + l]
+    // for k = 0..6 (wq, wk, wv, wo, w1, w2, w3), qcls for the output, qemb for the embedding.
+    // Empty for llama2.c and all-f32 files.
+    std::vector<QView> qmat;
+    QView qcls, qemb;
+    std::shared_ptr<const void> keep;  // the mapping qmat/qcls point into
     // Text <-> ids from the file's metadata (GGUF tokenizer.ggml.*); null: byte or id vocabulary.
     std::shared_ptr<const Tokenizer> tok;
 };

@@ -161,6 +161,44 @@ bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n) {
     }
 }
 
+bool ggml_finite(uint32_t type, const void *src, uint64_t n, uint64_t *bad) {
+    const uint8_t *p = static_cast<const uint8_t *>(src);
+    auto h = [&](uint64_t off) { return (rd16(p + off) & 0x7C00) != 0x7C00; };  // f16 not inf/nan
+    switch (type) {
+        case GGML_F32:
+            for (uint64_t i = 0; i < n; i++) {
+                float f;
+                std::memcpy(&f, p + 4 * i, 4);
+                if (!std::isfinite(f)) return *bad = i, false;
+            }
+            return true;
+        case GGML_F16:
+            for (uint64_t i = 0; i < n; i++)
+                if (!h(2 * i)) return *bad = i, false;
+            return true;
+        case GGML_BF16:
+            for (uint64_t i = 0; i < n; i++)
+                if ((rd16(p + 2 * i) & 0x7F80) == 0x7F80) return *bad = i, false;
+            return true;
+        case GGML_Q8_0:
+        case GGML_Q4_0: {
+            const uint64_t bb = type == GGML_Q8_0 ? 34 : 18;
+            for (uint64_t b = 0; b < n / 32; b++)
+                if (!h(b * bb)) return *bad = b, false;
+            return true;
+        }
+        case GGML_Q4_K:
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * 144) || !h(b * 144 + 2)) return *bad = b, false;
+            return true;
+        case GGML_Q6_K:
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * 210 + 208)) return *bad = b, false;
+            return true;
+        default: return *bad = 0, false;
+    }
+}
+
 // ------------------------------------------------------------------ file
 
 GgufFile::~GgufFile() { close(); }

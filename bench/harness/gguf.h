@@ -32,6 +32,9 @@ bool ggml_block(uint32_t t, uint64_t *block_elems, uint64_t *block_bytes);
 // Dequantizes n elements (a multiple of the type's block) from src to dst; false for an
 // unsupported type. src must hold n / block_elems * block_bytes bytes.
 bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n);
+// True when every scale (quantized types) or element (f32/f16/bf16) of n elements is finite;
+// else false with the index of the first bad block (element for float types) in *bad.
+bool ggml_finite(uint32_t type, const void *src, uint64_t n, uint64_t *bad);
 float fp16_to_f32(uint16_t h);
 // A string from a file as shown in a one-line message: printable ASCII (others as \xNN), <= 64 bytes.
 std::string gguf_shown(const std::string &s);

@@ -25,7 +25,8 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
         out->data.clear();
         return false;
     };
-    GgufFile f;
+    auto fp = std::make_shared<GgufFile>();
+    GgufFile &f = *fp;
     if (!f.open(path, err)) return false;
     out->file_bytes = f.file_size();
     std::string arch;
@@ -153,8 +154,29 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
         if (!t.data)
             return fail("tensor " + w.name + " has type " + ggml_type_name(t.type) + ", not supported (supported: " +
                         kSupportedTypes + ")");
-        total += t.n_elems();
         out->weight_types[ggml_type_name(t.type)]++;
+    }
+    // Matrices (embedding, the seven per-layer products, the output) of a type other than f32 stay
+    // in the mapping and are read there (QView); everything else is dequantized into data.
+    std::vector<char> mapped(order.size(), 0);
+    const int kinds[7] = {1, 2, 3, 4, 6, 7, 8};  // attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_down, ffn_up
+    // A kind is mapped in every layer when any of its layers is not f32 (the f32 path needs the
+    // layers of a kind contiguous in data).
+    mapped[0] = order[0].t->type != GGML_F32;
+    for (int j = 0; j < 7; j++) {
+        bool any_q = false;
+        for (int64_t l = 0; l < L; l++) any_q = any_q || order[1 + (size_t)kinds[j] * L + (size_t)l].t->type != GGML_F32;
+        for (int64_t l = 0; l < L; l++) mapped[1 + (size_t)kinds[j] * L + (size_t)l] = any_q;
+    }
+    if (cls) mapped[1 + 9 * (size_t)L + 1] = order[1 + 9 * (size_t)L + 1].t->type != GGML_F32;
+    for (size_t i = 0; i < order.size(); i++) {
+        if (mapped[i]) {
+            uint64_t bad = 0;
+            if (!ggml_finite(order[i].t->type, order[i].t->data, order[i].t->n_elems(), &bad))
+                return fail("corrupt: tensor " + order[i].name + " holds a non-finite scale or weight in block " + std::to_string(bad));
+        } else {
+            total += order[i].t->n_elems();
+        }
     }
     if (total > ((uint64_t)1 << 32)) return fail("model larger than 4G parameters is not supported by the harness");
     out->data.resize((size_t)total);
@@ -162,6 +184,7 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
     std::vector<const float *> at(order.size());
     for (size_t i = 0; i < order.size(); i++) {
         const GgufTensor &t = *order[i].t;
+        if (mapped[i]) continue;  // at[i] stays null: read through the QView
         dequantize(t.type, t.data, w, t.n_elems());
         for (uint64_t j = 0; j < t.n_elems(); j++)
             if (!std::isfinite(w[j])) return fail("corrupt: tensor " + order[i].name + " holds a non-finite weight at element " + std::to_string(j));
@@ -187,6 +210,31 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
         out->q_norm = at[k];
         out->k_norm = at[k + (size_t)L];
         k += 2 * (size_t)L;
+    }
+    // Non-f32 matrices stay readable in the mapping for the quantized products.
+    auto view = [&](size_t i) {
+        QView v;
+        const GgufTensor &t = *order[i].t;
+        if (!mapped[i]) return v;
+        v.type = t.type;
+        v.data = t.data;
+        v.row_bytes = t.nbytes / t.ne[1];
+        return v;
+    };
+    bool any = false;
+    out->qmat.resize(7 * (size_t)L);
+    for (int j = 0; j < 7; j++)
+        for (int64_t l = 0; l < L; l++) {
+            out->qmat[(size_t)j * L + l] = view(1 + (size_t)kinds[j] * L + l);
+            any = any || out->qmat[(size_t)j * L + l];
+        }
+    out->qcls = view(cls ? 1 + 9 * (size_t)L + 1 : 0);
+    out->qemb = view(0);
+    any = any || out->qcls || out->qemb;
+    if (any) {
+        out->keep = fp;
+    } else {
+        out->qmat.clear();
     }
     std::shared_ptr<const Tokenizer> tk;
     if (!Tokenizer::from_gguf(f, c.vocab, &tk, &e)) return fail(e);

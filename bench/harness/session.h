@@ -43,6 +43,11 @@ public:
     // Feeds one token through kvp_decode; logits receives [vocab]. Allocates nothing.
     bool decode(int32_t token, float *logits, std::string *err);
 
+    // Threads of the quantized GGUF products (default: $KVPRUNE_THREADS, else 2). Results do not
+    // depend on it; the f32 path (llama2.c files, f32 GGUF) is always single-threaded.
+    void set_threads(int n) { threads_ = n < 1 ? 1 : n; }
+    int threads() const { return threads_; }
+
     kvp_stats stats() const;
     // Largest resolved per-layer capacity (kvp_layer_capacity), in token slots.
     uint32_t max_layer_capacity() const;
@@ -72,6 +77,7 @@ private:
     int rows_ = 0;
     int max_chunk_used_ = 0;
     int sel_layer_ = -1;
+    int threads_ = 2;
     // scratch, [rows][...]
     std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_;
     std::vector<int32_t> pos_, sel_idx_;

@@ -140,8 +140,17 @@ void gguf_target(const uint8_t *data, size_t size) {
         c.n_heads % c.n_kv_heads != 0 || c.head_dim() <= 0 || c.head_dim() % 2 != 0)
         violation("gguf", "accepted an inconsistent model");
     const float *lo = ck.data.data(), *hi = ck.data.data() + ck.data.size();
-    for (const float *p : {ck.tok_emb, ck.rms_att, ck.wq, ck.wk, ck.wv, ck.wo, ck.rms_ffn, ck.w1, ck.w2, ck.w3, ck.rms_final, ck.wcls})
-        if (!p || p < lo || p >= hi) violation("gguf", "a tensor pointer outside the weights");
+    // f32 tensors lie in data; a matrix kind read from the mapping has a null f32 pointer and a view.
+    const float *mats[8] = {ck.tok_emb, ck.wq, ck.wk, ck.wv, ck.wo, ck.w1, ck.w3, ck.w2};
+    const bool views[8] = {(bool)ck.qemb, !ck.qmat.empty() && ck.qmat[0], !ck.qmat.empty() && ck.qmat[(size_t)c.n_layers],
+                           !ck.qmat.empty() && ck.qmat[2 * (size_t)c.n_layers], !ck.qmat.empty() && ck.qmat[3 * (size_t)c.n_layers],
+                           !ck.qmat.empty() && ck.qmat[4 * (size_t)c.n_layers], !ck.qmat.empty() && ck.qmat[6 * (size_t)c.n_layers],
+                           !ck.qmat.empty() && ck.qmat[5 * (size_t)c.n_layers]};
+    for (int i = 0; i < 8; i++)
+        if (mats[i] ? (mats[i] < lo || mats[i] >= hi || views[i]) : !views[i]) violation("gguf", "a matrix neither in the weights nor mapped");
+    if (!ck.wcls && !ck.qcls) violation("gguf", "no output matrix");
+    for (const float *p : {ck.rms_att, ck.rms_ffn, ck.rms_final})
+        if (!p || p < lo || p >= hi) violation("gguf", "a norm pointer outside the weights");
     for (float x : ck.data)
         if (!std::isfinite(x)) violation("gguf", "accepted a non-finite weight");
     if (ck.tok && ck.tok->size() > c.vocab) violation("gguf", "a tokenizer larger than the embedding");

@@ -506,8 +506,15 @@ struct Tiny {
     std::vector<std::vector<float>> bq, bk, bv, qn, kn;
 };
 
-Tiny make_tiny(const std::string &arch, uint32_t type, bool tied, uint32_t seed) {
+// mixed: the matrices cycle through every type (a Q4_K_M file mixes q4_K and q6_K with f32 norms;
+// this also gives one matrix kind different types in different layers).
+Tiny make_tiny(const std::string &arch, uint32_t type, bool tied, uint32_t seed, bool mixed = false) {
     std::mt19937 rng(seed);
+    const uint32_t cycle[7] = {GGML_Q4_K, GGML_Q6_K, GGML_F32, GGML_Q8_0, GGML_F16, GGML_BF16, GGML_Q4_0};
+    int next = 0;
+    auto rand_mat = [&](std::mt19937 &g, int rows, int cols, uint32_t ty) {
+        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 7] : ty);
+    };
     Tiny t;
     t.arch = arch;
     t.D = 256;
@@ -698,9 +705,9 @@ std::vector<std::vector<double>> ref_forward(const Tiny &t, const std::vector<in
     return logits;
 }
 
-void check_tiny(const std::string &arch, uint32_t type, bool tied) {
-    SCOPED_TRACE(arch + " " + ggml_type_name(type) + (tied ? " tied" : " separate"));
-    Tiny t = make_tiny(arch, type, tied, 1234 + type * 7 + (tied ? 1 : 0));
+void check_tiny(const std::string &arch, uint32_t type, bool tied, bool mixed = false) {
+    SCOPED_TRACE(arch + " " + (mixed ? std::string("mixed") : ggml_type_name(type)) + (tied ? " tied" : " separate"));
+    Tiny t = make_tiny(arch, type, tied, 1234 + type * 7 + (tied ? 1 : 0), mixed);
     TmpFile f("tiny-" + arch + ".gguf");
     ASSERT_TRUE(tiny_writer(t).write(f.path));
     Checkpoint ck;
@@ -746,6 +753,47 @@ TEST(GgufModel, Qwen2BiasesAndQwen3QkNormMatchTheDoubleReference) {
     check_tiny("qwen3", GGML_F32, true);
     check_tiny("qwen3", GGML_BF16, false);
     check_tiny("qwen3", GGML_Q6_K, true);
+}
+
+TEST(GgufModel, MixedTypesPerMatrixAndLayer) {
+    check_tiny("llama", 0, false, true);
+    check_tiny("qwen2", 0, true, true);
+}
+
+// The quantized products: the same bits for 1, 2 and 3 threads, and prefill of all tokens equal
+// to prefill of one then decode of the rest (the f32 path's property, kept by the kernels).
+TEST(GgufModel, QuantizedProductsIndependentOfThreadsAndOfPrefillSplit) {
+    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K}) {
+        Tiny t = make_tiny("qwen2", type, false, 77);
+        TmpFile f("threads.gguf");
+        ASSERT_TRUE(tiny_writer(t).write(f.path));
+        Checkpoint ck;
+        std::string err;
+        ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+        ASSERT_FALSE(ck.qmat.empty());
+        EXPECT_EQ(ck.wq, nullptr);  // read from the mapping
+        const std::vector<int32_t> toks = {5, 9, 11, 2, 80, 81, 3};
+        const int n = (int)toks.size(), V = t.V;
+        std::vector<float> first;
+        for (int th : {1, 2, 3}) {
+            Session s;
+            ASSERT_TRUE(s.init(ck, "policy=full capacity=16", &err)) << err;
+            s.set_threads(th);
+            std::vector<float> lg((size_t)n * V);
+            ASSERT_TRUE(s.prefill(toks.data(), n, lg.data(), true, &err)) << err;
+            if (first.empty()) first = lg;
+            else EXPECT_EQ(std::memcmp(first.data(), lg.data(), lg.size() * 4), 0) << th << " threads";
+        }
+        Session s;
+        ASSERT_TRUE(s.init(ck, "policy=full capacity=16", &err)) << err;
+        std::vector<float> row((size_t)V);
+        ASSERT_TRUE(s.prefill(toks.data(), 1, row.data(), false, &err)) << err;
+        EXPECT_EQ(std::memcmp(row.data(), first.data(), (size_t)V * 4), 0);
+        for (int p = 1; p < n; p++) {
+            ASSERT_TRUE(s.decode(toks[(size_t)p], row.data(), &err)) << err;
+            EXPECT_EQ(std::memcmp(row.data(), first.data() + (size_t)p * V, (size_t)V * 4), 0) << "position " << p;
+        }
+    }
 }
 
 TEST(GgufModel, TheRopeConventionMatters) {

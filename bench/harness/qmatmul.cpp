@@ -1,0 +1,216 @@
+#include "qmatmul.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVH_Q8_AVX2 1
+#endif
+#include <thread>
+#include <vector>
+
+#include "gguf.h"
+
+namespace kvh {
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVH_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define KVH_CLONES
+#endif
+
+constexpr int kRowBlock = 16;
+
+// f16 -> f32 for every bit pattern (256 KiB, built once): the per-block scale without a call.
+const float *f16_table() {
+    static const std::vector<float> t = [] {
+        std::vector<float> v(65536);
+        for (uint32_t h = 0; h < 65536; h++) v[h] = fp16_to_f32((uint16_t)h);
+        return v;
+    }();
+    return t.data();
+}
+
+KVH_CLONES void rows_kernel(float *out, const float *x, const QView &W, int n, int in_dim, int out_dim, int o0, int o1,
+                            float *buf) {
+    const float *f16 = f16_table();
+    for (int ob = o0; ob < o1; ob += kRowBlock) {
+        const int m = std::min(kRowBlock, o1 - ob);
+        for (int r = 0; r < m; r++) {
+            const uint8_t *src = W.data + (uint64_t)(ob + r) * W.row_bytes;
+            float *dst = buf + (size_t)r * in_dim;
+            if (W.type == GGML_Q8_0) {
+                for (int b = 0; b < in_dim / 32; b++) {
+                    const uint8_t *p = src + 34 * b;
+                    const float d = f16[p[0] | (p[1] << 8)];
+                    const int8_t *q = reinterpret_cast<const int8_t *>(p + 2);
+                    for (int i = 0; i < 32; i++) dst[32 * b + i] = d * (float)q[i];
+                }
+            } else {
+                dequantize(W.type, src, dst, (uint64_t)in_dim);
+            }
+        }
+        int t = 0;
+        for (; t + 4 <= n; t += 4) {
+            const float *x0 = x + (size_t)t * in_dim, *x1 = x0 + in_dim, *x2 = x1 + in_dim, *x3 = x2 + in_dim;
+            for (int r = 0; r < m; r++) {
+                const float *w = buf + (size_t)r * in_dim;
+                float s0[8] = {0}, s1[8] = {0}, s2[8] = {0}, s3[8] = {0};
+                int i = 0;
+                for (; i + 8 <= in_dim; i += 8)
+                    for (int j = 0; j < 8; j++) {
+                        s0[j] += w[i + j] * x0[i + j];
+                        s1[j] += w[i + j] * x1[i + j];
+                        s2[j] += w[i + j] * x2[i + j];
+                        s3[j] += w[i + j] * x3[i + j];
+                    }
+                float *s[4] = {s0, s1, s2, s3};
+                const float *xs[4] = {x0, x1, x2, x3};
+                for (int k = 0; k < 4; k++) {
+                    const float *a = s[k];
+                    float v = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+                    for (int ii = i; ii < in_dim; ii++) v += w[ii] * xs[k][ii];
+                    out[(size_t)(t + k) * out_dim + ob + r] = v;
+                }
+            }
+        }
+        for (; t < n; t++) {
+            const float *xt = x + (size_t)t * in_dim;
+            for (int r = 0; r < m; r++) {
+                const float *w = buf + (size_t)r * in_dim;
+                float s[8] = {0};
+                int i = 0;
+                for (; i + 8 <= in_dim; i += 8)
+                    for (int j = 0; j < 8; j++) s[j] += w[i + j] * xt[i + j];
+                float v = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+                for (; i < in_dim; i++) v += w[i] * xt[i];
+                out[(size_t)t * out_dim + ob + r] = v;
+            }
+        }
+    }
+}
+
+#ifdef KVH_Q8_AVX2
+__attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    __m128 s = _mm_add_ps(lo, hi);                 // (0+4, 1+5, 2+6, 3+7)
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));        // (0+4+2+6, 1+5+3+7)
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+
+// q8_0 rows against f32 x rows, AVX2 + FMA: per block the 32 int8 weights become 4 vectors, each
+// x row takes s = w0 x0 + w1 x1 + w2 x2 + w3 x3 (one mul, three fma) and acc += d s; the same
+// operations in the same order for a row whether it is in a tile of 4 or alone, so prefill and
+// decode give the same bits for the same inputs.
+__attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x, const QView &W, int n, int in_dim,
+                                                      int out_dim, int o0, int o1) {
+    const float *f16 = f16_table();
+    const int nb = in_dim / 32;
+    constexpr int kT = 64;  // x rows per pass (they stay in L2 while the weight rows stream)
+    for (int tc = 0; tc < n; tc += kT) {
+        const int te = std::min(n, tc + kT);
+        for (int o = o0; o < o1; o++) {
+            const uint8_t *row = W.data + (uint64_t)o * W.row_bytes;
+            int t = tc;
+            for (; t + 4 <= te; t += 4) {
+                __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+                const float *x0 = x + (size_t)t * in_dim, *x1 = x0 + in_dim, *x2 = x1 + in_dim, *x3 = x2 + in_dim;
+                for (int b = 0; b < nb; b++) {
+                    const uint8_t *p = row + 34 * b;
+                    const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
+                    const __m128i q16a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2));
+                    const __m128i q16b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 18));
+                    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16a));
+                    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16a, 8)));
+                    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16b));
+                    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16b, 8)));
+                    const int k = 32 * b;
+#define KVH_ROW(xr, acc)                                                              \
+    {                                                                                 \
+        __m256 s = _mm256_mul_ps(w0, _mm256_loadu_ps(xr + k));                        \
+        s = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + k + 8), s);                      \
+        s = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xr + k + 16), s);                     \
+        s = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xr + k + 24), s);                     \
+        acc = _mm256_fmadd_ps(d, s, acc);                                             \
+    }
+                    KVH_ROW(x0, acc0)
+                    KVH_ROW(x1, acc1)
+                    KVH_ROW(x2, acc2)
+                    KVH_ROW(x3, acc3)
+                }
+                out[(size_t)t * out_dim + o] = hsum8(acc0);
+                out[(size_t)(t + 1) * out_dim + o] = hsum8(acc1);
+                out[(size_t)(t + 2) * out_dim + o] = hsum8(acc2);
+                out[(size_t)(t + 3) * out_dim + o] = hsum8(acc3);
+            }
+            for (; t < te; t++) {
+                __m256 acc0 = _mm256_setzero_ps();
+                const float *x0 = x + (size_t)t * in_dim;
+                for (int b = 0; b < nb; b++) {
+                    const uint8_t *p = row + 34 * b;
+                    const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
+                    const __m128i q16a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2));
+                    const __m128i q16b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 18));
+                    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16a));
+                    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16a, 8)));
+                    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16b));
+                    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16b, 8)));
+                    const int k = 32 * b;
+                    KVH_ROW(x0, acc0)
+                }
+                out[(size_t)t * out_dim + o] = hsum8(acc0);
+            }
+        }
+    }
+}
+#undef KVH_ROW
+
+bool have_avx2() {
+    static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return ok;
+}
+#endif
+
+void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out_dim, int o0, int o1, float *buf) {
+#ifdef KVH_Q8_AVX2
+    if (W.type == GGML_Q8_0 && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
+        q8_rows_avx2(out, x, W, n, in_dim, out_dim, o0, o1);
+        return;
+    }
+#endif
+    rows_kernel(out, x, W, n, in_dim, out_dim, o0, o1, buf);
+}
+
+}  // namespace
+
+void matmul_q(float *out, const float *x, const QView &W, int n, int in_dim, int out_dim, int threads) {
+    threads = std::max(1, std::min(threads, (out_dim + kRowBlock - 1) / kRowBlock));
+    static thread_local std::vector<float> mine;
+    mine.resize((size_t)kRowBlock * in_dim);
+    if (threads == 1) {
+        rows(out, x, W, n, in_dim, out_dim, 0, out_dim, mine.data());
+        return;
+    }
+    // Row ranges aligned to the row block; thread 0 is the caller.
+    const int blocks = (out_dim + kRowBlock - 1) / kRowBlock;
+    std::vector<std::thread> pool;
+    std::vector<std::vector<float>> bufs((size_t)threads - 1, std::vector<float>((size_t)kRowBlock * in_dim));
+    auto range = [&](int k, int *a, int *b) {
+        *a = std::min(out_dim, (int)((int64_t)blocks * k / threads) * kRowBlock);
+        *b = std::min(out_dim, (int)((int64_t)blocks * (k + 1) / threads) * kRowBlock);
+    };
+    for (int k = 1; k < threads; k++) {
+        int a, b;
+        range(k, &a, &b);
+        pool.emplace_back(rows, out, x, std::cref(W), n, in_dim, out_dim, a, b, bufs[(size_t)k - 1].data());
+    }
+    int a, b;
+    range(0, &a, &b);
+    rows(out, x, W, n, in_dim, out_dim, a, b, mine.data());
+    for (auto &th : pool) th.join();
+}
+
+}  // namespace kvh
