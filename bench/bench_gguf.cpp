@@ -5,7 +5,7 @@
 // quantized products. Prints one line: load_s, prefill tok/s, decode tok/s, peak RSS.
 //
 //   bench_gguf [--type q8_0|q4_0|q4_K|q6_K|f16|bf16|f32] [--threads 2] [--prefill 128] [--decode 32]
-//              [--layers 24] [--file /tmp/kvh-bench-0.5b.gguf] [--keep] [--reuse]
+//              [--layers 24] [--dim 896] [--file /tmp/kvh-bench-0.5b.gguf] [--keep] [--reuse]
 // --keep leaves the file; --reuse loads an existing file without writing it (so the peak RSS is
 // the harness's alone: the writer holds the whole file in memory while it writes).
 #include <sys/resource.h>
@@ -46,17 +46,18 @@ std::string blocks(uint32_t type, uint64_t rows, uint64_t cols) {
     const uint16_t d = gguftest::to_f16(scale);
     for (uint64_t b = 0; b < nb; b++) {
         char *p = &o[b * bb];
+        // float types: random bits with the exponent pinned to magnitudes 2^-8..2^-5 (fast to make)
         if (type == kvh::GGML_F32) {
-            float f = (float)((int64_t)(next64() % 2001) - 1000) * 5e-5f;
-            std::memcpy(p, &f, 4);
+            const uint64_t r = next64();
+            const uint32_t u = (uint32_t)(r & 0x807FFFFFu) | ((uint32_t)(119 + (r >> 40) % 4) << 23);
+            std::memcpy(p, &u, 4);
         } else if (type == kvh::GGML_F16) {
-            uint16_t h = gguftest::to_f16((float)((int64_t)(next64() % 2001) - 1000) * 5e-5f);
+            const uint64_t r = next64();
+            const uint16_t h = (uint16_t)((r & 0x83FF) | ((7 + (r >> 40) % 4) << 10));
             std::memcpy(p, &h, 2);
         } else if (type == kvh::GGML_BF16) {
-            float f = (float)((int64_t)(next64() % 2001) - 1000) * 5e-5f;
-            uint32_t u;
-            std::memcpy(&u, &f, 4);
-            uint16_t h = (uint16_t)(u >> 16);
+            const uint64_t r = next64();
+            const uint16_t h = (uint16_t)((r & 0x807F) | ((119 + (r >> 40) % 4) << 7));
             std::memcpy(p, &h, 2);
         } else if (type == kvh::GGML_Q6_K) {
             std::memcpy(p + 208, &d, 2);
@@ -80,7 +81,7 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 
 int main(int argc, char **argv) {
     std::string type_name = "q8_0", file = "/tmp/kvh-bench-0.5b.gguf";
-    int threads = 2, P = 128, Dn = 32, L = 24;
+    int threads = 2, P = 128, Dn = 32, L = 24, Dim = 896;
     bool keep = false, reuse = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -90,22 +91,24 @@ int main(int argc, char **argv) {
         else if (a == "--prefill") P = std::atoi(val().c_str());
         else if (a == "--decode") Dn = std::atoi(val().c_str());
         else if (a == "--layers") L = std::atoi(val().c_str());
+        else if (a == "--dim") Dim = std::atoi(val().c_str());
         else if (a == "--file") file = val();
         else if (a == "--keep") keep = true;
         else if (a == "--reuse") reuse = keep = true;
         else {
-            std::fprintf(stderr, "usage: bench_gguf [--type T] [--threads N] [--prefill P] [--decode D] [--layers L] [--file F] [--keep]\n");
+            std::fprintf(stderr, "usage: bench_gguf [--type T] [--threads N] [--prefill P] [--decode D] [--layers L] [--dim D] [--file F] [--keep] [--reuse]\n");
             return 2;
         }
     }
     uint32_t type = 999;
     for (uint32_t t : {0u, 1u, 2u, 8u, 12u, 14u, 30u})
         if (kvh::ggml_type_name(t) == type_name) type = t;
-    if (type == 999 || P < 1 || Dn < 1 || L < 1) {
+    if (type == 999 || P < 1 || Dn < 1 || L < 1 || Dim < 128 || Dim % 128 != 0) {
         std::fprintf(stderr, "bench_gguf: bad --type/--prefill/--decode/--layers\n");
         return 2;
     }
-    const uint64_t D = 896, F = 4864, H = 14, KVH = 2, hd = 64, V = 151936;
+    // --dim 1024 (16 heads): K-quant blocks are 256 wide and 896 is not a multiple of 256.
+    const uint64_t D = (uint64_t)Dim, F = 4864, H = D / 64, KVH = 2, hd = 64, V = 151936;
     double t0 = now();
     if (!reuse) {
         gguftest::Writer w;
@@ -181,9 +184,9 @@ int main(int argc, char **argv) {
     const double decode_s = now() - t0, decode_cpu = cpu() - c0;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
-    std::printf("bench_gguf type=%s layers=%d threads=%d file_mb=%.0f write_s=%.1f load_s=%.2f prefill_tokens=%d "
+    std::printf("bench_gguf type=%s dim=%d layers=%d threads=%d file_mb=%.0f write_s=%.1f load_s=%.2f prefill_tokens=%d "
                 "prefill_tok_per_s=%.1f decode_tokens=%d decode_tok_per_s=%.2f peak_rss_mb=%.0f prefill_cpu_s=%.2f decode_cpu_s=%.2f\n",
-                type_name.c_str(), L, threads, (double)ck.file_bytes / 1048576.0, write_s, load_s, P, P / prefill_s, Dn,
+                type_name.c_str(), Dim, L, threads, (double)ck.file_bytes / 1048576.0, write_s, load_s, P, P / prefill_s, Dn,
                 Dn / decode_s, (double)ru.ru_maxrss / 1024.0, prefill_cpu, decode_cpu);
     if (!keep) std::remove(file.c_str());
     return 0;

@@ -93,6 +93,11 @@ inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *mn) {
 
 }  // namespace
 
+// Compiled for AVX-512, AVX2 and the baseline (chosen at run time): the same values in every
+// variant (conversions and products of exactly representable operands, one rounding each).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n) {
     const uint8_t *p = static_cast<const uint8_t *>(src);
     switch (type) {

@@ -101,14 +101,38 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-// q8_0 rows against f32 x rows, AVX2 + FMA: per block the 32 int8 weights become 4 vectors, each
+// q8_0 / q4_0 rows against f32 x rows, AVX2 + FMA: per block the 32 int8 weights become 4 vectors, each
 // x row takes s = w0 x0 + w1 x1 + w2 x2 + w3 x3 (one mul, three fma) and acc += d s; the same
 // operations in the same order for a row whether it is in a tile of 4 or alone, so prefill and
 // decode give the same bits for the same inputs.
+// The 32 weights of a q8_0 (34-byte) or q4_0 (18-byte) block as 4 vectors of 8, unscaled.
+template <bool Q4>
+__attribute__((target("avx2,fma"))) inline void block_w(const uint8_t *p, __m256 *w0, __m256 *w1, __m256 *w2, __m256 *w3) {
+    if (Q4) {  // elements 0..15: low nibbles of bytes 0..15; 16..31: high nibbles; value q - 8
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2));
+        const __m128i m = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
+        const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m), eight);
+        const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(raw, 4), m), eight);
+        *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        *w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        *w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    } else {
+        const __m128i q16a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2));
+        const __m128i q16b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 18));
+        *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16a));
+        *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16a, 8)));
+        *w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16b));
+        *w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16b, 8)));
+    }
+}
+
+template <bool Q4>
 __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x, const QView &W, int n, int in_dim,
                                                       int out_dim, int o0, int o1) {
     const float *f16 = f16_table();
     const int nb = in_dim / 32;
+    const int bb = Q4 ? 18 : 34;
     constexpr int kT = 64;  // x rows per pass (they stay in L2 while the weight rows stream)
     for (int tc = 0; tc < n; tc += kT) {
         const int te = std::min(n, tc + kT);
@@ -119,14 +143,10 @@ __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x
                 __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
                 const float *x0 = x + (size_t)t * in_dim, *x1 = x0 + in_dim, *x2 = x1 + in_dim, *x3 = x2 + in_dim;
                 for (int b = 0; b < nb; b++) {
-                    const uint8_t *p = row + 34 * b;
+                    const uint8_t *p = row + bb * b;
                     const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
-                    const __m128i q16a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2));
-                    const __m128i q16b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 18));
-                    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16a));
-                    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16a, 8)));
-                    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16b));
-                    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16b, 8)));
+                    __m256 w0, w1, w2, w3;
+                    block_w<Q4>(p, &w0, &w1, &w2, &w3);
                     const int k = 32 * b;
 #define KVH_ROW(xr, acc)                                                              \
     {                                                                                 \
@@ -150,14 +170,10 @@ __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x
                 __m256 acc0 = _mm256_setzero_ps();
                 const float *x0 = x + (size_t)t * in_dim;
                 for (int b = 0; b < nb; b++) {
-                    const uint8_t *p = row + 34 * b;
+                    const uint8_t *p = row + bb * b;
                     const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
-                    const __m128i q16a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2));
-                    const __m128i q16b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 18));
-                    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16a));
-                    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16a, 8)));
-                    const __m256 w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q16b));
-                    const __m256 w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(q16b, 8)));
+                    __m256 w0, w1, w2, w3;
+                    block_w<Q4>(p, &w0, &w1, &w2, &w3);
                     const int k = 32 * b;
                     KVH_ROW(x0, acc0)
                 }
@@ -176,8 +192,9 @@ bool have_avx2() {
 
 void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out_dim, int o0, int o1, float *buf) {
 #ifdef KVH_Q8_AVX2
-    if (W.type == GGML_Q8_0 && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
-        q8_rows_avx2(out, x, W, n, in_dim, out_dim, o0, o1);
+    if ((W.type == GGML_Q8_0 || W.type == GGML_Q4_0) && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
+        if (W.type == GGML_Q8_0) q8_rows_avx2<false>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else q8_rows_avx2<true>(out, x, W, n, in_dim, out_dim, o0, o1);
         return;
     }
 #endif
