@@ -184,6 +184,88 @@ __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x
 }
 #undef KVH_ROW
 
+// q4_K / q6_K rows, AVX2 + FMA: each 32-element sub-block is decoded into 4 vectors of its
+// dequantized weights (d sc q - dmin m for q4_K as one fma, so within an ulp of dequantize();
+// d sc (q - 32) for q6_K), then acc += w . x with one fma per vector, in the same order for every row.
+template <uint32_t T>
+__attribute__((target("avx2,fma"))) inline void kblock_w(const uint8_t *blk, int s, const float *f16, __m256 *w) {
+    if (T == GGML_Q4_K) {
+        const float d = f16[blk[0] | (blk[1] << 8)], dmin = f16[blk[2] | (blk[3] << 8)];
+        const uint8_t *sc = blk + 4;
+        int scv, mn;
+        if (s < 4) {
+            scv = sc[s] & 63;
+            mn = sc[s + 4] & 63;
+        } else {
+            scv = (sc[s + 4] & 0x0f) | ((sc[s - 4] >> 6) << 4);
+            mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+        }
+        const __m256 dv = _mm256_set1_ps(d * (float)scv), mv = _mm256_set1_ps(dmin * (float)mn);
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16 + 32 * (s / 2)));
+        const __m256i nib = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15))
+                                    : _mm256_and_si256(raw, _mm256_set1_epi8(15));
+        const __m128i lo = _mm256_castsi256_si128(nib), hi = _mm256_extracti128_si256(nib, 1);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int k = 0; k < 4; k++) w[k] = _mm256_fmsub_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), mv);
+    } else {  // q6_K: half h = s / 4, quarter g = s % 4
+        const int h = s / 4, g = s % 4;
+        const float d = f16[blk[208] | (blk[209] << 8)];
+        const int8_t *sc = reinterpret_cast<const int8_t *>(blk + 192) + 8 * h + 2 * g;
+        const __m256i ql = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 64 * h + 32 * (g & 1)));
+        const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 128 + 32 * h));
+        const __m256i m15 = _mm256_set1_epi8(15), m3 = _mm256_set1_epi8(3);
+        const __m256i low = g >= 2 ? _mm256_and_si256(_mm256_srli_epi16(ql, 4), m15) : _mm256_and_si256(ql, m15);
+        __m256i high = qh;
+        if (g == 1) high = _mm256_srli_epi16(qh, 2);
+        if (g == 2) high = _mm256_srli_epi16(qh, 4);
+        if (g == 3) high = _mm256_srli_epi16(qh, 6);
+        high = _mm256_and_si256(high, m3);
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)), _mm256_set1_epi8(32));
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        const __m256 d0 = _mm256_set1_ps(d * (float)sc[0]), d1 = _mm256_set1_ps(d * (float)sc[1]);
+        for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(k < 2 ? d0 : d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+    }
+}
+
+template <uint32_t T>
+__attribute__((target("avx2,fma"))) void k_rows_avx2(float *out, const float *x, const QView &W, int n, int in_dim,
+                                                     int out_dim, int o0, int o1) {
+    const float *f16 = f16_table();
+    const int nsb = in_dim / 32;  // sub-blocks of 32
+    const int bb = T == GGML_Q4_K ? 144 : 210;
+    constexpr int kT = 64;
+    for (int tc = 0; tc < n; tc += kT) {
+        const int te = std::min(n, tc + kT);
+        for (int o = o0; o < o1; o++) {
+            const uint8_t *row = W.data + (uint64_t)o * W.row_bytes;
+            int t = tc;
+            for (; t + 4 <= te; t += 4) {
+                __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+                for (int j = 0; j < nsb; j++) {
+                    __m256 w[4];
+                    kblock_w<T>(row + (size_t)bb * (j / 8), j % 8, f16, w);
+                    for (int r = 0; r < 4; r++) {
+                        const float *xr = x + (size_t)(t + r) * in_dim + 32 * j;
+                        for (int k = 0; k < 4; k++) acc[r] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xr + 8 * k), acc[r]);
+                    }
+                }
+                for (int r = 0; r < 4; r++) out[(size_t)(t + r) * out_dim + o] = hsum8(acc[r]);
+            }
+            for (; t < te; t++) {
+                __m256 acc = _mm256_setzero_ps();
+                for (int j = 0; j < nsb; j++) {
+                    __m256 w[4];
+                    kblock_w<T>(row + (size_t)bb * (j / 8), j % 8, f16, w);
+                    const float *xr = x + (size_t)t * in_dim + 32 * j;
+                    for (int k = 0; k < 4; k++) acc = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xr + 8 * k), acc);
+                }
+                out[(size_t)t * out_dim + o] = hsum8(acc);
+            }
+        }
+    }
+}
+
 bool have_avx2() {
     static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     return ok;
@@ -195,6 +277,11 @@ void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out
     if ((W.type == GGML_Q8_0 || W.type == GGML_Q4_0) && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
         if (W.type == GGML_Q8_0) q8_rows_avx2<false>(out, x, W, n, in_dim, out_dim, o0, o1);
         else q8_rows_avx2<true>(out, x, W, n, in_dim, out_dim, o0, o1);
+        return;
+    }
+    if ((W.type == GGML_Q4_K || W.type == GGML_Q6_K) && in_dim % 256 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
+        if (W.type == GGML_Q4_K) k_rows_avx2<GGML_Q4_K>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else k_rows_avx2<GGML_Q6_K>(out, x, W, n, in_dim, out_dim, o0, o1);
         return;
     }
 #endif
