@@ -184,11 +184,25 @@ __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x
 }
 #undef KVH_ROW
 
-// q4_K / q6_K rows, AVX2 + FMA: each 32-element sub-block is decoded into 4 vectors of its
+// q4_K / q6_K / f16 / bf16 rows, AVX2 + FMA: each 32-element sub-block is decoded into 4 vectors of its
 // dequantized weights (d sc q - dmin m for q4_K as one fma, so within an ulp of dequantize();
 // d sc (q - 32) for q6_K), then acc += w . x with one fma per vector, in the same order for every row.
 template <uint32_t T>
-__attribute__((target("avx2,fma"))) inline void kblock_w(const uint8_t *blk, int s, const float *f16, __m256 *w) {
+__attribute__((target("avx2,fma,f16c"))) inline void kblock_w(const uint8_t *row, int j, const float *f16, __m256 *w) {
+    if (T == GGML_F16) {  // 32 halves: exact conversions
+        const uint8_t *p = row + 64 * (size_t)j;
+        for (int k = 0; k < 4; k++) w[k] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 16 * k)));
+        return;
+    }
+    if (T == GGML_BF16) {  // the high half of an f32
+        const uint8_t *p = row + 64 * (size_t)j;
+        for (int k = 0; k < 4; k++)
+            w[k] = _mm256_castsi256_ps(
+                _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 16 * k))), 16));
+        return;
+    }
+    const uint8_t *blk = row + (size_t)(T == GGML_Q4_K ? 144 : 210) * (j / 8);
+    const int s = j % 8;
     if (T == GGML_Q4_K) {
         const float d = f16[blk[0] | (blk[1] << 8)], dmin = f16[blk[2] | (blk[3] << 8)];
         const uint8_t *sc = blk + 4;
@@ -229,11 +243,10 @@ __attribute__((target("avx2,fma"))) inline void kblock_w(const uint8_t *blk, int
 }
 
 template <uint32_t T>
-__attribute__((target("avx2,fma"))) void k_rows_avx2(float *out, const float *x, const QView &W, int n, int in_dim,
+__attribute__((target("avx2,fma,f16c"))) void k_rows_avx2(float *out, const float *x, const QView &W, int n, int in_dim,
                                                      int out_dim, int o0, int o1) {
     const float *f16 = f16_table();
     const int nsb = in_dim / 32;  // sub-blocks of 32
-    const int bb = T == GGML_Q4_K ? 144 : 210;
     constexpr int kT = 64;
     for (int tc = 0; tc < n; tc += kT) {
         const int te = std::min(n, tc + kT);
@@ -244,7 +257,7 @@ __attribute__((target("avx2,fma"))) void k_rows_avx2(float *out, const float *x,
                 __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
                 for (int j = 0; j < nsb; j++) {
                     __m256 w[4];
-                    kblock_w<T>(row + (size_t)bb * (j / 8), j % 8, f16, w);
+                    kblock_w<T>(row, j, f16, w);
                     for (int r = 0; r < 4; r++) {
                         const float *xr = x + (size_t)(t + r) * in_dim + 32 * j;
                         for (int k = 0; k < 4; k++) acc[r] = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xr + 8 * k), acc[r]);
@@ -256,7 +269,7 @@ __attribute__((target("avx2,fma"))) void k_rows_avx2(float *out, const float *x,
                 __m256 acc = _mm256_setzero_ps();
                 for (int j = 0; j < nsb; j++) {
                     __m256 w[4];
-                    kblock_w<T>(row + (size_t)bb * (j / 8), j % 8, f16, w);
+                    kblock_w<T>(row, j, f16, w);
                     const float *xr = x + (size_t)t * in_dim + 32 * j;
                     for (int k = 0; k < 4; k++) acc = _mm256_fmadd_ps(w[k], _mm256_loadu_ps(xr + 8 * k), acc);
                 }
@@ -267,7 +280,7 @@ __attribute__((target("avx2,fma"))) void k_rows_avx2(float *out, const float *x,
 }
 
 bool have_avx2() {
-    static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     return ok;
 }
 #endif
@@ -284,6 +297,11 @@ void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out
         else k_rows_avx2<GGML_Q6_K>(out, x, W, n, in_dim, out_dim, o0, o1);
         return;
     }
+    if ((W.type == GGML_F16 || W.type == GGML_BF16) && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
+        if (W.type == GGML_F16) k_rows_avx2<GGML_F16>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else k_rows_avx2<GGML_BF16>(out, x, W, n, in_dim, out_dim, o0, o1);
+        return;
+    }
 #endif
     rows_kernel(out, x, W, n, in_dim, out_dim, o0, o1, buf);
 }
@@ -292,6 +310,9 @@ void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out
 
 void matmul_q(float *out, const float *x, const QView &W, int n, int in_dim, int out_dim, int threads) {
     threads = std::max(1, std::min(threads, (out_dim + kRowBlock - 1) / kRowBlock));
+    // Starting a thread costs tens of microseconds: small products (a decode step's q/k/v and
+    // output projections) run on the caller alone. Results are the same either way.
+    if ((int64_t)n * in_dim * out_dim < ((int64_t)1 << 22)) threads = 1;
     static thread_local std::vector<float> mine;
     mine.resize((size_t)kRowBlock * in_dim);
     if (threads == 1) {
