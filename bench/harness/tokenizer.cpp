@@ -274,6 +274,7 @@ bool Tokenizer::from_gguf(const GgufFile &f, int vocab, std::shared_ptr<const To
     bool b;
     m->add_bos = kind == kSpm;
     if (f.get_bool("tokenizer.ggml.add_bos_token", &b)) m->add_bos = b;
+    if (f.get_bool("tokenizer.ggml.add_space_prefix", &b)) m->add_space_prefix = b;
     if (m->bos < 0) m->add_bos = false;
     *out = t;
     return true;
@@ -408,7 +409,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string &text, bool with_bos) c
         std::string frag = text.substr(start, end - start);
         if (kind_ == kSpm) {
             std::string s;
-            if (start == 0) s = "\xE2\x96\x81";
+            if (start == 0 && add_space_prefix) s = "\xE2\x96\x81";
             for (char ch : frag) {
                 if (ch == ' ') s += "\xE2\x96\x81";
                 else s.push_back(ch);

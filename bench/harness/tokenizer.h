@@ -48,6 +48,7 @@ public:
     int size() const { return (int)pieces_.size(); }
     int32_t bos = -1, eos = -1;
     bool add_bos = true;
+    bool add_space_prefix = true;  // SentencePiece: tokenizer.ggml.add_space_prefix (default true)
 
 private:
     std::vector<int32_t> encode_spm(const std::string &text) const;

@@ -1092,6 +1092,16 @@ TEST(GgufTokenizer, Llama2SentencePieceReproducesEveryCase) {
     auto ids = ck.tok->encode("\xF0\x9F\xA6\x99", false);
     EXPECT_EQ(ck.tok->decode(ids), " \xF0\x9F\xA6\x99");
     EXPECT_EQ(ck.tok->encode("<s>hi", false).front(), 1);
+    // tokenizer.ggml.add_space_prefix = false: no U+2581 in front ("I" alone, not "▁I" = 306)
+    w.boolean("tokenizer.ggml.add_space_prefix", false);
+    ASSERT_TRUE(w.write(f.path));
+    Checkpoint ck2;
+    ASSERT_TRUE(load_model(f.path, &ck2, &err)) << err;
+    EXPECT_FALSE(ck2.tok->add_space_prefix);
+    auto ids2 = ck2.tok->encode("I believe", false);
+    ASSERT_FALSE(ids2.empty());
+    EXPECT_NE(ids2.front(), 306);
+    EXPECT_EQ(ck2.tok->decode(ids2), "I believe");
 }
 
 // A byte-level BPE on a hand-made vocabulary: every single byte character, plus merges.
