@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVH_Q8_AVX2 1
 #endif
@@ -280,7 +281,11 @@ __attribute__((target("avx2,fma,f16c"))) void k_rows_avx2(float *out, const floa
 }
 
 bool have_avx2() {
-    static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    static const bool ok = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;  // F16C: CPUID leaf 1, ECX bit 29 (not a name every compiler's builtin knows)
+        const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+    }();
     return ok;
 }
 #endif
