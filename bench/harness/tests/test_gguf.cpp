@@ -1092,6 +1092,13 @@ TEST(GgufTokenizer, Llama2SentencePieceReproducesEveryCase) {
     auto ids = ck.tok->encode("\xF0\x9F\xA6\x99", false);
     EXPECT_EQ(ck.tok->decode(ids), " \xF0\x9F\xA6\x99");
     EXPECT_EQ(ck.tok->encode("<s>hi", false).front(), 1);
+    // A long text (the eval text, 200 KB) encodes in linear time and decodes back.
+    std::ifstream tf(std::string(KVP_HARNESS_MODELS_DIR) + "/enbytes-1m.eval.txt", std::ios::binary);
+    std::string big((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+    ASSERT_GT(big.size(), 100000u);
+    auto big_ids = ck.tok->encode(big, false);
+    EXPECT_LT(big_ids.size(), big.size() / 2);
+    EXPECT_EQ(ck.tok->decode(big_ids), " " + big);
     // tokenizer.ggml.add_space_prefix = false: no U+2581 in front ("I" alone, not "▁I" = 306)
     w.boolean("tokenizer.ggml.add_space_prefix", false);
     ASSERT_TRUE(w.write(f.path));
