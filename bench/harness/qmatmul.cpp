@@ -1,8 +1,11 @@
 #include "qmatmul.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -313,34 +316,97 @@ void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out
 
 }  // namespace
 
+namespace {
+
+// Helper threads that stay (started on first use, joined at exit): a product hands each helper its
+// row range and waits for them, instead of starting threads per product (which cost more than a
+// decode step's small products under load).
+class Workers {
+public:
+    static Workers &get() {
+        static Workers w;
+        return w;
+    }
+    // Runs fn(k) for k = 1..n-1 on helpers while the caller runs fn(0); returns when all are done.
+    void run(int n, const std::function<void(int)> &fn) {
+        std::lock_guard<std::mutex> one(call_m_);  // one product at a time across Sessions
+        ensure(n - 1);
+        {
+            std::lock_guard<std::mutex> g(m_);
+            fn_ = &fn;
+            active_ = n - 1;
+            pending_ = n - 1;
+            ++gen_;
+        }
+        cv_.notify_all();
+        fn(0);
+        std::unique_lock<std::mutex> g(m_);
+        done_.wait(g, [&] { return pending_ == 0; });
+        fn_ = nullptr;
+    }
+    ~Workers() {
+        {
+            std::lock_guard<std::mutex> g(m_);
+            stop_ = true;
+            ++gen_;
+        }
+        cv_.notify_all();
+        for (auto &t : ts_) t.join();
+    }
+
+private:
+    void ensure(int k) {
+        std::lock_guard<std::mutex> g(m_);
+        while ((int)ts_.size() < k) {
+            const int id = (int)ts_.size() + 1;
+            const uint64_t seen = gen_;
+            ts_.emplace_back([this, id, seen] { loop(id, seen); });
+        }
+    }
+    void loop(int id, uint64_t seen) {
+        std::unique_lock<std::mutex> g(m_);
+        for (;;) {
+            cv_.wait(g, [&] { return stop_ || gen_ != seen; });
+            if (stop_) return;
+            seen = gen_;
+            if (id > active_ || !fn_) continue;
+            const std::function<void(int)> *f = fn_;
+            g.unlock();
+            (*f)(id);
+            g.lock();
+            if (--pending_ == 0) done_.notify_one();
+        }
+    }
+    std::mutex call_m_, m_;
+    std::condition_variable cv_, done_;
+    std::vector<std::thread> ts_;
+    const std::function<void(int)> *fn_ = nullptr;
+    uint64_t gen_ = 0;
+    int active_ = 0, pending_ = 0;
+    bool stop_ = false;
+};
+
+}  // namespace
+
 void matmul_q(float *out, const float *x, const QView &W, int n, int in_dim, int out_dim, int threads) {
     threads = std::max(1, std::min(threads, (out_dim + kRowBlock - 1) / kRowBlock));
-    // Starting a thread costs tens of microseconds: small products (a decode step's q/k/v and
-    // output projections) run on the caller alone. Results are the same either way.
+    // Small products (a decode step's q/k/v and output projections) run on the caller alone:
+    // handing them out costs more than they take. Results are the same either way.
     if ((int64_t)n * in_dim * out_dim < ((int64_t)1 << 22)) threads = 1;
-    static thread_local std::vector<float> mine;
-    mine.resize((size_t)kRowBlock * in_dim);
+    // Row ranges aligned to the row block; part 0 is the caller's.
+    const int blocks = (out_dim + kRowBlock - 1) / kRowBlock;
+    auto part = [&](int k) {
+        static thread_local std::vector<float> buf;
+        buf.resize((size_t)kRowBlock * in_dim);
+        const int a = std::min(out_dim, (int)((int64_t)blocks * k / threads) * kRowBlock);
+        const int b = std::min(out_dim, (int)((int64_t)blocks * (k + 1) / threads) * kRowBlock);
+        rows(out, x, W, n, in_dim, out_dim, a, b, buf.data());
+    };
     if (threads == 1) {
-        rows(out, x, W, n, in_dim, out_dim, 0, out_dim, mine.data());
+        part(0);
         return;
     }
-    // Row ranges aligned to the row block; thread 0 is the caller.
-    const int blocks = (out_dim + kRowBlock - 1) / kRowBlock;
-    std::vector<std::thread> pool;
-    std::vector<std::vector<float>> bufs((size_t)threads - 1, std::vector<float>((size_t)kRowBlock * in_dim));
-    auto range = [&](int k, int *a, int *b) {
-        *a = std::min(out_dim, (int)((int64_t)blocks * k / threads) * kRowBlock);
-        *b = std::min(out_dim, (int)((int64_t)blocks * (k + 1) / threads) * kRowBlock);
-    };
-    for (int k = 1; k < threads; k++) {
-        int a, b;
-        range(k, &a, &b);
-        pool.emplace_back(rows, out, x, std::cref(W), n, in_dim, out_dim, a, b, bufs[(size_t)k - 1].data());
-    }
-    int a, b;
-    range(0, &a, &b);
-    rows(out, x, W, n, in_dim, out_dim, a, b, mine.data());
-    for (auto &th : pool) th.join();
+    Workers::get().run(threads, part);
 }
 
 }  // namespace kvh
