@@ -43,7 +43,7 @@ public:
     // all_logits, else [vocab] for the last token (the prediction of the next token).
     bool prefill(const int32_t *tokens, int n, float *logits, bool all_logits, std::string *err);
     // Feeds one token through kvp_decode; logits receives [vocab]. Allocates nothing on the f32
-    // path (llama2.c, f32 GGUF); the mapped-matrix products may start threads (matmul_q).
+    // path (llama2.c, f32 GGUF); the mapped-matrix products hand rows to helper threads (matmul_q).
     bool decode(int32_t token, float *logits, std::string *err);
 
     // Threads of the quantized GGUF products (default: $KVPRUNE_THREADS, else 2). Results do not
