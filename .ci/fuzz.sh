@@ -17,7 +17,7 @@ ROOT=$PWD
 JOBS=${JOBS:-2}
 SECONDS_PER=${FUZZ_SECONDS:-60}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(config calls checkpoint results)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(config calls checkpoint results gguf)
 t0=$(date +%s)
 log() { echo "== fuzz: $* (+$(( $(date +%s) - t0 ))s)"; }
 
@@ -52,9 +52,10 @@ for t in "${TARGETS[@]}"; do
   rm -rf "$work"; mkdir -p "$work"
   log "fuzz_$t for ${SECONDS_PER}s from $(ls "$seeds" | wc -l) seed inputs"
   logf=$B/fuzz_$t.log
+  maxlen=4096; [ "$t" = gguf ] && maxlen=16384  # the seed models are a few KB
   # -rss_limit_mb: ASan and the two caches of the calls target (up to 8 MB each)
   if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-     "$B/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_PER" -print_final_stats=1 -rss_limit_mb=2048 -max_len=4096 \
+     "$B/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_PER" -print_final_stats=1 -rss_limit_mb=2048 -max_len=$maxlen \
        -artifact_prefix="$B/artifacts/$t-" "$work" "$seeds" >"$logf" 2>&1; then
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$logf")
     eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$logf")

@@ -44,6 +44,14 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
         std::fclose(f);
         return fail("cannot determine file size");
     }
+    char magic[4];
+    if (fsize >= 4 && std::fread(magic, 4, 1, f) == 1 && std::memcmp(magic, "GGUF", 4) == 0) {
+        std::fclose(f);
+        return load_gguf(path, out, err);
+    }
+    std::rewind(f);
+    out->context_length = 0;
+    out->file_bytes = (uint64_t)fsize;
     int32_t h[7];
     if (fsize < (long)sizeof h || std::fread(h, sizeof h, 1, f) != 1) {
         std::fclose(f);
@@ -58,6 +66,7 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
     c.shared_classifier = h[5] > 0;
     c.vocab = h[5] == INT32_MIN ? 0 : (h[5] < 0 ? -h[5] : h[5]);
     c.seq_len = h[6];
+    out->context_length = c.seq_len;
     static const char *names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads",
                                    "vocab_size", "seq_len"};
     static const int32_t limits[7] = {1 << 16, 1 << 18, 1 << 10, 1 << 10, 1 << 10, 1 << 22, 1 << 24};
@@ -66,7 +75,7 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
         if (v <= 0 || v > limits[i]) {
             std::fclose(f);
             char b[160];
-            std::snprintf(b, sizeof b, "bad header: %s = %d (expected 1..%d); not a llama2.c checkpoint?",
+            std::snprintf(b, sizeof b, "bad header: %s = %d (expected 1..%d); not a llama2.c checkpoint (nor a GGUF file)?",
                           names[i], (int)h[i], (int)limits[i]);
             return fail(b);
         }

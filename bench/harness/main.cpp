@@ -6,6 +6,7 @@
 //   kvprune plot   --in results.json --out FILE|- [--format png|svg] [--x auto|bytes|n]
 //   kvprune keys   [--policy NAME] [--markdown]
 //   kvprune report --in results.json
+//   kvprune info   --model M
 //
 // See docs/harness.md. Exit status: 0 success, 1 error (bad file, bad policy, failed run),
 // 2 usage error.
@@ -32,6 +33,7 @@
 #include "session.h"
 #include "spec.h"
 #include "tasks.h"
+#include "tokenizer.h"
 
 #ifndef KVP_HARNESS_MODELS_DIR
 #define KVP_HARNESS_MODELS_DIR "models"
@@ -152,12 +154,18 @@ const char *kUsageReport =
     "kvprune report --in results.json\n"
     "    The rows of a results file as a markdown table (the docs' tables are made by it); task results:\n"
     "    per task, accuracy (recall: mean byte accuracy) and mean live KV per policy x setting x ratio.\n";
+const char *kUsageInfo =
+    "kvprune info [--model M]\n"
+    "    What a model file holds: format, architecture, sizes, weight types, context, RoPE, the\n"
+    "    tokenizer, and the KV bytes per token (raw K+V and kvprune's arena) at f32/f16/q8/q4.\n"
+    "    --model takes a llama2.c .bin or a GGUF file (llama, qwen2, qwen3; docs/harness.md).\n";
 
 std::string usage_all() {
-    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport +
+    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport + kUsageInfo +
            "kvprune help | version\n"
            "SPEC is the kvp_config_apply string, e.g. \"policy=streaming sinks=4 window=60\" (`kvprune keys`).\n"
-           "Models with vocab 256 read text as bytes; others read whitespace-separated token ids.\n";
+           "GGUF models with a tokenizer read text through it; other models with vocab 256 read text as\n"
+           "bytes, the rest whitespace-separated token ids.\n";
 }
 
 struct Args {
@@ -282,6 +290,24 @@ bool policies_nonempty(const Args &a, std::string *err) {
     return true;
 }
 
+// Tokens of a text file for a model: through its tokenizer (GGUF, BOS as the metadata says), else
+// load_tokens (bytes for vocab 256, ids otherwise).
+bool model_tokens(const Checkpoint &ck, const std::string &path, std::vector<int32_t> *out, std::string *err) {
+    if (!ck.tok) return load_tokens(path, ck.cfg.vocab, out, err);
+    std::vector<int32_t> probe;  // the file checks of load_tokens (regular file, readable)
+    struct stat sb;
+    if (stat(path.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode)) return load_tokens(path, ck.cfg.vocab, &probe, err);
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return load_tokens(path, ck.cfg.vocab, &probe, err);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    *out = ck.tok->encode(text, ck.tok->add_bos);
+    if (out->empty()) {
+        *err = "text '" + path + "' gives no tokens";
+        return false;
+    }
+    return true;
+}
+
 // ---------------------------------------------------------------- run
 
 int cmd_run(int argc, char **argv) {
@@ -303,9 +329,13 @@ int cmd_run(int argc, char **argv) {
     Checkpoint ck;
     if (!load_checkpoint(a.get("model", bundled(kDefaultModel)), &ck, &err)) return error("run", err);
     const int V = ck.cfg.vocab;
-    std::string prompt_text = a.get("prompt", V == 256 ? kRunPrompt : "1");
+    std::string prompt_text = a.get("prompt", V == 256 || ck.tok ? kRunPrompt : "1");
     std::vector<int32_t> prompt;
-    if (!parse_tokens(prompt_text, V, &prompt, &err)) return error("run", "--prompt: " + err);
+    if (ck.tok) {
+        prompt = ck.tok->encode(prompt_text, ck.tok->add_bos);
+    } else if (!parse_tokens(prompt_text, V, &prompt, &err)) {
+        return error("run", "--prompt: " + err);
+    }
     if (prompt.empty()) return error("run", "--prompt is empty");
     // compression_ratio refers to the whole sequence: prompt + generated tokens.
     std::string resolved, e;
@@ -324,7 +354,9 @@ int cmd_run(int argc, char **argv) {
     std::mt19937_64 rng((uint64_t)seed);
     auto emit = [&](int32_t t) {
         if (quiet) return;
-        if (V == 256) {
+        if (ck.tok) {
+            std::fputs(ck.tok->decode(t).c_str(), stdout);
+        } else if (V == 256) {
             std::fputc(t, stdout);
         } else {
             std::fprintf(stdout, "%d ", t);
@@ -747,7 +779,7 @@ int cmd_eval(int argc, char **argv) {
     Checkpoint ck;
     if (!load_checkpoint(a.get("model", bundled(kDefaultModel)), &ck, &err)) return error("eval", err);
     std::vector<int32_t> toks;
-    if (!load_tokens(a.get("text", bundled(kDefaultText)), ck.cfg.vocab, &toks, &err)) return error("eval", err);
+    if (!model_tokens(ck, a.get("text", bundled(kDefaultText)), &toks, &err)) return error("eval", err);
     ProgressBar bar;
     bar.every = every;
     bar.mode = a.has("no-progress") ? ProgressBar::kOff : (isatty(2) ? ProgressBar::kBar : ProgressBar::kLines);
@@ -1023,6 +1055,68 @@ int cmd_keys(int argc, char **argv) {
     return 0;
 }
 
+// ---------------------------------------------------------------- info
+
+int cmd_info(int argc, char **argv) {
+    Args a;
+    if (!parse_args(argc, argv, 2, {"model"}, {}, &a)) return usage_error("info", a.err, kUsageInfo);
+    if (a.help) return help(kUsageInfo);
+    std::string err;
+    Checkpoint ck;
+    if (!load_checkpoint(a.get("model", bundled(kDefaultModel)), &ck, &err)) return error("info", err);
+    const ModelConfig &c = ck.cfg;
+    uint64_t params = 0;
+    {
+        const uint64_t D = (uint64_t)c.dim, L = (uint64_t)c.n_layers;
+        params = (uint64_t)c.vocab * D * (c.shared_classifier ? 1 : 2) + D +
+                 L * (2 * D + D * (uint64_t)c.q_dim() * 2 + D * (uint64_t)c.kv_dim() * 2 + 3 * D * (uint64_t)c.hidden_dim);
+        if (ck.bq) params += L * ((uint64_t)c.q_dim() + 2 * (uint64_t)c.kv_dim());
+        if (ck.q_norm) params += L * 2 * (uint64_t)c.head_dim();
+    }
+    std::printf("model          %s\n", ck.path.c_str());
+    std::printf("format         %s (%llu bytes)\n", ck.format.c_str(), (unsigned long long)ck.file_bytes);
+    std::printf("architecture   %s%s%s\n", ck.arch.c_str(), ck.name.empty() ? "" : ", name: ", ck.name.c_str());
+    std::printf("parameters     %llu (%.3f B)\n", (unsigned long long)params, (double)params * 1e-9);
+    std::printf("layers         %d\ndim            %d\nffn hidden     %d\n", c.n_layers, c.dim, c.hidden_dim);
+    std::printf("heads          %d query, %d key/value (GQA %d:1), head_dim %d\n", c.n_heads, c.n_kv_heads,
+                c.n_heads / c.n_kv_heads, c.head_dim());
+    std::printf("vocab          %d (%s output)\n", c.vocab, c.shared_classifier ? "tied" : "separate");
+    std::printf("context        %lld\n", (long long)(ck.context_length ? ck.context_length : c.seq_len));
+    std::printf("rope           %s, %d dims, theta %g\n", c.rope == KVP_ROPE_NEOX ? "neox (halves)" : "gptj (interleaved pairs)",
+                c.rope_dim ? c.rope_dim : c.head_dim(), (double)c.rope_theta);
+    std::printf("rms eps        %g\n", (double)c.norm_eps);
+    if (ck.bq) std::printf("extras         q/k/v biases\n");
+    if (ck.q_norm) std::printf("extras         per-head q/k RMSNorm\n");
+    std::string types;
+    for (auto &t : ck.weight_types) types += (types.empty() ? "" : ", ") + t.first + " x" + std::to_string(t.second);
+    std::printf("weight types   %s\n", ck.format == "gguf" ? types.c_str() : "f32 (llama2.c)");
+    std::printf("in memory      %.1f MiB of f32 weights (dequantized on load)\n", (double)ck.data.size() * 4 / 1048576.0);
+    if (ck.tok) {
+        std::printf("tokenizer      %s%s%s, %d tokens, bos %d, eos %d, add_bos %s\n", ck.tok->model_name().c_str(),
+                    ck.tok->kind() == Tokenizer::kBpe ? ", pre " : "", ck.tok->kind() == Tokenizer::kBpe ? ck.tok->pre().c_str() : "",
+                    ck.tok->size(), ck.tok->bos, ck.tok->eos, ck.tok->add_bos ? "yes" : "no");
+    } else {
+        std::printf("tokenizer      none (%s)\n", c.vocab == 256 ? "text as bytes" : "whitespace-separated token ids");
+    }
+    // KV bytes per token: raw K+V of every layer, and what kvprune's arena grows by per token slot
+    // (kvp_arena_size at two capacities: scales, residual groups and bookkeeping included).
+    const double raw = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim();
+    std::printf("kv bytes/token ");
+    const char *names[4] = {"f32", "f16", "q8", "q4"};
+    const double width[4] = {4, 2, 1, 0.5};
+    for (int i = 0; i < 4; i++) {
+        kvp_config c1, c2;
+        std::string e1, e2;
+        const std::string spec = std::string("policy=full kv_dtype=") + names[i] + " capacity=";
+        double arena = -1;
+        if (parse_policy(c, spec + "1024", &c1, &e1) && parse_policy(c, spec + "2048", &c2, &e2))
+            arena = ((double)kvp_arena_size(&c2) - (double)kvp_arena_size(&c1)) / 1024.0;
+        std::printf("%s%s %.0f raw, %.1f arena", i ? "; " : "", names[i], raw * width[i], arena);
+    }
+    std::printf("\n");
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -1032,6 +1126,7 @@ int main(int argc, char **argv) {
     if (cmd == "plot") return cmd_plot(argc, argv);
     if (cmd == "keys") return cmd_keys(argc, argv);
     if (cmd == "report") return cmd_report(argc, argv);
+    if (cmd == "info") return cmd_info(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
         std::printf("%s", usage_all().c_str());
         return 0;

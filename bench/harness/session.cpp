@@ -1,5 +1,6 @@
 #include "session.h"
 
+#include "gguf.h"
 #include "spec.h"
 
 #include <algorithm>
@@ -101,11 +102,11 @@ const MatmulFn matmul = pick_matmul();
 const auto matmul = matmul_plain;
 #endif
 
-void rmsnorm(float *o, const float *x, const float *w, int n, int dim) {
+void rmsnorm(float *o, const float *x, const float *w, int n, int dim, float eps) {
     for (int t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * dim;
         float *ot = o + (size_t)t * dim;
-        float ss = dot(xt, xt, dim) / (float)dim + 1e-5f;
+        float ss = dot(xt, xt, dim) / (float)dim + eps;
         float inv = 1.0f / std::sqrt(ss);
         for (int i = 0; i < dim; i++) ot[i] = w[i] * (xt[i] * inv);
     }
@@ -126,9 +127,9 @@ kvp_model model_geometry(const ModelConfig &c) {
     m.n_q_heads = (uint32_t)c.n_heads;
     m.n_kv_heads = (uint32_t)c.n_kv_heads;
     m.head_dim = (uint32_t)c.head_dim();
-    m.rope = KVP_ROPE_GPTJ;  // llama2.c rotates interleaved pairs (2i, 2i+1)
-    m.rope_dim = 0;          // whole head
-    m.rope_theta = 10000.0f;
+    m.rope = c.rope;  // llama2.c (and llama GGUFs) rotate interleaved pairs (2i, 2i+1); qwen: NeoX
+    m.rope_dim = (uint32_t)c.rope_dim;  // 0: whole head
+    m.rope_theta = c.rope_theta;
     return m;
 }
 
@@ -153,6 +154,7 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
     arena_ = nullptr;
     ck_ = &ck;
     fed_ = 0;
+    if (const char *e = std::getenv("KVPRUNE_THREADS")) set_threads(std::atoi(e));
     sel_layer_ = -1;
     if (!parse_policy(ck.cfg, spec, &cfg_, err)) return false;
     size_t n = kvp_arena_size(&cfg_);
@@ -271,16 +273,38 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
                         std::string *err) {
     const Checkpoint &w = *ck_;
     const ModelConfig &c = w.cfg;
-    const int D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.hidden_dim;
-    for (int t = 0; t < n; t++) std::memcpy(&x_[(size_t)t * D], w.tok_emb + (size_t)tokens[t] * D, D * sizeof(float));
+    const int D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.hidden_dim, hd = c.head_dim();
+    const float eps = c.norm_eps;
+    const int L = c.n_layers;
+    // Product with matrix k of layer l: the mapped quantized rows when the file has them, else f32.
+    // (W is the f32 base of kind k; null when the file's matrices of that kind are mapped.)
+    auto mm = [&](float *out, const float *x, const float *W, int k, int l, int rows, int in, int outd) {
+        if (!w.qmat.empty() && w.qmat[(size_t)k * L + l]) matmul_q(out, x, w.qmat[(size_t)k * L + l], rows, in, outd, threads_);
+        else matmul(out, x, W + (size_t)l * outd * in, rows, in, outd);
+    };
+    for (int t = 0; t < n; t++) {
+        if (w.qemb) dequantize(w.qemb.type, w.qemb.data + (uint64_t)tokens[t] * w.qemb.row_bytes, &x_[(size_t)t * D], (uint64_t)D);
+        else std::memcpy(&x_[(size_t)t * D], w.tok_emb + (size_t)tokens[t] * D, D * sizeof(float));
+    }
     int cur = n;                  // rows still flowing (ASL may select a subset)
     bool explicit_pos = false;    // after an ASL selection, positions are passed explicitly
     bool last_row_is_last = true;
     for (int l = 0; l < c.n_layers; l++) {
-        rmsnorm(xb_.data(), x_.data(), w.rms_att + (size_t)l * D, cur, D);
-        matmul(q_.data(), xb_.data(), w.wq + (size_t)l * QD * D, cur, D, QD);
-        matmul(k_.data(), xb_.data(), w.wk + (size_t)l * KVD * D, cur, D, KVD);
-        matmul(v_.data(), xb_.data(), w.wv + (size_t)l * KVD * D, cur, D, KVD);
+        rmsnorm(xb_.data(), x_.data(), w.rms_att + (size_t)l * D, cur, D, eps);
+        mm(q_.data(), xb_.data(), w.wq, 0, l, cur, D, QD);
+        mm(k_.data(), xb_.data(), w.wk, 1, l, cur, D, KVD);
+        mm(v_.data(), xb_.data(), w.wv, 2, l, cur, D, KVD);
+        if (w.bq) {  // qwen2: q/k/v biases
+            for (int t = 0; t < cur; t++) {
+                for (int i = 0; i < QD; i++) q_[(size_t)t * QD + i] += w.bq[(size_t)l * QD + i];
+                for (int i = 0; i < KVD; i++) k_[(size_t)t * KVD + i] += w.bk[(size_t)l * KVD + i];
+                for (int i = 0; i < KVD; i++) v_[(size_t)t * KVD + i] += w.bv[(size_t)l * KVD + i];
+            }
+        }
+        if (w.q_norm) {  // qwen3: RMSNorm of every q and k head before RoPE
+            rmsnorm(q_.data(), q_.data(), w.q_norm + (size_t)l * hd, cur * c.n_heads, hd, eps);
+            rmsnorm(k_.data(), k_.data(), w.k_norm + (size_t)l * hd, cur * c.n_kv_heads, hd, eps);
+        }
         kvp_status st;
         if (use_decode) {
             st = kvp_decode(cache_, (uint32_t)l, q_.data(), k_.data(), v_.data(), att_.data());
@@ -319,16 +343,16 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
             *err = kvp_error(use_decode ? "kvp_decode" : "kvp_prefill", (uint32_t)l, st, cache_);
             return false;
         }
-        matmul(xb2_.data(), att_.data(), w.wo + (size_t)l * D * QD, cur, QD, D);
+        mm(xb2_.data(), att_.data(), w.wo, 3, l, cur, QD, D);
         for (size_t i = 0; i < (size_t)cur * D; i++) x_[i] += xb2_[i];
-        rmsnorm(xb_.data(), x_.data(), w.rms_ffn + (size_t)l * D, cur, D);
-        matmul(hb_.data(), xb_.data(), w.w1 + (size_t)l * HD * D, cur, D, HD);
-        matmul(hb2_.data(), xb_.data(), w.w3 + (size_t)l * HD * D, cur, D, HD);
+        rmsnorm(xb_.data(), x_.data(), w.rms_ffn + (size_t)l * D, cur, D, eps);
+        mm(hb_.data(), xb_.data(), w.w1, 4, l, cur, D, HD);
+        mm(hb2_.data(), xb_.data(), w.w3, 6, l, cur, D, HD);
         for (size_t i = 0; i < (size_t)cur * HD; i++) {
             float a = hb_[i];
             hb_[i] = a / (1.0f + std::exp(-a)) * hb2_[i];
         }
-        matmul(xb2_.data(), hb_.data(), w.w2 + (size_t)l * D * HD, cur, HD, D);
+        mm(xb2_.data(), hb_.data(), w.w2, 5, l, cur, HD, D);
         for (size_t i = 0; i < (size_t)cur * D; i++) x_[i] += xb2_[i];
     }
     fed_ += n;
@@ -342,8 +366,9 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
             return false;
         }
         int first = all_logits ? 0 : cur - 1;
-        rmsnorm(xb_.data(), x_.data() + (size_t)first * D, w.rms_final, cur - first, D);
-        matmul(logits, xb_.data(), w.wcls, cur - first, D, c.vocab);
+        rmsnorm(xb_.data(), x_.data() + (size_t)first * D, w.rms_final, cur - first, D, eps);
+        if (w.qcls) matmul_q(logits, xb_.data(), w.qcls, cur - first, D, c.vocab, threads_);
+        else matmul(logits, xb_.data(), w.wcls, cur - first, D, c.vocab);
     }
     return true;
 }

@@ -2,10 +2,12 @@
 //
 // Session = checkpoint weights (borrowed) + one kvprune cache in a fixed, caller-owned arena
 // + the scratch buffers of the forward pass. Per layer the harness computes RMSNorm, the
-// pre-RoPE q/k/v projections, hands them to kvp_prefill/kvp_decode (kvprune applies GPT-J
-// RoPE at the positions of its position mode and runs the attention over what it keeps),
-// then the output projection, RMSNorm and the SwiGLU FFN. All harness math is single-threaded
-// with a fixed summation order, so results depend only on kvprune's output.
+// pre-RoPE q/k/v projections (+ qwen2 biases, qwen3 per-head q/k RMSNorm), hands them to
+// kvp_prefill/kvp_decode (kvprune applies the model's RoPE style at the positions of its position
+// mode and runs the attention over what it keeps), then the output projection, RMSNorm and the
+// SwiGLU FFN. The f32 path (llama2.c, f32 GGUF) is single-threaded with a fixed summation order;
+// the mapped GGUF matrices' products split rows over threads, each output in a fixed order, so
+// results depend only on kvprune's output, never on the thread count.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -40,8 +42,14 @@ public:
     // runs layer 0..L-1 before the next one starts). logits receives [n][vocab] when
     // all_logits, else [vocab] for the last token (the prediction of the next token).
     bool prefill(const int32_t *tokens, int n, float *logits, bool all_logits, std::string *err);
-    // Feeds one token through kvp_decode; logits receives [vocab]. Allocates nothing.
+    // Feeds one token through kvp_decode; logits receives [vocab]. Allocates nothing on the f32
+    // path (llama2.c, f32 GGUF); the mapped-matrix products hand rows to helper threads (matmul_q).
     bool decode(int32_t token, float *logits, std::string *err);
+
+    // Threads of the quantized GGUF products (default: $KVPRUNE_THREADS, else 2). Results do not
+    // depend on it; the f32 path (llama2.c files, f32 GGUF) is always single-threaded.
+    void set_threads(int n) { threads_ = n < 1 ? 1 : n; }
+    int threads() const { return threads_; }
 
     kvp_stats stats() const;
     // Largest resolved per-layer capacity (kvp_layer_capacity), in token slots.
@@ -72,6 +80,7 @@ private:
     int rows_ = 0;
     int max_chunk_used_ = 0;
     int sel_layer_ = -1;
+    int threads_ = 2;
     // scratch, [rows][...]
     std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_;
     std::vector<int32_t> pos_, sel_idx_;

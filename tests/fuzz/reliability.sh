@@ -67,6 +67,7 @@ cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
       calls) what="call sequences against a twin cache, every implemented policy";;
       checkpoint) what="llama2.c checkpoint loader (harness)";;
       results) what="results-JSON reader, round trip through to_json (harness)";;
+      gguf) what="GGUF reader and model loader (harness)";;
       *) what="";;
     esac
     echo "| \`fuzz_$tg\` | $what | $(field "$line" seconds) | $(field "$line" runs) | $(field "$line" exec_per_s) | $(field "$line" new_inputs) | $(field "$line" corpus) | $(field "$line" peak_rss_mb) |"

@@ -43,6 +43,11 @@ uint32_t calls_policy_count();
 // results-JSON reader (parsed rows round-trip through to_json), and the token-text reader.
 void checkpoint_target(const uint8_t *data, size_t size);
 void results_target(const uint8_t *data, size_t size);
+// The GGUF reader (issue 20) on the bytes as a buffer, then the model loader on them as a file.
+// Invariants: a failure has a one-line message; an accepted file's tensors lie inside it, its
+// metadata reads back (every getter, the tokenizer), and a loaded model is consistent (sizes,
+// pointers inside the weights, finite weights).
+void gguf_target(const uint8_t *data, size_t size);
 
 [[noreturn]] void violation(const char *target, const char *what);
 

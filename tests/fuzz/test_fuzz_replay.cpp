@@ -154,6 +154,30 @@ TEST(FuzzHarness, ResultsCorpusAndMutations) {
     }
     EXPECT_GT(inputs.size(), 0u);
 }
+
+TEST(FuzzHarness, GgufCorpusAndMutations) {
+    const auto inputs = corpus("gguf");
+    uint64_t s = 11;
+    for (const auto &b : inputs) {
+        kvpfuzz::gguf_target(b.data(), b.size());
+        for (int i = 0; i < 40; ++i) {  // bit flips, cuts, 64-bit fields set to large values
+            std::vector<uint8_t> m = b;
+            if (m.empty()) break;
+            const int kind = int(splitmix(s) % 3);
+            if (kind == 0) {
+                m[splitmix(s) % m.size()] ^= uint8_t(1u << (splitmix(s) % 8));
+            } else if (kind == 1) {
+                m.resize(splitmix(s) % (m.size() + 1));
+            } else {
+                const size_t at = splitmix(s) % m.size();
+                const uint64_t v = splitmix(s) >> (splitmix(s) % 64);
+                for (size_t k = 0; k < 8 && at + k < m.size(); ++k) m[at + k] = uint8_t(v >> (8 * k));
+            }
+            kvpfuzz::gguf_target(m.data(), m.size());
+        }
+    }
+    EXPECT_GT(inputs.size(), 0u);
+}
 #endif
 
 }  // namespace

@@ -1,0 +1,571 @@
+#include "gguf.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <unordered_set>
+
+namespace kvh {
+
+// ------------------------------------------------------------------ types and dequantization
+
+std::string ggml_type_name(uint32_t t) {
+    switch (t) {
+        case GGML_F32: return "f32";
+        case GGML_F16: return "f16";
+        case GGML_BF16: return "bf16";
+        case GGML_Q8_0: return "q8_0";
+        case GGML_Q4_0: return "q4_0";
+        case GGML_Q4_K: return "q4_K";
+        case GGML_Q6_K: return "q6_K";
+        case 3: return "q4_1";
+        case 6: return "q5_0";
+        case 7: return "q5_1";
+        case 9: return "q8_1";
+        case 10: return "q2_K";
+        case 11: return "q3_K";
+        case 13: return "q5_K";
+        case 15: return "q8_K";
+        default: return "type " + std::to_string(t);
+    }
+}
+
+bool ggml_block(uint32_t t, uint64_t *be, uint64_t *bb) {
+    switch (t) {
+        case GGML_F32: *be = 1; *bb = 4; return true;
+        case GGML_F16: case GGML_BF16: *be = 1; *bb = 2; return true;
+        case GGML_Q8_0: *be = 32; *bb = 34; return true;
+        case GGML_Q4_0: *be = 32; *bb = 18; return true;
+        case GGML_Q4_K: *be = 256; *bb = 144; return true;
+        case GGML_Q6_K: *be = 256; *bb = 210; return true;
+        default: return false;
+    }
+}
+
+float fp16_to_f32(uint16_t h) {
+    const uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023;
+    uint32_t bits;
+    if (e == 0) {
+        if (m == 0) {
+            bits = s;
+        } else {  // subnormal: m * 2^-24
+            float f = (float)m * 0x1.0p-24f;
+            std::memcpy(&bits, &f, 4);
+            bits |= s;
+        }
+    } else if (e == 31) {
+        bits = s | 0x7f800000u | (m << 13);
+    } else {
+        bits = s | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+namespace {
+
+inline uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+// 6-bit scale and min of sub-block j (0..7) of a q4_K super-block's 12 packed bytes.
+inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *mn) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *mn = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4);
+        *mn = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+}  // namespace
+
+// Compiled for AVX-512, AVX2 and the baseline (chosen at run time): the same values in every
+// variant (conversions and products of exactly representable operands, one rounding each).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n) {
+    const uint8_t *p = static_cast<const uint8_t *>(src);
+    switch (type) {
+        case GGML_F32: std::memcpy(dst, p, n * 4); return true;
+        case GGML_F16:
+            for (uint64_t i = 0; i < n; i++) dst[i] = fp16_to_f32(rd16(p + 2 * i));
+            return true;
+        case GGML_BF16:
+            for (uint64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(rd16(p + 2 * i));
+            return true;
+        case GGML_Q8_0:
+            for (uint64_t b = 0; b < n / 32; b++, p += 34, dst += 32) {
+                const float d = fp16_to_f32(rd16(p));
+                for (int i = 0; i < 32; i++) dst[i] = d * (float)(int8_t)p[2 + i];
+            }
+            return true;
+        case GGML_Q4_0:
+            for (uint64_t b = 0; b < n / 32; b++, p += 18, dst += 32) {
+                const float d = fp16_to_f32(rd16(p));
+                for (int i = 0; i < 16; i++) {
+                    dst[i] = d * (float)((p[2 + i] & 15) - 8);
+                    dst[i + 16] = d * (float)((p[2 + i] >> 4) - 8);
+                }
+            }
+            return true;
+        case GGML_Q4_K:
+            for (uint64_t b = 0; b < n / 256; b++, p += 144, dst += 256) {
+                const float d = fp16_to_f32(rd16(p)), dmin = fp16_to_f32(rd16(p + 2));
+                const uint8_t *sc = p + 4, *q = p + 16;
+                for (int c = 0; c < 4; c++) {  // 64 elements: low nibbles then high nibbles of 32 bytes
+                    int s0, m0, s1, m1;
+                    k4_scale_min(2 * c, sc, &s0, &m0);
+                    k4_scale_min(2 * c + 1, sc, &s1, &m1);
+                    const float d0 = d * (float)s0, o0 = dmin * (float)m0, d1 = d * (float)s1, o1 = dmin * (float)m1;
+                    for (int l = 0; l < 32; l++) {
+                        dst[64 * c + l] = d0 * (float)(q[32 * c + l] & 15) - o0;
+                        dst[64 * c + 32 + l] = d1 * (float)(q[32 * c + l] >> 4) - o1;
+                    }
+                }
+            }
+            return true;
+        case GGML_Q6_K:
+            for (uint64_t b = 0; b < n / 256; b++, p += 210, dst += 256) {
+                const uint8_t *ql = p, *qh = p + 128;
+                const int8_t *sc = reinterpret_cast<const int8_t *>(p + 192);
+                const float d = fp16_to_f32(rd16(p + 208));
+                for (int h = 0; h < 2; h++) {  // two halves of 128
+                    const uint8_t *l4 = ql + 64 * h, *hi = qh + 32 * h;
+                    const int8_t *s = sc + 8 * h;
+                    float *y = dst + 128 * h;
+                    for (int l = 0; l < 32; l++) {
+                        const int is = l / 16;
+                        const int q1 = ((l4[l] & 15) | (((hi[l] >> 0) & 3) << 4)) - 32;
+                        const int q2 = ((l4[l + 32] & 15) | (((hi[l] >> 2) & 3) << 4)) - 32;
+                        const int q3 = ((l4[l] >> 4) | (((hi[l] >> 4) & 3) << 4)) - 32;
+                        const int q4 = ((l4[l + 32] >> 4) | (((hi[l] >> 6) & 3) << 4)) - 32;
+                        y[l] = d * (float)s[is] * (float)q1;
+                        y[l + 32] = d * (float)s[is + 2] * (float)q2;
+                        y[l + 64] = d * (float)s[is + 4] * (float)q3;
+                        y[l + 96] = d * (float)s[is + 6] * (float)q4;
+                    }
+                }
+            }
+            return true;
+        default: return false;
+    }
+}
+
+bool ggml_finite(uint32_t type, const void *src, uint64_t n, uint64_t *bad) {
+    const uint8_t *p = static_cast<const uint8_t *>(src);
+    auto h = [&](uint64_t off) { return (rd16(p + off) & 0x7C00) != 0x7C00; };  // f16 not inf/nan
+    switch (type) {
+        case GGML_F32:
+            for (uint64_t i = 0; i < n; i++) {
+                float f;
+                std::memcpy(&f, p + 4 * i, 4);
+                if (!std::isfinite(f)) return *bad = i, false;
+            }
+            return true;
+        case GGML_F16:
+            for (uint64_t i = 0; i < n; i++)
+                if (!h(2 * i)) return *bad = i, false;
+            return true;
+        case GGML_BF16:
+            for (uint64_t i = 0; i < n; i++)
+                if ((rd16(p + 2 * i) & 0x7F80) == 0x7F80) return *bad = i, false;
+            return true;
+        case GGML_Q8_0:
+        case GGML_Q4_0: {
+            const uint64_t bb = type == GGML_Q8_0 ? 34 : 18;
+            for (uint64_t b = 0; b < n / 32; b++)
+                if (!h(b * bb)) return *bad = b, false;
+            return true;
+        }
+        case GGML_Q4_K:
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * 144) || !h(b * 144 + 2)) return *bad = b, false;
+            return true;
+        case GGML_Q6_K:
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * 210 + 208)) return *bad = b, false;
+            return true;
+        default: return *bad = 0, false;
+    }
+}
+
+// ------------------------------------------------------------------ file
+
+GgufFile::~GgufFile() { close(); }
+
+void GgufFile::close() {
+    if (mapped_ && base_) munmap(const_cast<uint8_t *>(base_), size_);
+    base_ = nullptr;
+    size_ = 0;
+    mapped_ = false;
+    kv_.clear();
+    tensors_.clear();
+}
+
+bool GgufFile::open(const std::string &path, std::string *err) {
+    close();
+    auto fail = [&](const std::string &m) {
+        *err = "gguf '" + path + "': " + m;
+        return false;
+    };
+    struct stat sb;
+    if (stat(path.c_str(), &sb) == 0 && !S_ISREG(sb.st_mode))
+        return fail(std::string("not a regular file (") + (S_ISDIR(sb.st_mode) ? "a directory" : "a FIFO, device or socket") + ")");
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) return fail(std::string("cannot open: ") + std::strerror(errno));
+    if (fstat(fd, &sb) != 0) {
+        ::close(fd);
+        return fail("cannot stat");
+    }
+    if (sb.st_size <= 0) {
+        ::close(fd);
+        return fail("empty file");
+    }
+    void *m = mmap(nullptr, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (m == MAP_FAILED) return fail(std::string("cannot map: ") + std::strerror(errno));
+    base_ = static_cast<const uint8_t *>(m);
+    size_ = (size_t)sb.st_size;
+    mapped_ = true;
+    const uint8_t *b = base_;
+    size_t n = size_;
+    std::string e;
+    if (!parse(b, n, path, &e)) {
+        close();
+        *err = e;
+        return false;
+    }
+    base_ = b;
+    size_ = n;
+    mapped_ = true;
+    return true;
+}
+
+namespace {
+
+struct Cursor {
+    const uint8_t *b;
+    uint64_t size, pos = 0;
+    std::string what;  // set on the first failure
+    bool need(uint64_t n, const char *ctx) {
+        if (!what.empty()) return false;
+        if (n > size - pos) {
+            char m[200];
+            std::snprintf(m, sizeof m, "truncated: %s needs %llu bytes at offset %llu but the file has %llu", ctx,
+                          (unsigned long long)n, (unsigned long long)pos, (unsigned long long)size);
+            what = m;
+            return false;
+        }
+        return true;
+    }
+    bool u32(uint32_t *v, const char *ctx) {
+        if (!need(4, ctx)) return false;
+        std::memcpy(v, b + pos, 4);
+        pos += 4;
+        return true;
+    }
+    bool u64(uint64_t *v, const char *ctx) {
+        if (!need(8, ctx)) return false;
+        std::memcpy(v, b + pos, 8);
+        pos += 8;
+        return true;
+    }
+    bool str(std::string *s, const char *ctx) {
+        uint64_t n;
+        if (!u64(&n, ctx) || !need(n, ctx)) return false;
+        s->assign(reinterpret_cast<const char *>(b + pos), (size_t)n);
+        pos += n;
+        return true;
+    }
+    bool skip_str(const char *ctx) {
+        uint64_t n;
+        if (!u64(&n, ctx) || !need(n, ctx)) return false;
+        pos += n;
+        return true;
+    }
+};
+
+uint64_t scalar_size(uint32_t t) {
+    switch (t) {
+        case GGUF_U8: case GGUF_I8: case GGUF_BOOL: return 1;
+        case GGUF_U16: case GGUF_I16: return 2;
+        case GGUF_U32: case GGUF_I32: case GGUF_F32: return 4;
+        case GGUF_U64: case GGUF_I64: case GGUF_F64: return 8;
+        default: return 0;
+    }
+}
+
+const char *vtype_name(uint32_t t) {
+    static const char *n[] = {"u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"};
+    return t < 13 ? n[t] : "?";
+}
+
+// A name from the file as it may appear in a one-line message: printable ASCII, at most 64 bytes.
+std::string shown(const std::string &s) {
+    std::string o;
+    for (unsigned char ch : s) {
+        if (o.size() >= 64) {
+            o += "...";
+            break;
+        }
+        if (ch >= 32 && ch < 127) {
+            o.push_back((char)ch);
+        } else {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\x%02x", ch);
+            o += b;
+        }
+    }
+    return o;
+}
+
+}  // namespace
+
+std::string gguf_shown(const std::string &s) { return shown(s); }
+
+bool GgufFile::parse(const uint8_t *data, size_t size, const std::string &name, std::string *err) {
+    kv_.clear();
+    tensors_.clear();
+    align_ = 32;
+    base_ = data;  // the getters below read values through base_
+    size_ = size;
+    auto fail = [&](const std::string &m) {
+        *err = "gguf '" + name + "': " + m;
+        kv_.clear();
+        tensors_.clear();
+        return false;
+    };
+    Cursor c{data, size, 0, std::string()};
+    if (size < 4 || std::memcmp(data, "GGUF", 4) != 0) return fail("not a GGUF file (no 'GGUF' magic)");
+    c.pos = 4;
+    uint64_t n_tensors = 0, n_kv = 0;
+    if (!c.u32(&version_, "the version") || !c.u64(&n_tensors, "the tensor count") || !c.u64(&n_kv, "the metadata count"))
+        return fail(c.what);
+    if (version_ != 2 && version_ != 3)
+        return fail("GGUF version " + std::to_string(version_) + " is not supported (2 or 3; version 1 used 32-bit counts)");
+    // Each metadata entry takes at least 8 (key length) + 4 (type) + 1 bytes, each tensor info
+    // at least 8 + 4 + 4 + 8: counts beyond what the file can hold are rejected before any reserve.
+    if (n_kv > (size - c.pos) / 13) return fail("metadata count " + std::to_string(n_kv) + " cannot fit in the file");
+    if (n_tensors > (size - c.pos) / 24) return fail("tensor count " + std::to_string(n_tensors) + " cannot fit in the file");
+    kv_.reserve((size_t)n_kv);
+    std::unordered_set<std::string> seen;
+    for (uint64_t i = 0; i < n_kv; i++) {
+        GgufKV kv;
+        if (!c.str(&kv.key, "a metadata key") || !c.u32(&kv.type, "a metadata type")) return fail(c.what);
+        if (!seen.insert(kv.key).second) return fail("metadata key '" + shown(kv.key) + "' appears twice");
+        if (kv.type == GGUF_ARRAY) {
+            if (!c.u32(&kv.arr_type, "an array type") || !c.u64(&kv.arr_n, "an array length")) return fail(c.what);
+            kv.pos = c.pos;
+            if (kv.arr_type == GGUF_STRING) {
+                if (kv.arr_n > (size - c.pos) / 8) return fail("array '" + shown(kv.key) + "' length cannot fit in the file");
+                for (uint64_t j = 0; j < kv.arr_n; j++)
+                    if (!c.skip_str("a string array element")) return fail(c.what + " (key '" + shown(kv.key) + "')");
+            } else {
+                const uint64_t es = scalar_size(kv.arr_type);
+                if (es == 0)
+                    return fail("array '" + shown(kv.key) + "' has element type " + std::to_string(kv.arr_type) +
+                                " (nested arrays and unknown types are not supported)");
+                if (kv.arr_n > (size - c.pos) / es) return fail("array '" + shown(kv.key) + "' length cannot fit in the file");
+                c.pos += kv.arr_n * es;
+            }
+        } else if (kv.type == GGUF_STRING) {
+            kv.pos = c.pos;
+            if (!c.skip_str("a string value")) return fail(c.what + " (key '" + shown(kv.key) + "')");
+        } else {
+            const uint64_t es = scalar_size(kv.type);
+            if (es == 0) return fail("metadata '" + shown(kv.key) + "' has unknown type " + std::to_string(kv.type));
+            kv.pos = c.pos;
+            if (!c.need(es, "a metadata value")) return fail(c.what + " (key '" + shown(kv.key) + "')");
+            c.pos += es;
+        }
+        kv_.push_back(std::move(kv));
+    }
+    int64_t al;
+    if (find("general.alignment")) {
+        if (!get_int("general.alignment", &al) || al <= 0 || al > 65536 || (al & (al - 1)) != 0)
+            return fail("general.alignment must be a power of two in 1..65536");
+        align_ = (uint64_t)al;
+    }
+    tensors_.reserve((size_t)n_tensors);
+    seen.clear();
+    for (uint64_t i = 0; i < n_tensors; i++) {
+        GgufTensor t;
+        if (!c.str(&t.name, "a tensor name") || !c.u32(&t.n_dims, "a tensor's dimension count")) return fail(c.what);
+        if (t.n_dims < 1 || t.n_dims > 4)
+            return fail("tensor '" + shown(t.name) + "' has " + std::to_string(t.n_dims) + " dimensions (1..4)");
+        uint64_t total = 1;
+        for (uint32_t d = 0; d < t.n_dims; d++) {
+            if (!c.u64(&t.ne[d], "a tensor dimension")) return fail(c.what);
+            if (t.ne[d] == 0 || t.ne[d] > ((uint64_t)1 << 40) || total > ((uint64_t)1 << 40) / t.ne[d])
+                return fail("tensor '" + shown(t.name) + "' has a zero or absurd dimension " + std::to_string(t.ne[d]));
+            total *= t.ne[d];
+        }
+        if (!c.u32(&t.type, "a tensor type") || !c.u64(&t.offset, "a tensor offset")) return fail(c.what);
+        if (!seen.insert(t.name).second) return fail("tensor '" + shown(t.name) + "' appears twice");
+        uint64_t be = 0, bb = 0;
+        if (ggml_block(t.type, &be, &bb)) {
+            if (t.ne[0] % be != 0)
+                return fail("tensor '" + shown(t.name) + "' of type " + ggml_type_name(t.type) + " has rows of " +
+                            std::to_string(t.ne[0]) + " elements, not a multiple of its block of " + std::to_string(be));
+            t.nbytes = total / be * bb;
+        }
+        if (t.offset % align_ != 0)
+            return fail("tensor '" + shown(t.name) + "' offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
+                        std::to_string(align_));
+        tensors_.push_back(std::move(t));
+    }
+    const uint64_t data_start = (c.pos + align_ - 1) / align_ * align_;
+    if (data_start > size) return fail("truncated: no room for the tensor data after the header");
+    const uint64_t room = size - data_start;
+    for (GgufTensor &t : tensors_) {
+        // Unknown types keep nbytes 0 and no data: the model loader names them; info lists them.
+        if (t.nbytes == 0) continue;
+        if (t.offset > room || t.nbytes > room - t.offset)
+            return fail("tensor '" + shown(t.name) + "' (" + std::to_string(t.nbytes) + " bytes at data offset " +
+                        std::to_string(t.offset) + ") extends past the end of the file");
+        t.data = data + data_start + t.offset;
+    }
+    base_ = data;
+    size_ = size;
+    return true;
+}
+
+const GgufKV *GgufFile::find(const std::string &key) const {
+    for (const GgufKV &k : kv_)
+        if (k.key == key) return &k;
+    return nullptr;
+}
+
+const GgufTensor *GgufFile::tensor(const std::string &name) const {
+    for (const GgufTensor &t : tensors_)
+        if (t.name == name) return &t;
+    return nullptr;
+}
+
+namespace {
+
+bool read_int(const uint8_t *p, uint32_t t, int64_t *out) {
+    switch (t) {
+        case GGUF_U8: *out = p[0]; return true;
+        case GGUF_I8: *out = (int8_t)p[0]; return true;
+        case GGUF_U16: { uint16_t v; std::memcpy(&v, p, 2); *out = v; return true; }
+        case GGUF_I16: { int16_t v; std::memcpy(&v, p, 2); *out = v; return true; }
+        case GGUF_U32: { uint32_t v; std::memcpy(&v, p, 4); *out = v; return true; }
+        case GGUF_I32: { int32_t v; std::memcpy(&v, p, 4); *out = v; return true; }
+        case GGUF_U64: { uint64_t v; std::memcpy(&v, p, 8); if (v > (uint64_t)INT64_MAX) return false; *out = (int64_t)v; return true; }
+        case GGUF_I64: { int64_t v; std::memcpy(&v, p, 8); *out = v; return true; }
+        default: return false;
+    }
+}
+
+}  // namespace
+
+bool GgufFile::get_str(const std::string &key, std::string *out) const {
+    const GgufKV *k = find(key);
+    if (!k || k->type != GGUF_STRING) return false;
+    uint64_t n;
+    std::memcpy(&n, base_ + k->pos, 8);
+    out->assign(reinterpret_cast<const char *>(base_ + k->pos + 8), (size_t)n);
+    return true;
+}
+
+bool GgufFile::get_int(const std::string &key, int64_t *out) const {
+    const GgufKV *k = find(key);
+    return k && k->type != GGUF_ARRAY && read_int(base_ + k->pos, k->type, out);
+}
+
+bool GgufFile::get_float(const std::string &key, double *out) const {
+    const GgufKV *k = find(key);
+    if (!k) return false;
+    if (k->type == GGUF_F32) {
+        float f;
+        std::memcpy(&f, base_ + k->pos, 4);
+        *out = f;
+        return true;
+    }
+    if (k->type == GGUF_F64) {
+        std::memcpy(out, base_ + k->pos, 8);
+        return true;
+    }
+    return false;
+}
+
+bool GgufFile::get_bool(const std::string &key, bool *out) const {
+    const GgufKV *k = find(key);
+    if (!k || k->type != GGUF_BOOL) return false;
+    *out = base_[k->pos] != 0;
+    return true;
+}
+
+bool GgufFile::get_str_array(const std::string &key, std::vector<std::string> *out) const {
+    const GgufKV *k = find(key);
+    if (!k || k->type != GGUF_ARRAY || k->arr_type != GGUF_STRING) return false;
+    out->clear();
+    out->reserve((size_t)k->arr_n);
+    uint64_t pos = k->pos;
+    for (uint64_t i = 0; i < k->arr_n; i++) {  // lengths were checked by parse
+        uint64_t n;
+        std::memcpy(&n, base_ + pos, 8);
+        out->emplace_back(reinterpret_cast<const char *>(base_ + pos + 8), (size_t)n);
+        pos += 8 + n;
+    }
+    return true;
+}
+
+bool GgufFile::get_f32_array(const std::string &key, std::vector<float> *out) const {
+    const GgufKV *k = find(key);
+    if (!k || k->type != GGUF_ARRAY || k->arr_type != GGUF_F32) return false;
+    out->resize((size_t)k->arr_n);
+    if (k->arr_n) std::memcpy(out->data(), base_ + k->pos, (size_t)k->arr_n * 4);
+    return true;
+}
+
+bool GgufFile::get_i32_array(const std::string &key, std::vector<int32_t> *out) const {
+    const GgufKV *k = find(key);
+    if (!k || k->type != GGUF_ARRAY) return false;
+    const uint64_t es = scalar_size(k->arr_type);
+    if (es == 0 || k->arr_type == GGUF_F32 || k->arr_type == GGUF_F64) return false;
+    out->resize((size_t)k->arr_n);
+    for (uint64_t i = 0; i < k->arr_n; i++) {
+        int64_t v;
+        if (!read_int(base_ + k->pos + i * es, k->arr_type, &v) || v < INT32_MIN || v > INT32_MAX) return false;
+        (*out)[i] = (int32_t)v;
+    }
+    return true;
+}
+
+std::string GgufFile::value_text(const GgufKV &k) const {
+    if (k.type == GGUF_ARRAY) return "[" + std::to_string(k.arr_n) + " x " + vtype_name(k.arr_type) + "]";
+    std::string s;
+    if (k.type == GGUF_STRING) {
+        get_str(k.key, &s);
+        return "\"" + shown(s) + "\"";
+    }
+    if (k.type == GGUF_BOOL) return base_[k.pos] ? "true" : "false";
+    double f;
+    if (get_float(k.key, &f)) {
+        char b[40];
+        std::snprintf(b, sizeof b, "%g", f);
+        return b;
+    }
+    int64_t v;
+    if (get_int(k.key, &v)) return std::to_string(v);
+    return "?";
+}
+
+}  // namespace kvh

@@ -1,0 +1,1189 @@
+// GGUF models in the harness (issue 20): the reader against an independent writer
+// (tests/gguf_writer.h) and malformed files, dequantization against references written from the
+// block formats, tiny llama / qwen2 / qwen3 models of every weight type against a plain
+// double-precision forward written here from the definitions, the bundled enbytes-1m.bin
+// written as GGUF, and the tokenizers.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "checkpoint.h"
+#include "gguf.h"
+#include "gguf_writer.h"
+#include "session.h"
+#include "tokenizer.h"
+
+#ifndef KVP_HARNESS_MODELS_DIR
+#error "KVP_HARNESS_MODELS_DIR must point at the repository's models/"
+#endif
+#ifndef KVP_SHARED_MODELS_DIR
+#define KVP_SHARED_MODELS_DIR ""
+#endif
+
+namespace {
+
+using namespace kvh;
+using gguftest::Writer;
+
+std::string tmp(const std::string &name) {
+    const char *d = getenv("TMPDIR");
+    return std::string(d && *d ? d : "/tmp") + "/kvh-gguf-" + std::to_string(getpid()) + "-" + name;
+}
+
+struct TmpFile {
+    std::string path;
+    explicit TmpFile(const std::string &n) : path(tmp(n)) {}
+    ~TmpFile() { std::remove(path.c_str()); }
+};
+
+bool write_bytes(const std::string &path, const std::string &b) {
+    std::ofstream f(path, std::ios::binary);
+    f.write(b.data(), (std::streamsize)b.size());
+    return (bool)f;
+}
+
+// ---------------------------------------------------------------- reader
+
+Writer small_file() {
+    Writer w;
+    w.str("general.architecture", "llama");
+    w.u32("a.u32", 7);
+    w.i32("a.i32", -3);
+    w.u64("a.u64", 1ull << 40);
+    w.f32("a.f32", 0.5f);
+    w.f64("a.f64", -2.25);
+    w.boolean("a.bool", true);
+    w.str_arr("a.strs", {"x", "", "h\xC3\xA9llo"});
+    w.f32_arr("a.f32s", {1.5f, -2.0f});
+    w.i32_arr("a.i32s", {4, -5, 6});
+    std::vector<float> v(64);
+    for (int i = 0; i < 64; i++) v[(size_t)i] = (float)i * 0.25f;
+    w.tensor_f32("t.a", {32, 2}, v.data(), 64);
+    w.tensor_f32("t.b", {3}, v.data(), 3);
+    return w;
+}
+
+TEST(GgufReader, ReadsWhatTheWriterWrote) {
+    for (uint32_t ver : {2u, 3u}) {
+        Writer w = small_file();
+        w.version = ver;
+        std::string b = w.bytes();
+        GgufFile f;
+        std::string err;
+        ASSERT_TRUE(f.parse(reinterpret_cast<const uint8_t *>(b.data()), b.size(), "mem", &err)) << err;
+        EXPECT_EQ(f.version(), ver);
+        std::string s;
+        int64_t i;
+        double d;
+        bool bo;
+        EXPECT_TRUE(f.get_str("general.architecture", &s));
+        EXPECT_EQ(s, "llama");
+        EXPECT_TRUE(f.get_int("a.u32", &i));
+        EXPECT_EQ(i, 7);
+        EXPECT_TRUE(f.get_int("a.i32", &i));
+        EXPECT_EQ(i, -3);
+        EXPECT_TRUE(f.get_int("a.u64", &i));
+        EXPECT_EQ(i, 1ll << 40);
+        EXPECT_TRUE(f.get_float("a.f32", &d));
+        EXPECT_EQ(d, 0.5);
+        EXPECT_TRUE(f.get_float("a.f64", &d));
+        EXPECT_EQ(d, -2.25);
+        EXPECT_TRUE(f.get_bool("a.bool", &bo));
+        EXPECT_TRUE(bo);
+        EXPECT_FALSE(f.get_int("a.f32", &i));  // wrong type
+        EXPECT_FALSE(f.get_str("nope", &s));
+        std::vector<std::string> strs;
+        EXPECT_TRUE(f.get_str_array("a.strs", &strs));
+        EXPECT_EQ(strs, (std::vector<std::string>{"x", "", "h\xC3\xA9llo"}));
+        std::vector<float> fs;
+        EXPECT_TRUE(f.get_f32_array("a.f32s", &fs));
+        EXPECT_EQ(fs, (std::vector<float>{1.5f, -2.0f}));
+        std::vector<int32_t> is;
+        EXPECT_TRUE(f.get_i32_array("a.i32s", &is));
+        EXPECT_EQ(is, (std::vector<int32_t>{4, -5, 6}));
+        ASSERT_EQ(f.tensors().size(), 2u);
+        const GgufTensor *t = f.tensor("t.a");
+        ASSERT_NE(t, nullptr);
+        EXPECT_EQ(t->ne[0], 32u);
+        EXPECT_EQ(t->ne[1], 2u);
+        EXPECT_EQ(t->nbytes, 256u);
+        EXPECT_EQ((size_t)(t->data - reinterpret_cast<const uint8_t *>(b.data())) % 32, 0u);
+        float x;
+        std::memcpy(&x, t->data + 4 * 63, 4);
+        EXPECT_EQ(x, 63 * 0.25f);
+        const GgufTensor *tb = f.tensor("t.b");
+        ASSERT_NE(tb, nullptr);
+        std::memcpy(&x, tb->data + 8, 4);
+        EXPECT_EQ(x, 0.5f);
+    }
+}
+
+TEST(GgufReader, OpenMapsAFileAndHonoursAlignment) {
+    Writer w = small_file();
+    w.align = 64;
+    w.u32("general.alignment", 64);
+    TmpFile t("align.gguf");
+    ASSERT_TRUE(w.write(t.path));
+    GgufFile f;
+    std::string err;
+    ASSERT_TRUE(f.open(t.path, &err)) << err;
+    EXPECT_EQ(f.alignment(), 64u);
+    float x;
+    std::memcpy(&x, f.tensor("t.b")->data + 4, 4);
+    EXPECT_EQ(x, 0.25f);
+}
+
+void expect_bad(const std::string &bytes, const std::string &needle) {
+    GgufFile f;
+    std::string err;
+    EXPECT_FALSE(f.parse(reinterpret_cast<const uint8_t *>(bytes.data()), bytes.size(), "bad", &err)) << needle;
+    EXPECT_NE(err.find(needle), std::string::npos) << "message: " << err << "\nexpected: " << needle;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;  // one line
+}
+
+TEST(GgufReader, EveryTruncationFailsWithOneLine) {
+    const std::string b = small_file().bytes();
+    size_t fails = 0;
+    for (size_t n = 0; n < b.size(); n++) {
+        // Only the zero padding after the last tensor may be cut without loss.
+        GgufFile f;
+        std::string err;
+        std::string cut = b.substr(0, n);
+        bool ok = f.parse(reinterpret_cast<const uint8_t *>(cut.data()), cut.size(), "cut", &err);
+        if (!ok) {
+            fails++;
+            EXPECT_FALSE(err.empty());
+            EXPECT_EQ(err.find('\n'), std::string::npos);
+        }
+    }
+    EXPECT_GE(fails, b.size() - 32);
+}
+
+std::string header(uint32_t ver, uint64_t nt, uint64_t nkv) {
+    std::string o = "GGUF";
+    gguftest::put32(o, ver);
+    gguftest::put64(o, nt);
+    gguftest::put64(o, nkv);
+    return o;
+}
+
+TEST(GgufReader, MalformedFiles) {
+    expect_bad("", "no 'GGUF' magic");
+    expect_bad("GGML1234", "no 'GGUF' magic");
+    expect_bad(header(1, 0, 0), "version 1 is not supported");
+    expect_bad(header(4, 0, 0), "version 4 is not supported");
+    expect_bad(header(3, 0, 1ull << 62), "metadata count");
+    expect_bad(header(3, 1ull << 60, 0), "tensor count");
+    {  // a key whose length runs past the end
+        std::string o = header(3, 0, 1);
+        gguftest::put64(o, 1ull << 50);
+        o += "abcdefghijklmnop";
+        expect_bad(o, "truncated");
+    }
+    {  // a string array longer than the file could hold
+        std::string o = header(3, 0, 1);
+        gguftest::putstr(o, "k");
+        gguftest::put32(o, 9);
+        gguftest::put32(o, 8);
+        gguftest::put64(o, 1ull << 40);
+        o += std::string(32, '\0');
+        expect_bad(o, "cannot fit");
+    }
+    {  // an f32 array longer than the file
+        std::string o = header(3, 0, 1);
+        gguftest::putstr(o, "k");
+        gguftest::put32(o, 9);
+        gguftest::put32(o, 6);
+        gguftest::put64(o, 1000);
+        o += std::string(32, '\0');
+        expect_bad(o, "cannot fit");
+    }
+    {  // nested array, unknown value type
+        std::string o = header(3, 0, 1);
+        gguftest::putstr(o, "k");
+        gguftest::put32(o, 9);
+        gguftest::put32(o, 9);
+        gguftest::put64(o, 1);
+        o += std::string(32, '\0');
+        expect_bad(o, "nested arrays");
+        std::string p = header(3, 0, 1);
+        gguftest::putstr(p, "k");
+        gguftest::put32(p, 13);
+        p += std::string(32, '\0');
+        expect_bad(p, "unknown type 13");
+    }
+    {
+        Writer w;
+        w.u32("k", 1);
+        w.u32("k", 2);
+        expect_bad(w.bytes(), "appears twice");
+    }
+    {
+        Writer w;
+        w.u32("general.alignment", 24);
+        expect_bad(w.bytes(), "power of two");
+    }
+    {  // tensor extents
+        Writer w = small_file();
+        w.tensors[1].ne = {100000};  // 400000 bytes past the end
+        expect_bad(w.bytes(), "extends past the end");
+        Writer z = small_file();
+        z.tensors[0].ne = {0, 2};
+        expect_bad(z.bytes(), "zero or absurd dimension");
+        Writer h = small_file();
+        h.tensors[0].ne = {1ull << 30, 1ull << 30};
+        expect_bad(h.bytes(), "zero or absurd dimension");
+        Writer d = small_file();
+        d.tensors[0].ne = {2, 2, 2, 2, 2};
+        expect_bad(d.bytes(), "5 dimensions");
+        Writer q = small_file();
+        q.tensors[0].type = GGML_Q8_0;
+        q.tensors[0].ne = {16, 2};
+        expect_bad(q.bytes(), "not a multiple of its block of 32");
+    }
+    {  // misaligned offset: a hand-made tensor info
+        std::string o = header(3, 1, 0);
+        gguftest::putstr(o, "t");
+        gguftest::put32(o, 1);
+        gguftest::put64(o, 4);
+        gguftest::put32(o, 0);
+        gguftest::put64(o, 4);
+        o += std::string(64, '\0');
+        expect_bad(o, "not a multiple of the alignment");
+    }
+}
+
+TEST(GgufReader, OpenErrors) {
+    GgufFile f;
+    std::string err;
+    EXPECT_FALSE(f.open(tmp("no-such-file.gguf"), &err));
+    EXPECT_NE(err.find("cannot open"), std::string::npos) << err;
+    EXPECT_FALSE(f.open("/tmp", &err));
+    EXPECT_NE(err.find("a directory"), std::string::npos) << err;
+    TmpFile e("empty.gguf");
+    ASSERT_TRUE(write_bytes(e.path, ""));
+    EXPECT_FALSE(f.open(e.path, &err));
+    EXPECT_NE(err.find("empty file"), std::string::npos) << err;
+}
+
+// ---------------------------------------------------------------- dequantization
+
+// References written from the block layouts (element index -> value), not from the loops of
+// gguf.cpp. Blocks: q8_0 = f16 d, 32 x i8; q4_0 = f16 d, 16 bytes (element j < 16: low nibble of
+// byte j, else high nibble of byte j - 16), value (q - 8) d; q4_K = f16 d, f16 dmin, 12 bytes of
+// 6-bit scales/mins for 8 sub-blocks of 32, 128 bytes of nibbles (sub-block s uses bytes
+// 32 (s / 2) .. + 31, low nibble when s is even), value d sc q - dmin m; q6_K = 128 bytes low
+// nibbles, 64 bytes high 2-bit pairs, 16 i8 scales, f16 d, value d sc (q - 32).
+double ref_elem(uint32_t type, const uint8_t *blk, int j) {
+    auto h = [&](int off) { return gguftest::from_f16((uint16_t)(blk[off] | blk[off + 1] << 8)); };
+    switch (type) {
+        case GGML_Q8_0: return h(0) * (int8_t)blk[2 + j];
+        case GGML_Q4_0: {
+            const int q = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
+            return h(0) * (q - 8);
+        }
+        case GGML_Q4_K: {
+            const uint8_t *sc = blk + 4, *qs = blk + 16;
+            const int s = j / 32, pos = j % 32;
+            const uint8_t byte = qs[(s / 2) * 32 + pos];
+            const int q = s % 2 == 0 ? (byte & 15) : (byte >> 4);
+            int scale, mn;
+            if (s < 4) {
+                scale = sc[s] & 63;
+                mn = sc[s + 4] & 63;
+            } else {
+                scale = (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+                mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+            }
+            return h(0) * scale * q - h(2) * mn;
+        }
+        case GGML_Q6_K: {
+            const uint8_t *ql = blk, *qh = blk + 128;
+            const int8_t *sc = reinterpret_cast<const int8_t *>(blk + 192);
+            const int half = j / 128, r = j % 128, g = r / 32, l = r % 32;
+            const uint8_t lo = ql[64 * half + l + 32 * (g & 1)];
+            const int low = g >= 2 ? (lo >> 4) : (lo & 15);
+            const int high = (qh[32 * half + l] >> (2 * g)) & 3;
+            return h(208) * sc[8 * half + l / 16 + 2 * g] * ((low | high << 4) - 32);
+        }
+        default: return NAN;
+    }
+}
+
+void check_blocks(uint32_t type, const std::string &blocks) {
+    uint64_t be, bb;
+    ASSERT_TRUE(ggml_block(type, &be, &bb));
+    ASSERT_EQ(blocks.size() % bb, 0u);
+    const uint64_t n = blocks.size() / bb * be;
+    std::vector<float> out(n);
+    ASSERT_TRUE(dequantize(type, blocks.data(), out.data(), n));
+    for (uint64_t i = 0; i < n; i++) {
+        const double want = ref_elem(type, reinterpret_cast<const uint8_t *>(blocks.data()) + i / be * bb, (int)(i % be));
+        EXPECT_NEAR(out[i], want, 1e-6 * std::fabs(want) + 1e-30) << ggml_type_name(type) << " element " << i;
+    }
+}
+
+std::string rand_bytes(std::mt19937 &rng, size_t n) {
+    std::string s(n, '\0');
+    for (auto &c : s) c = (char)(rng() & 255);
+    return s;
+}
+
+void set16(std::string &b, size_t off, uint16_t v) {
+    b[off] = (char)(v & 255);
+    b[off + 1] = (char)(v >> 8);
+}
+
+TEST(GgufDequant, HandMadeBlocksMatchTheFormatReference) {
+    std::mt19937 rng(7);
+    const uint16_t zero = 0, neg = gguftest::to_f16(-0.03125f), pos = gguftest::to_f16(0.0078125f),
+                   sub = 0x0003 /* subnormal */, negzero = 0x8000;
+    for (uint32_t type : {GGML_Q8_0, GGML_Q4_0}) {
+        uint64_t be, bb;
+        ggml_block(type, &be, &bb);
+        std::string all;
+        for (uint16_t d : {zero, neg, pos, sub, negzero}) {
+            std::string b = rand_bytes(rng, bb);
+            set16(b, 0, d);
+            all += b;
+        }
+        std::string extreme(bb, (char)0xFF);  // q = -1 (q8_0) / nibble 15 (q4_0)
+        set16(extreme, 0, neg);
+        all += extreme;
+        std::string low(bb, (char)0x80);  // q = -128 / nibbles 0 and 8
+        set16(low, 0, pos);
+        all += low;
+        check_blocks(type, all);
+    }
+    {  // q4_K: zero / negative d and dmin, all scales and mins at 63, at 0
+        std::string all;
+        const uint16_t ds[][2] = {{pos, pos}, {zero, pos}, {pos, zero}, {neg, pos}, {pos, neg}, {neg, neg}};
+        for (auto &d : ds) {
+            std::string b = rand_bytes(rng, 144);
+            set16(b, 0, d[0]);
+            set16(b, 2, d[1]);
+            all += b;
+        }
+        std::string maxed = rand_bytes(rng, 144);
+        set16(maxed, 0, pos);
+        set16(maxed, 2, neg);
+        for (int i = 4; i < 16; i++) maxed[(size_t)i] = (char)0xFF;
+        all += maxed;
+        std::string zs = rand_bytes(rng, 144);
+        set16(zs, 0, pos);
+        set16(zs, 2, pos);
+        for (int i = 4; i < 16; i++) zs[(size_t)i] = 0;
+        all += zs;
+        check_blocks(GGML_Q4_K, all);
+    }
+    {  // q6_K: negative scales (i8), zero d, negative d, extreme quants
+        std::string all;
+        for (uint16_t d : {pos, zero, neg, sub}) {
+            std::string b = rand_bytes(rng, 210);
+            set16(b, 208, d);
+            all += b;
+        }
+        std::string ext(210, (char)0xFF);
+        set16(ext, 208, pos);
+        for (int i = 192; i < 208; i++) ext[(size_t)i] = (char)(i % 2 ? -128 : 127);
+        all += ext;
+        std::string lo(210, '\0');
+        set16(lo, 208, neg);
+        for (int i = 192; i < 208; i++) lo[(size_t)i] = (char)-1;
+        all += lo;
+        check_blocks(GGML_Q6_K, all);
+    }
+}
+
+TEST(GgufDequant, HalfAndBfloat) {
+    // f16: exact values, signs, subnormals, the largest finite, infinity.
+    const std::pair<uint16_t, double> f16[] = {{0x3C00, 1.0},  {0xC000, -2.0},         {0x3555, 0.333251953125},
+                                               {0x0001, 0x1p-24}, {0x03FF, 1023 * 0x1p-24}, {0x7BFF, 65504.0},
+                                               {0x8000, -0.0}};
+    for (auto &c : f16) EXPECT_EQ(fp16_to_f32(c.first), (float)c.second) << std::hex << c.first;
+    EXPECT_TRUE(std::isinf(fp16_to_f32(0x7C00)));
+    EXPECT_TRUE(std::isnan(fp16_to_f32(0x7E00)));
+    // Every f16 bit pattern against the writer's decoder.
+    for (uint32_t h = 0; h < 0x7C00; h++) {
+        ASSERT_EQ(fp16_to_f32((uint16_t)h), (float)gguftest::from_f16((uint16_t)h)) << h;
+        ASSERT_EQ(fp16_to_f32((uint16_t)(h | 0x8000)), (float)gguftest::from_f16((uint16_t)(h | 0x8000))) << h;
+    }
+    EXPECT_EQ(bf16_to_f32(0x3F80), 1.0f);
+    EXPECT_EQ(bf16_to_f32(0xC040), -3.0f);
+    EXPECT_EQ(bf16_to_f32(0x3E20), 0.15625f);
+    float x[3];
+    const uint16_t raw[3] = {0x3F80, 0x4000, 0xBF00};
+    ASSERT_TRUE(dequantize(GGML_BF16, raw, x, 3));
+    EXPECT_EQ(x[0], 1.0f);
+    EXPECT_EQ(x[1], 2.0f);
+    EXPECT_EQ(x[2], -0.5f);
+    EXPECT_FALSE(dequantize(13 /* q5_K */, raw, x, 256));
+}
+
+// ---------------------------------------------------------------- tiny models vs a double forward
+
+struct Mat {
+    int rows = 0, cols = 0;
+    uint32_t type = 0;
+    std::string bytes;       // rows in order
+    std::vector<double> v;   // [rows][cols] as the reference reads them
+};
+
+// A random matrix of `type`: random valid blocks (magnitudes ~0.1), values from ref_elem.
+Mat rand_mat(std::mt19937 &rng, int rows, int cols, uint32_t type) {
+    Mat m;
+    m.rows = rows;
+    m.cols = cols;
+    m.type = type;
+    std::uniform_real_distribution<float> u(-0.15f, 0.15f);
+    for (int r = 0; r < rows; r++) {
+        if (type == GGML_F32 || type == GGML_F16 || type == GGML_BF16) {
+            for (int c = 0; c < cols; c++) {
+                float x = u(rng);
+                if (type == GGML_F32) {
+                    gguftest::put(m.bytes, &x, 4);
+                    m.v.push_back(x);
+                } else if (type == GGML_F16) {
+                    uint16_t h = gguftest::to_f16(x);
+                    gguftest::put(m.bytes, &h, 2);
+                    m.v.push_back(gguftest::from_f16(h));
+                } else {
+                    uint32_t b;
+                    std::memcpy(&b, &x, 4);
+                    uint16_t h = (uint16_t)(b >> 16);
+                    gguftest::put(m.bytes, &h, 2);
+                    uint32_t back = (uint32_t)h << 16;
+                    float y;
+                    std::memcpy(&y, &back, 4);
+                    m.v.push_back(y);
+                }
+            }
+            continue;
+        }
+        uint64_t be, bb;
+        ggml_block(type, &be, &bb);
+        for (int b = 0; b < cols / (int)be; b++) {
+            std::string blk = rand_bytes(rng, bb);
+            const float scale = type == GGML_Q8_0 ? 0.1f / 127 : type == GGML_Q4_0 ? 0.02f : type == GGML_Q4_K ? 0.0003f : 0.0001f;
+            std::uniform_real_distribution<float> ud(0.3f * scale, scale);
+            const uint16_t d = gguftest::to_f16((rng() & 1 ? 1 : -1) * ud(rng));
+            if (type == GGML_Q6_K) {
+                set16(blk, 208, d);
+            } else {
+                set16(blk, 0, d);
+                if (type == GGML_Q4_K) set16(blk, 2, gguftest::to_f16(ud(rng)));
+            }
+            m.bytes += blk;
+            for (int j = 0; j < (int)be; j++) m.v.push_back(ref_elem(type, reinterpret_cast<const uint8_t *>(blk.data()), j));
+        }
+    }
+    return m;
+}
+
+std::vector<float> rand_vec(std::mt19937 &rng, int n, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    std::vector<float> v((size_t)n);
+    for (auto &x : v) x = u(rng);
+    return v;
+}
+
+struct Tiny {
+    std::string arch;
+    int D, F, L, H, KVH, hd, V, rope_dim;
+    double theta, eps;
+    bool tied;
+    Mat emb, cls;
+    std::vector<std::vector<float>> an, fn;  // norms per layer
+    std::vector<float> on;
+    std::vector<Mat> wq, wk, wv, wo, w1, w2, w3;  // HF row order
+    std::vector<std::vector<float>> bq, bk, bv, qn, kn;
+};
+
+// mixed: the matrices cycle through every type (a Q4_K_M file mixes q4_K and q6_K with f32 norms;
+// this also gives one matrix kind different types in different layers).
+Tiny make_tiny(const std::string &arch, uint32_t type, bool tied, uint32_t seed, bool mixed = false) {
+    std::mt19937 rng(seed);
+    const uint32_t cycle[7] = {GGML_Q4_K, GGML_Q6_K, GGML_F32, GGML_Q8_0, GGML_F16, GGML_BF16, GGML_Q4_0};
+    int next = 0;
+    auto rand_mat = [&](std::mt19937 &g, int rows, int cols, uint32_t ty) {
+        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 7] : ty);
+    };
+    Tiny t;
+    t.arch = arch;
+    t.D = 256;
+    t.F = 512;
+    t.L = 2;
+    t.H = 4;
+    t.KVH = 2;
+    t.hd = arch == "qwen3" ? 128 : 64;  // qwen3: q_dim 512 != dim
+    t.V = 96;
+    t.rope_dim = t.hd;
+    t.theta = arch == "llama" ? 10000.0 : 1000000.0;
+    t.eps = arch == "llama" ? 1e-5 : 1e-6;
+    t.tied = tied;
+    const int QD = t.H * t.hd, KVD = t.KVH * t.hd;
+    t.emb = rand_mat(rng, t.V, t.D, type);
+    if (!tied) t.cls = rand_mat(rng, t.V, t.D, type);
+    for (int l = 0; l < t.L; l++) {
+        t.an.push_back(rand_vec(rng, t.D, 0.8f, 1.2f));
+        t.fn.push_back(rand_vec(rng, t.D, 0.8f, 1.2f));
+        t.wq.push_back(rand_mat(rng, QD, t.D, type));
+        t.wk.push_back(rand_mat(rng, KVD, t.D, type));
+        t.wv.push_back(rand_mat(rng, KVD, t.D, type));
+        t.wo.push_back(rand_mat(rng, t.D, QD, type));
+        t.w1.push_back(rand_mat(rng, t.F, t.D, type));
+        t.w2.push_back(rand_mat(rng, t.D, t.F, type));
+        t.w3.push_back(rand_mat(rng, t.F, t.D, type));
+        if (arch == "qwen2") {
+            t.bq.push_back(rand_vec(rng, QD, -0.5f, 0.5f));
+            t.bk.push_back(rand_vec(rng, KVD, -0.5f, 0.5f));
+            t.bv.push_back(rand_vec(rng, KVD, -0.5f, 0.5f));
+        }
+        if (arch == "qwen3") {
+            t.qn.push_back(rand_vec(rng, t.hd, 0.5f, 1.5f));
+            t.kn.push_back(rand_vec(rng, t.hd, 0.5f, 1.5f));
+        }
+    }
+    t.on = rand_vec(rng, t.D, 0.8f, 1.2f);
+    return t;
+}
+
+// The llama converter's q/k row order: within each head, rows (i, i + hd/2) of the rotate-half
+// layout become rows (2i, 2i + 1).
+std::string permute_rows(const Mat &m, int heads) {
+    const size_t row = m.bytes.size() / (size_t)m.rows;
+    const int hd = m.rows / heads;
+    std::string o;
+    for (int h = 0; h < heads; h++)
+        for (int i = 0; i < hd / 2; i++)
+            for (int s = 0; s < 2; s++) o += m.bytes.substr((size_t)(h * hd + s * hd / 2 + i) * row, row);
+    return o;
+}
+
+Writer tiny_writer(const Tiny &t) {
+    Writer w;
+    const std::string a = t.arch + ".";
+    w.str("general.architecture", t.arch);
+    w.str("general.name", "tiny " + t.arch);
+    w.u32(a + "block_count", (uint32_t)t.L);
+    w.u32(a + "embedding_length", (uint32_t)t.D);
+    w.u32(a + "feed_forward_length", (uint32_t)t.F);
+    w.u32(a + "attention.head_count", (uint32_t)t.H);
+    w.u32(a + "attention.head_count_kv", (uint32_t)t.KVH);
+    w.u32(a + "context_length", 4096);
+    w.u32(a + "rope.dimension_count", (uint32_t)t.rope_dim);
+    w.f32(a + "rope.freq_base", (float)t.theta);
+    w.f32(a + "attention.layer_norm_rms_epsilon", (float)t.eps);
+    if (t.arch == "qwen3") {
+        w.u32(a + "attention.key_length", (uint32_t)t.hd);
+        w.u32(a + "attention.value_length", (uint32_t)t.hd);
+    }
+    auto mat = [&](const std::string &n, const Mat &m, const std::string *bytes = nullptr) {
+        w.tensor(n, {(uint64_t)m.cols, (uint64_t)m.rows}, m.type, bytes ? *bytes : m.bytes);
+    };
+    mat("token_embd.weight", t.emb);
+    if (!t.tied) mat("output.weight", t.cls);
+    w.tensor_f32("output_norm.weight", {(uint64_t)t.D}, t.on.data(), t.on.size());
+    for (int l = 0; l < t.L; l++) {
+        const std::string b = "blk." + std::to_string(l) + ".";
+        w.tensor_f32(b + "attn_norm.weight", {(uint64_t)t.D}, t.an[(size_t)l].data(), (size_t)t.D);
+        w.tensor_f32(b + "ffn_norm.weight", {(uint64_t)t.D}, t.fn[(size_t)l].data(), (size_t)t.D);
+        if (t.arch == "llama") {
+            const std::string q = permute_rows(t.wq[(size_t)l], t.H), k = permute_rows(t.wk[(size_t)l], t.KVH);
+            mat(b + "attn_q.weight", t.wq[(size_t)l], &q);
+            mat(b + "attn_k.weight", t.wk[(size_t)l], &k);
+        } else {
+            mat(b + "attn_q.weight", t.wq[(size_t)l]);
+            mat(b + "attn_k.weight", t.wk[(size_t)l]);
+        }
+        mat(b + "attn_v.weight", t.wv[(size_t)l]);
+        mat(b + "attn_output.weight", t.wo[(size_t)l]);
+        mat(b + "ffn_gate.weight", t.w1[(size_t)l]);
+        mat(b + "ffn_down.weight", t.w2[(size_t)l]);
+        mat(b + "ffn_up.weight", t.w3[(size_t)l]);
+        if (t.arch == "qwen2") {
+            w.tensor_f32(b + "attn_q.bias", {t.bq[(size_t)l].size()}, t.bq[(size_t)l].data(), t.bq[(size_t)l].size());
+            w.tensor_f32(b + "attn_k.bias", {t.bk[(size_t)l].size()}, t.bk[(size_t)l].data(), t.bk[(size_t)l].size());
+            w.tensor_f32(b + "attn_v.bias", {t.bv[(size_t)l].size()}, t.bv[(size_t)l].data(), t.bv[(size_t)l].size());
+        }
+        if (t.arch == "qwen3") {
+            w.tensor_f32(b + "attn_q_norm.weight", {(uint64_t)t.hd}, t.qn[(size_t)l].data(), (size_t)t.hd);
+            w.tensor_f32(b + "attn_k_norm.weight", {(uint64_t)t.hd}, t.kn[(size_t)l].data(), (size_t)t.hd);
+        }
+    }
+    return w;
+}
+
+// Plain double forward from the definitions (Hugging Face semantics: rotate-half RoPE on the
+// unpermuted rows, causal softmax attention with 1/sqrt(hd), GQA, SwiGLU, RMSNorm).
+std::vector<std::vector<double>> ref_forward(const Tiny &t, const std::vector<int32_t> &toks) {
+    const int D = t.D, QD = t.H * t.hd, KVD = t.KVH * t.hd, n = (int)toks.size();
+    auto mv = [](const Mat &m, const std::vector<double> &x) {
+        std::vector<double> y((size_t)m.rows, 0.0);
+        for (int r = 0; r < m.rows; r++)
+            for (int c = 0; c < m.cols; c++) y[(size_t)r] += m.v[(size_t)r * m.cols + c] * x[(size_t)c];
+        return y;
+    };
+    auto norm = [&](const std::vector<double> &x, const float *w, size_t off, int len) {
+        std::vector<double> y(x.size());
+        for (size_t s = 0; s < x.size(); s += (size_t)len) {
+            double ss = 0;
+            for (int i = 0; i < len; i++) ss += x[s + (size_t)i] * x[s + (size_t)i];
+            const double inv = 1.0 / std::sqrt(ss / len + t.eps);
+            for (int i = 0; i < len; i++) y[s + (size_t)i] = x[s + (size_t)i] * inv * w[off + (size_t)i];
+        }
+        return y;
+    };
+    auto rope = [&](std::vector<double> &v, int heads, int p) {
+        const int half = t.rope_dim / 2;
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < half; i++) {
+                const double ang = p * std::pow(t.theta, -2.0 * i / t.rope_dim);
+                double &a = v[(size_t)(h * t.hd + i)], &b = v[(size_t)(h * t.hd + i + half)];
+                const double x = a, y = b;
+                a = x * std::cos(ang) - y * std::sin(ang);
+                b = y * std::cos(ang) + x * std::sin(ang);
+            }
+    };
+    std::vector<std::vector<double>> x((size_t)n), logits((size_t)n);
+    for (int p = 0; p < n; p++)
+        x[(size_t)p].assign(t.emb.v.begin() + (long)toks[(size_t)p] * D, t.emb.v.begin() + (long)(toks[(size_t)p] + 1) * D);
+    for (int l = 0; l < t.L; l++) {
+        std::vector<std::vector<double>> K((size_t)n), Vv((size_t)n), Q((size_t)n);
+        for (int p = 0; p < n; p++) {
+            auto xn = norm(x[(size_t)p], t.an[(size_t)l].data(), 0, D);
+            Q[(size_t)p] = mv(t.wq[(size_t)l], xn);
+            K[(size_t)p] = mv(t.wk[(size_t)l], xn);
+            Vv[(size_t)p] = mv(t.wv[(size_t)l], xn);
+            if (!t.bq.empty()) {
+                for (int i = 0; i < QD; i++) Q[(size_t)p][(size_t)i] += t.bq[(size_t)l][(size_t)i];
+                for (int i = 0; i < KVD; i++) K[(size_t)p][(size_t)i] += t.bk[(size_t)l][(size_t)i];
+                for (int i = 0; i < KVD; i++) Vv[(size_t)p][(size_t)i] += t.bv[(size_t)l][(size_t)i];
+            }
+            if (!t.qn.empty()) {
+                Q[(size_t)p] = norm(Q[(size_t)p], t.qn[(size_t)l].data(), 0, t.hd);
+                K[(size_t)p] = norm(K[(size_t)p], t.kn[(size_t)l].data(), 0, t.hd);
+            }
+            rope(Q[(size_t)p], t.H, p);
+            rope(K[(size_t)p], t.KVH, p);
+        }
+        for (int p = 0; p < n; p++) {
+            std::vector<double> att((size_t)QD, 0.0);
+            for (int h = 0; h < t.H; h++) {
+                const int kh = h / (t.H / t.KVH);
+                std::vector<double> s((size_t)p + 1);
+                double mx = -1e300;
+                for (int j = 0; j <= p; j++) {
+                    double d = 0;
+                    for (int i = 0; i < t.hd; i++) d += Q[(size_t)p][(size_t)(h * t.hd + i)] * K[(size_t)j][(size_t)(kh * t.hd + i)];
+                    s[(size_t)j] = d / std::sqrt((double)t.hd);
+                    mx = std::max(mx, s[(size_t)j]);
+                }
+                double z = 0;
+                for (auto &e : s) z += e = std::exp(e - mx);
+                for (int j = 0; j <= p; j++)
+                    for (int i = 0; i < t.hd; i++)
+                        att[(size_t)(h * t.hd + i)] += s[(size_t)j] / z * Vv[(size_t)j][(size_t)(kh * t.hd + i)];
+            }
+            auto o = mv(t.wo[(size_t)l], att);
+            for (int i = 0; i < D; i++) x[(size_t)p][(size_t)i] += o[(size_t)i];
+            auto xn = norm(x[(size_t)p], t.fn[(size_t)l].data(), 0, D);
+            auto g = mv(t.w1[(size_t)l], xn), u = mv(t.w3[(size_t)l], xn);
+            for (size_t i = 0; i < g.size(); i++) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+            auto dn = mv(t.w2[(size_t)l], g);
+            for (int i = 0; i < D; i++) x[(size_t)p][(size_t)i] += dn[(size_t)i];
+        }
+    }
+    for (int p = 0; p < n; p++) logits[(size_t)p] = mv(t.tied ? t.emb : t.cls, norm(x[(size_t)p], t.on.data(), 0, D));
+    return logits;
+}
+
+void check_tiny(const std::string &arch, uint32_t type, bool tied, bool mixed = false) {
+    SCOPED_TRACE(arch + " " + (mixed ? std::string("mixed") : ggml_type_name(type)) + (tied ? " tied" : " separate"));
+    Tiny t = make_tiny(arch, type, tied, 1234 + type * 7 + (tied ? 1 : 0), mixed);
+    TmpFile f("tiny-" + arch + ".gguf");
+    ASSERT_TRUE(tiny_writer(t).write(f.path));
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+    EXPECT_EQ(ck.format, "gguf");
+    EXPECT_EQ(ck.arch, arch);
+    EXPECT_EQ(ck.cfg.head_dim(), t.hd);
+    EXPECT_EQ(ck.cfg.rope, arch == "llama" ? KVP_ROPE_GPTJ : KVP_ROPE_NEOX);
+    const std::vector<int32_t> toks = {3, 17, 95, 0, 42, 42, 7, 60};
+    auto ref = ref_forward(t, toks);
+    Session s;
+    ASSERT_TRUE(s.init(ck, "policy=full capacity=64", &err)) << err;
+    const int P = 5, V = t.V;
+    std::vector<float> lg((size_t)P * V);
+    ASSERT_TRUE(s.prefill(toks.data(), P, lg.data(), true, &err)) << err;
+    double worst = 0, scale = 0;
+    for (int p = 0; p < (int)toks.size(); p++) {
+        std::vector<float> row((size_t)V);
+        if (p < P) {
+            std::copy(lg.begin() + (long)p * V, lg.begin() + (long)(p + 1) * V, row.begin());
+        } else {
+            ASSERT_TRUE(s.decode(toks[(size_t)p], row.data(), &err)) << err;
+        }
+        for (int v = 0; v < V; v++) {
+            worst = std::max(worst, std::fabs(row[(size_t)v] - ref[(size_t)p][(size_t)v]));
+            scale = std::max(scale, std::fabs(ref[(size_t)p][(size_t)v]));
+        }
+    }
+    EXPECT_GT(scale, 0.1);  // the logits are not degenerate
+    EXPECT_LT(worst, 2e-4 * scale + 1e-5) << "max |logit - reference| " << worst << " of scale " << scale;
+}
+
+TEST(GgufModel, LlamaEveryWeightTypeMatchesTheDoubleReference) {
+    for (uint32_t type : {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q4_0, GGML_Q4_K, GGML_Q6_K})
+        check_tiny("llama", type, type != GGML_F16);
+}
+
+TEST(GgufModel, Qwen2BiasesAndQwen3QkNormMatchTheDoubleReference) {
+    check_tiny("qwen2", GGML_F32, true);
+    check_tiny("qwen2", GGML_Q8_0, false);
+    check_tiny("qwen2", GGML_Q4_K, true);
+    check_tiny("qwen3", GGML_F32, true);
+    check_tiny("qwen3", GGML_BF16, false);
+    check_tiny("qwen3", GGML_Q6_K, true);
+}
+
+TEST(GgufModel, MixedTypesPerMatrixAndLayer) {
+    check_tiny("llama", 0, false, true);
+    check_tiny("qwen2", 0, true, true);
+}
+
+// The quantized products: the same bits for 1, 2 and 3 threads, and prefill of all tokens equal
+// to prefill of one then decode of the rest (the f32 path's property, kept by the kernels).
+TEST(GgufModel, QuantizedProductsIndependentOfThreadsAndOfPrefillSplit) {
+    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K}) {
+        Tiny t = make_tiny("qwen2", type, false, 77);
+        TmpFile f("threads.gguf");
+        ASSERT_TRUE(tiny_writer(t).write(f.path));
+        Checkpoint ck;
+        std::string err;
+        ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+        ASSERT_FALSE(ck.qmat.empty());
+        EXPECT_EQ(ck.wq, nullptr);  // read from the mapping
+        const std::vector<int32_t> toks = {5, 9, 11, 2, 80, 81, 3};
+        const int n = (int)toks.size(), V = t.V;
+        std::vector<float> first;
+        for (int th : {1, 2, 3}) {
+            Session s;
+            ASSERT_TRUE(s.init(ck, "policy=full capacity=16", &err)) << err;
+            s.set_threads(th);
+            std::vector<float> lg((size_t)n * V);
+            ASSERT_TRUE(s.prefill(toks.data(), n, lg.data(), true, &err)) << err;
+            if (first.empty()) first = lg;
+            else EXPECT_EQ(std::memcmp(first.data(), lg.data(), lg.size() * 4), 0) << th << " threads";
+        }
+        Session s;
+        ASSERT_TRUE(s.init(ck, "policy=full capacity=16", &err)) << err;
+        std::vector<float> row((size_t)V);
+        ASSERT_TRUE(s.prefill(toks.data(), 1, row.data(), false, &err)) << err;
+        EXPECT_EQ(std::memcmp(row.data(), first.data(), (size_t)V * 4), 0);
+        for (int p = 1; p < n; p++) {
+            ASSERT_TRUE(s.decode(toks[(size_t)p], row.data(), &err)) << err;
+            EXPECT_EQ(std::memcmp(row.data(), first.data() + (size_t)p * V, (size_t)V * 4), 0) << "position " << p;
+        }
+    }
+}
+
+TEST(GgufModel, TheRopeConventionMatters) {
+    // The same llama file read as NeoX (unpermuted) would not match: the test above can fail.
+    Tiny t = make_tiny("llama", GGML_F32, true, 99);
+    TmpFile f("rope.gguf");
+    ASSERT_TRUE(tiny_writer(t).write(f.path));
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+    ck.cfg.rope = KVP_ROPE_NEOX;
+    const std::vector<int32_t> toks = {1, 2, 3, 4, 5, 6};
+    auto ref = ref_forward(t, toks);
+    Session s;
+    ASSERT_TRUE(s.init(ck, "policy=full capacity=16", &err)) << err;
+    std::vector<float> lg(6 * (size_t)t.V);
+    ASSERT_TRUE(s.prefill(toks.data(), 6, lg.data(), true, &err)) << err;
+    double worst = 0;
+    for (int v = 0; v < t.V; v++) worst = std::max(worst, std::fabs(lg[5 * (size_t)t.V + (size_t)v] - ref[5][(size_t)v]));
+    EXPECT_GT(worst, 1e-3);
+}
+
+// A tiny llama file with a modification, loaded: false and the message.
+std::string refusal(void (*edit)(Writer &)) {
+    Tiny t = make_tiny("llama", GGML_F32, true, 5);
+    Writer w = tiny_writer(t);
+    edit(w);
+    TmpFile f("refuse.gguf");
+    EXPECT_TRUE(w.write(f.path));
+    Checkpoint ck;
+    std::string err;
+    EXPECT_FALSE(load_model(f.path, &ck, &err));
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+    return err;
+}
+
+TEST(GgufModel, RefusalsNameWhatIsNotSupported) {
+    auto has = [](const std::string &e, const std::string &n) {
+        EXPECT_NE(e.find(n), std::string::npos) << "message: " << e << "\nexpected: " << n;
+    };
+    has(refusal([](Writer &w) {
+            w = Writer();
+            w.str("general.architecture", "gemma2");
+        }),
+        "architecture 'gemma2' is not supported (supported: llama, qwen2, qwen3)");
+    has(refusal([](Writer &w) { w.str("llama.rope.scaling.type", "yarn"); }), "RoPE scaling type 'yarn' is not supported");
+    has(refusal([](Writer &w) {
+            std::vector<float> ff(32, 1.0f);
+            w.tensor_f32("rope_freqs.weight", {32}, ff.data(), 32);
+        }),
+        "rope_freqs.weight");
+    has(refusal([](Writer &w) { w.u32("llama.attention.sliding_window", 4096); }), "sliding-window");
+    has(refusal([](Writer &w) { w.tensors[0].type = 13; }), "has type q5_K, not supported (supported: f32, f16, bf16");
+    has(refusal([](Writer &w) { w.tensors.pop_back(); }), "missing tensor blk.1.ffn_up.weight");
+    has(refusal([](Writer &w) {
+            w.u32("llama.attention.key_length", 64);
+            w.u32("llama.attention.value_length", 32);
+        }),
+        "differs from value_length");
+    has(refusal([](Writer &w) { w.tensors[3].ne = {128, 256}; }), "has shape [128, 256], expected");
+    has(refusal([](Writer &w) {
+            w.str("tokenizer.ggml.model", "bert");
+            w.str_arr("tokenizer.ggml.tokens", {"a"});
+        }),
+        "tokenizer model 'bert' is not supported (supported: llama, gpt2)");
+    has(refusal([](Writer &w) {
+            w.str("tokenizer.ggml.model", "gpt2");
+            w.str_arr("tokenizer.ggml.tokens", {"a"});
+            w.str_arr("tokenizer.ggml.merges", {});
+            w.str("tokenizer.ggml.pre", "deepseek-llm");
+        }),
+        "pre-tokenizer 'deepseek-llm' is not supported");
+    has(refusal([](Writer &w) {
+            std::vector<float> bad(256, NAN);
+            w.tensors[2].bytes.replace(0, 1024, std::string(reinterpret_cast<const char *>(bad.data()), 1024));
+        }),
+        "non-finite");
+}
+
+// ---------------------------------------------------------------- enbytes-1m as GGUF
+
+Writer enbytes_writer(const Checkpoint &ck, bool q8) {
+    const ModelConfig &c = ck.cfg;
+    Writer w;
+    w.str("general.architecture", "llama");
+    w.u32("llama.block_count", (uint32_t)c.n_layers);
+    w.u32("llama.embedding_length", (uint32_t)c.dim);
+    w.u32("llama.feed_forward_length", (uint32_t)c.hidden_dim);
+    w.u32("llama.attention.head_count", (uint32_t)c.n_heads);
+    w.u32("llama.attention.head_count_kv", (uint32_t)c.n_kv_heads);
+    w.u32("llama.context_length", (uint32_t)c.seq_len);
+    w.f32("llama.rope.freq_base", 10000.0f);
+    w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    auto m = [&](const std::string &n, const float *p, int rows, int cols) {
+        const size_t k = (size_t)rows * cols;
+        if (q8) w.tensor(n, {(uint64_t)cols, (uint64_t)rows}, GGML_Q8_0, gguftest::quant_q8_0(p, k));
+        else w.tensor_f32(n, {(uint64_t)cols, (uint64_t)rows}, p, k);
+    };
+    const int D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), F = c.hidden_dim;
+    m("token_embd.weight", ck.tok_emb, c.vocab, D);
+    if (!c.shared_classifier) m("output.weight", ck.wcls, c.vocab, D);
+    w.tensor_f32("output_norm.weight", {(uint64_t)D}, ck.rms_final, (size_t)D);
+    for (int l = 0; l < c.n_layers; l++) {
+        const std::string b = "blk." + std::to_string(l) + ".";
+        // llama2.c files already hold q/k rows in the interleaved order GGUF llama files use.
+        w.tensor_f32(b + "attn_norm.weight", {(uint64_t)D}, ck.rms_att + (size_t)l * D, (size_t)D);
+        w.tensor_f32(b + "ffn_norm.weight", {(uint64_t)D}, ck.rms_ffn + (size_t)l * D, (size_t)D);
+        m(b + "attn_q.weight", ck.wq + (size_t)l * Q * D, Q, D);
+        m(b + "attn_k.weight", ck.wk + (size_t)l * KV * D, KV, D);
+        m(b + "attn_v.weight", ck.wv + (size_t)l * KV * D, KV, D);
+        m(b + "attn_output.weight", ck.wo + (size_t)l * D * Q, D, Q);
+        m(b + "ffn_gate.weight", ck.w1 + (size_t)l * F * D, F, D);
+        m(b + "ffn_down.weight", ck.w2 + (size_t)l * D * F, D, F);
+        m(b + "ffn_up.weight", ck.w3 + (size_t)l * F * D, F, D);
+    }
+    return w;
+}
+
+void enbytes_logits(const Checkpoint &ck, const std::vector<int32_t> &toks, std::vector<float> *out) {
+    Session s;
+    std::string err;
+    ASSERT_TRUE(s.init(ck, "policy=full capacity=" + std::to_string(toks.size()), &err)) << err;
+    const int P = (int)toks.size() / 2, V = ck.cfg.vocab;
+    out->assign(toks.size() * (size_t)V, 0.f);
+    ASSERT_TRUE(s.prefill(toks.data(), P, out->data(), true, &err)) << err;
+    for (size_t p = (size_t)P; p < toks.size(); p++) ASSERT_TRUE(s.decode(toks[p], out->data() + p * (size_t)V, &err)) << err;
+}
+
+TEST(GgufModel, EnbytesAsGgufF32IsBitIdenticalAndQ8IsClose) {
+    Checkpoint bin;
+    std::string err;
+    ASSERT_TRUE(load_checkpoint(std::string(KVP_HARNESS_MODELS_DIR) + "/enbytes-1m.bin", &bin, &err)) << err;
+    std::ifstream tf(std::string(KVP_HARNESS_MODELS_DIR) + "/enbytes-1m.eval.txt", std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+    ASSERT_GE(text.size(), 96u);
+    std::vector<int32_t> toks;
+    for (size_t i = 0; i < 96; i++) toks.push_back((unsigned char)text[i]);
+    std::vector<float> want, got, q;
+    enbytes_logits(bin, toks, &want);
+    {
+        TmpFile f("enbytes-f32.gguf");
+        ASSERT_TRUE(enbytes_writer(bin, false).write(f.path));
+        Checkpoint g;
+        ASSERT_TRUE(load_model(f.path, &g, &err)) << err;
+        enbytes_logits(g, toks, &got);
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "f32 GGUF logits differ from the .bin";
+    }
+    {
+        TmpFile f("enbytes-q8.gguf");
+        ASSERT_TRUE(enbytes_writer(bin, true).write(f.path));
+        Checkpoint g;
+        ASSERT_TRUE(load_model(f.path, &g, &err)) << err;
+        EXPECT_EQ(g.weight_types["q8_0"], 1 + 7 * bin.cfg.n_layers);
+        enbytes_logits(g, toks, &q);
+        double worst = 0, nll_bin = 0, nll_q = 0;
+        const int V = bin.cfg.vocab;
+        for (size_t p = 0; p + 1 < toks.size(); p++) {
+            auto nll = [&](const std::vector<float> &lg) {
+                double m = -1e30, z = 0;
+                for (int v = 0; v < V; v++) m = std::max(m, (double)lg[p * V + (size_t)v]);
+                for (int v = 0; v < V; v++) z += std::exp(lg[p * V + (size_t)v] - m);
+                return std::log(z) + m - lg[p * V + (size_t)toks[p + 1]];
+            };
+            nll_bin += nll(want);
+            nll_q += nll(q);
+            for (int v = 0; v < V; v++) worst = std::max(worst, (double)std::fabs(q[p * V + (size_t)v] - want[p * V + (size_t)v]));
+        }
+        // The stated bound (docs/harness.md): |logit difference| < 0.25 and mean NLL within 0.01 nats.
+        EXPECT_LT(worst, 0.25);
+        EXPECT_LT(std::fabs(nll_q - nll_bin) / (double)(toks.size() - 1), 0.01);
+        std::printf("enbytes q8_0 vs f32: max |logit diff| %.4f, mean NLL %.5f vs %.5f\n", worst,
+                    nll_q / (double)(toks.size() - 1), nll_bin / (double)(toks.size() - 1));
+    }
+}
+
+// ---------------------------------------------------------------- tokenizers
+
+struct SpmVocab {
+    std::vector<std::string> pieces;
+    std::vector<float> scores;
+    std::vector<int32_t> types;
+};
+
+// tokenizer-llama2.bin (llama2.c's export: int32 max length, then per token f32 score, int32
+// length, bytes, with U+2581 written as a space and BOS/EOS as "\n<s>\n" / "\n</s>\n") back to
+// GGUF's pieces and token types.
+bool read_llama2c_vocab(const std::string &path, SpmVocab *v) {
+    std::ifstream f(path, std::ios::binary);
+    int32_t maxlen;
+    if (!f.read((char *)&maxlen, 4)) return false;
+    for (int i = 0;; i++) {
+        float s;
+        int32_t n;
+        if (!f.read((char *)&s, 4)) break;
+        if (!f.read((char *)&n, 4) || n < 0 || n > 1000) return false;
+        std::string p((size_t)n, '\0');
+        if (!f.read(&p[0], n)) return false;
+        int32_t ty = 1;
+        if (i == 0) ty = 2;
+        if (i == 1 || i == 2) {
+            ty = 3;
+            p = i == 1 ? "<s>" : "</s>";
+        }
+        if (p.size() == 6 && p.compare(0, 3, "<0x") == 0) ty = 6;
+        std::string g;
+        for (char ch : p) {
+            if (ch == ' ') g += "\xE2\x96\x81";
+            else g.push_back(ch);
+        }
+        v->pieces.push_back(g);
+        v->scores.push_back(s);
+        v->types.push_back(ty);
+    }
+    return v->pieces.size() == 32000;
+}
+
+// The cases file: [{"text": "...", "ids_with_bos": [..]}, ...] (a minimal reader for it).
+std::vector<std::pair<std::string, std::vector<int32_t>>> read_cases(const std::string &path) {
+    std::ifstream f(path, std::ios::binary);
+    std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::vector<std::pair<std::string, std::vector<int32_t>>> out;
+    size_t i = 0;
+    while ((i = s.find("\"text\"", i)) != std::string::npos) {
+        i = s.find('"', s.find(':', i) + 1) + 1;
+        std::string t;
+        for (; s[i] != '"'; i++) {
+            if (s[i] != '\\') {
+                t.push_back(s[i]);
+                continue;
+            }
+            char e = s[++i];
+            if (e == 'n') t.push_back('\n');
+            else if (e == 't') t.push_back('\t');
+            else if (e == 'u') {
+                unsigned cp = (unsigned)std::stoul(s.substr(i + 1, 4), nullptr, 16);
+                i += 4;
+                if (cp < 0x80) t.push_back((char)cp);
+                else if (cp < 0x800) {
+                    t.push_back((char)(0xC0 | (cp >> 6)));
+                    t.push_back((char)(0x80 | (cp & 63)));
+                } else {
+                    t.push_back((char)(0xE0 | (cp >> 12)));
+                    t.push_back((char)(0x80 | ((cp >> 6) & 63)));
+                    t.push_back((char)(0x80 | (cp & 63)));
+                }
+            } else t.push_back(e);
+        }
+        size_t a = s.find('[', i), b = s.find(']', a);
+        std::vector<int32_t> ids;
+        std::stringstream ss(s.substr(a + 1, b - a - 1));
+        std::string tok;
+        while (std::getline(ss, tok, ',')) ids.push_back(std::stoi(tok));
+        out.push_back({t, ids});
+        i = b;
+    }
+    return out;
+}
+
+TEST(GgufTokenizer, Llama2SentencePieceReproducesEveryCase) {
+    const std::string dir = KVP_SHARED_MODELS_DIR;
+    SpmVocab v;
+    if (dir.empty() || !read_llama2c_vocab(dir + "/tokenizer-llama2.bin", &v)) GTEST_SKIP() << "no ../shared/models/tokenizer-llama2.bin";
+    auto cases = read_cases(dir + "/tokenizer-llama2-cases.json");
+    ASSERT_GE(cases.size(), 5u);
+    // Into a GGUF (a one-layer llama of vocab 32000 would be 32000 x dim floats: use a tiny dim).
+    Tiny t = make_tiny("llama", GGML_F32, true, 3);
+    Writer w = tiny_writer(t);
+    std::vector<float> emb((size_t)32000 * t.D, 0.01f);
+    w.tensors[0].ne = {(uint64_t)t.D, 32000};
+    w.tensors[0].bytes.assign(reinterpret_cast<const char *>(emb.data()), emb.size() * 4);
+    w.str("tokenizer.ggml.model", "llama");
+    w.str_arr("tokenizer.ggml.tokens", v.pieces);
+    w.f32_arr("tokenizer.ggml.scores", v.scores);
+    w.i32_arr("tokenizer.ggml.token_type", v.types);
+    w.u32("tokenizer.ggml.bos_token_id", 1);
+    w.u32("tokenizer.ggml.eos_token_id", 2);
+    TmpFile f("llama2-tok.gguf");
+    ASSERT_TRUE(w.write(f.path));
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+    ASSERT_TRUE(ck.tok);
+    EXPECT_EQ(ck.tok->bos, 1);
+    EXPECT_EQ(ck.tok->eos, 2);
+    EXPECT_TRUE(ck.tok->add_bos);
+    for (auto &c : cases) {
+        EXPECT_EQ(ck.tok->encode(c.first, true), c.second) << "text: " << c.first;
+        // decode gives the text back (the leading space of the first piece aside)
+        std::vector<int32_t> ids(c.second.begin() + 1, c.second.end());
+        std::string back = ck.tok->decode(ids);
+        if (!back.empty() && back[0] == ' ') back.erase(0, 1);
+        EXPECT_EQ(back, c.first);
+    }
+    // byte fallback for a character outside the vocabulary, and BOS as text
+    auto ids = ck.tok->encode("\xF0\x9F\xA6\x99", false);
+    EXPECT_EQ(ck.tok->decode(ids), " \xF0\x9F\xA6\x99");
+    EXPECT_EQ(ck.tok->encode("<s>hi", false).front(), 1);
+    // A long text (the eval text, 200 KB) encodes in linear time and decodes back.
+    std::ifstream tf(std::string(KVP_HARNESS_MODELS_DIR) + "/enbytes-1m.eval.txt", std::ios::binary);
+    std::string big((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
+    ASSERT_GT(big.size(), 100000u);
+    auto big_ids = ck.tok->encode(big, false);
+    EXPECT_LT(big_ids.size(), big.size() / 2);
+    EXPECT_EQ(ck.tok->decode(big_ids), " " + big);
+    // tokenizer.ggml.add_space_prefix = false: no U+2581 in front ("I" alone, not "▁I" = 306)
+    w.boolean("tokenizer.ggml.add_space_prefix", false);
+    ASSERT_TRUE(w.write(f.path));
+    Checkpoint ck2;
+    ASSERT_TRUE(load_model(f.path, &ck2, &err)) << err;
+    EXPECT_FALSE(ck2.tok->add_space_prefix);
+    auto ids2 = ck2.tok->encode("I believe", false);
+    ASSERT_FALSE(ids2.empty());
+    EXPECT_NE(ids2.front(), 306);
+    EXPECT_EQ(ck2.tok->decode(ids2), "I believe");
+}
+
+// A byte-level BPE on a hand-made vocabulary: every single byte character, plus merges.
+std::shared_ptr<const Tokenizer> small_bpe(const std::string &pre) {
+    std::vector<std::string> pieces;
+    pieces.resize(256);
+    {  // GPT-2's byte map, written out: printable bytes are themselves, the others 256 + n in order
+
+        int n = 0;
+        for (int b = 0; b < 256; b++) {
+            const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+            const unsigned cp = keep ? (unsigned)b : 256u + (unsigned)n++;
+            std::string s;
+            if (cp < 0x80) s.push_back((char)cp);
+            else {
+                s.push_back((char)(0xC0 | (cp >> 6)));
+                s.push_back((char)(0x80 | (cp & 63)));
+            }
+            pieces[(size_t)b] = s;
+        }
+    }
+    // Ġ = U+0120 (space), Ċ = U+010A (newline)
+    const std::vector<std::string> merges = {"h e", "l l", "he ll", "hell o", "\xC4\xA0 w", "\xC4\xA0w o", "\xC4\xA0wo r",
+                                             "\xC4\xA0wor l", "\xC4\xA0worl d", "1 2", "12 3", "' s", "\xC4\xA0 \xC4\xA0"};
+    for (const std::string &m : merges) {
+        std::string a = m.substr(0, m.find(' ')), b = m.substr(m.find(' ') + 1);
+        pieces.push_back(a + b);
+    }
+    pieces.push_back("<|end|>");
+    std::vector<int32_t> types(pieces.size(), 1);
+    types.back() = 3;
+    std::shared_ptr<const Tokenizer> t;
+    std::string err;
+    EXPECT_TRUE(Tokenizer::build(Tokenizer::kBpe, pre, pieces, {}, types, merges, &t, &err)) << err;
+    return t;
+}
+
+std::vector<std::string> split(const std::string &pre, const std::string &text) { return small_bpe(pre)->pre_split(text); }
+
+TEST(GgufTokenizer, BytePairPreTokenizers) {
+    using V = std::vector<std::string>;
+    // gpt2 / default: contractions (case-sensitive), " ?letters", " ?digits" (any run), spaces
+    EXPECT_EQ(split("default", "Hello world's 12345  end\n\nx"),
+              (V{"Hello", " world", "'s", " 12345", " ", " end", "\n", "\n", "x"}));
+    EXPECT_EQ(split("gpt2", "DON'T"), (V{"DON", "'", "T"}));
+    // llama3: case-insensitive contractions, digits in threes, punctuation + newlines, \s*[\r\n]+
+    EXPECT_EQ(split("llama3", "DON'T 1234567 ok!!\n\n  hi"),
+              (V{"DON", "'T", " ", "123", "456", "7", " ok", "!!\n\n", " ", " hi"}));
+    EXPECT_EQ(split("llama-bpe", "a  \n b"), (V{"a", "  \n", " b"}));
+    EXPECT_EQ(split("llama3", "(x)"), (V{"(x", ")"}));
+    // qwen2: single digits
+    EXPECT_EQ(split("qwen2", "x=2024"), (V{"x", "=", "2", "0", "2", "4"}));
+    // smollm: every digit alone, then the gpt2 rules
+    EXPECT_EQ(split("smollm", "ab12 cd"), (V{"ab", "1", "2", " cd"}));
+    // non-ASCII: letters (é, Cyrillic, CJK) stay in words, CJK punctuation and emoji do not
+    EXPECT_EQ(split("llama3", "caf\xC3\xA9 \xD0\xBC\xD0\xB8\xD1\x80\xE3\x80\x82\xE4\xBD\xA0\xE5\xA5\xBD \xF0\x9F\x98\x80"),
+              (V{"caf\xC3\xA9", " \xD0\xBC\xD0\xB8\xD1\x80", "\xE3\x80\x82\xE4\xBD\xA0\xE5\xA5\xBD", " \xF0\x9F\x98\x80"}));
+}
+
+TEST(GgufTokenizer, BytePairMergesAndRoundTrip) {
+    auto t = small_bpe("llama3");
+    const int base = 256;
+    // "hello" -> h e -> he, l l -> ll, he ll -> hell, hell o -> hello; " world" by its chain
+    EXPECT_EQ(t->encode("hello world", false), (std::vector<int32_t>{base + 3, base + 8}));
+    // 123 merges (digits in threes), 4 alone; 's merges
+    EXPECT_EQ(t->encode("1234's", false), (std::vector<int32_t>{base + 10, '4', base + 11}));
+    // a control token written in the text, unmerged bytes for the rest (space = U+0120, id 288-256=32 -> byte 0x20)
+    auto ids = t->encode("hi<|end|> \xC3\xA9", false);
+    EXPECT_EQ(ids, (std::vector<int32_t>{'h', 'i', base + 13, ' ', 0xC3, 0xA9}));
+    EXPECT_EQ(t->decode(ids), "hi \xC3\xA9");
+    const std::string text = "Hello, world!\n\tDON'T 3.14159 caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD  \xF0\x9F\x98\x80";
+    for (const char *pre : {"default", "llama3", "qwen2", "smollm"}) {
+        auto tk = small_bpe(pre);
+        EXPECT_EQ(tk->decode(tk->encode(text, false)), text) << pre;
+    }
+}
+
+}  // namespace
