@@ -182,8 +182,9 @@ def load_library(path=None):
                 continue
             _lib = lib
             return lib
-        raise OSError("kvprune shared library not found (set KVPRUNE_LIB, or make one with "
-                      "kvprune.build_shared_library()); tried: %s" % ("; ".join(tried) or "nothing"))
+        raise OSError("kvprune shared library not found: `pip install ./ports/python` bundles one (it needs the "
+                      "installed library or cmake), or set KVPRUNE_LIB=<path of libkvprune.so> (make one with "
+                      "kvprune.build_shared_library(path)); tried: %s" % ("; ".join(tried) or "nothing"))
 
 
 def build_shared_library(dest, static_lib=None, libs=None, cxx=None):
@@ -196,7 +197,11 @@ def build_shared_library(dest, static_lib=None, libs=None, cxx=None):
     cxx = cxx or os.environ.get("CXX") or "c++"
     if static_lib is None or libs is None:
         pc = os.environ.get("PKG_CONFIG", "pkg-config")
-        flags = shlex.split(subprocess.check_output([pc, "--static", "--libs", "kvprune"], text=True))
+        r = subprocess.run([pc, "--static", "--libs", "kvprune"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+        if r.returncode != 0:
+            raise OSError("`%s --static --libs kvprune` failed: %s" % (pc, r.stderr.strip() or "exit %d" % r.returncode))
+        flags = shlex.split(r.stdout)
         dirs = [f[2:] for f in flags if f.startswith("-L")]
         if static_lib is None:
             for d in dirs:
