@@ -270,6 +270,9 @@ func (cfg *Config) field(name string) (C.kvp_key_info, unsafe.Pointer, error) {
 		if C.GoString(info.name) != name {
 			continue
 		}
+		if info.config_size == 0 {
+			return info, nil, newError(ErrConfig, "%s is an apply-only key (kvp_config_apply resolves it into other fields; nothing is stored): use Apply(\"%s=...\")", name, name)
+		}
 		size := uintptr(info.config_size)
 		first := unsafe.Offsetof(cfg.raw.policy)
 		if size > unsafe.Sizeof(cfg.raw) || size < first+4 {

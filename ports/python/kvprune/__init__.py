@@ -280,9 +280,9 @@ def _uint32(value, what):
             raise TypeError
         v = operator.index(value)  # int, numpy integers; not float or bool
     except TypeError:
-        raise _error(ERR_CONFIG, "%s=%r is not an integer" % (what, value))
+        raise _error(ERR_CONFIG, "model.%s=%r is not an integer" % (what, value))
     if not 0 <= v <= _U32_MAX:
-        raise _error(ERR_CONFIG, "%s=%d is out of range (0..%d)" % (what, v, _U32_MAX))
+        raise _error(ERR_CONFIG, "model.%s=%d is out of range (0..%d)" % (what, v, _U32_MAX))
     return v
 
 
@@ -301,7 +301,7 @@ class Model:
         try:
             theta = float(self.rope_theta)
         except (TypeError, ValueError):
-            raise _error(ERR_CONFIG, "rope_theta=%r is not a number" % (self.rope_theta,))
+            raise _error(ERR_CONFIG, "model.rope_theta=%r is not a number" % (self.rope_theta,))
         return _Model(*ints, theta)
 
     def __repr__(self):
@@ -344,6 +344,9 @@ def _key(name):
     if _keys_by_name is None:
         _keys_by_name = {k.name: k for k in config_keys()}
     k = _keys_by_name.get(name) if isinstance(name, str) else None
+    if k is not None and k.config_size == 0:
+        raise _error(ERR_CONFIG, "%s is an apply-only key (kvp_config_apply resolves it into other fields; "
+                                 "nothing is stored): use apply(\"%s=...\")" % (name, name))
     if k is None or k.config_size > ctypes.sizeof(_Config):
         raise _error(ERR_CONFIG, "unknown key %r" % (name,))
     return k

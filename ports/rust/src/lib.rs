@@ -285,6 +285,15 @@ impl Config {
             if unsafe { CStr::from_ptr(info.name) }.to_bytes() != name.as_bytes() {
                 continue;
             }
+            if info.config_size == 0 {
+                return Err(Error::new(
+                    Status::Config,
+                    &format!(
+                        "{} is an apply-only key (kvp_config_apply resolves it into other fields; nothing is stored): use apply(\"{}=...\")",
+                        name, name
+                    ),
+                ));
+            }
             let size = info.config_size as usize;
             let first = std::mem::size_of::<u32>() + std::mem::size_of::<ffi::kvp_model>();
             if size > std::mem::size_of::<ffi::kvp_config>() || size < first + 4 {
