@@ -6,6 +6,7 @@ instruction, and write no wheel. (.ci/ports.sh also runs `pip install` itself: o
 once with cmake only, which builds the library from this checkout.)
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -21,6 +22,7 @@ def build_wheel(env_changes):
         env.pop(k, None)
     env.update(env_changes)
     out = tempfile.mkdtemp()
+    unittest.addModuleCleanup(shutil.rmtree, out, True)
     code = "import sys, kvprune_backend as b; print(b.build_wheel(sys.argv[1]))"
     r = subprocess.run([sys.executable, "-c", code, out], cwd=BACKEND, env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.PIPE, text=True)
