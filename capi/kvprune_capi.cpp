@@ -179,6 +179,10 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     }
     if (n == 0) { m.s("n_tokens must be >= 1"); return KVP_ERR_ARG; }
     if (!k || !v) { m.s("k and v must not be NULL"); return KVP_ERR_ARG; }
+    // The room first: a chunk that cannot fit is refused before any of the caller's n tokens of
+    // positions, q, k or v are read (n may be far larger than the buffers, e.g. 0x7fffffff).
+    kvp_status st = kvp::cache_room_check(c, layer, n, prefill && q, m);  // q: read (see kvp_prefill)
+    if (st != KVP_OK) return st;
     const int64_t next = c->layers[layer].next_pos;
     if (positions) {
         for (uint32_t i = 0; i < n; ++i) {
@@ -207,11 +211,9 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
         m.s("out overlaps q, k, v or positions: outputs are written while the inputs are still read (use a separate buffer)");
         return KVP_ERR_ARG;
     }
-    kvp_status st;
     if (q && (st = check_finite(c, "q", q, nq, m)) != KVP_OK) return st;
     if ((st = check_finite(c, "k", k, nkv, m)) != KVP_OK) return st;
     if ((st = check_finite(c, "v", v, nkv, m)) != KVP_OK) return st;
-    if ((st = kvp::cache_room_check(c, layer, n, prefill && q, m)) != KVP_OK) return st;  // q: read (see kvp_prefill)
     return KVP_OK;
 }
 
