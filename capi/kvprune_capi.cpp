@@ -241,15 +241,24 @@ const char *kvp_status_str(kvp_status s) {
 }
 
 kvp_status kvp_config_default(kvp_config *cfg, const kvp_model *model) {
-    char buf[8];
+    return kvp_config_default_ex(cfg, model, nullptr, 0);
+}
+
+kvp_status kvp_config_default_ex(kvp_config *cfg, const kvp_model *model, char *err, size_t err_len) {
+    char buf[256];
     Msg m(buf, sizeof buf);
-    return kvp::config_default(cfg, model, m);
+    return report(kvp::config_default(cfg, model, m), m.c_str(), err, err_len);
 }
 
 kvp_status kvp_config_init(kvp_config *cfg, uint32_t struct_size, const kvp_model *model) {
-    char buf[8];
+    return kvp_config_init_ex(cfg, struct_size, model, nullptr, 0);
+}
+
+kvp_status kvp_config_init_ex(kvp_config *cfg, uint32_t struct_size, const kvp_model *model, char *err,
+                              size_t err_len) {
+    char buf[256];
     Msg m(buf, sizeof buf);
-    return kvp::config_init(cfg, struct_size, model, m);
+    return report(kvp::config_init(cfg, struct_size, model, m), m.c_str(), err, err_len);
 }
 
 kvp_status kvp_config_apply(kvp_config *cfg, const char *spec, char *err, size_t err_len) {
@@ -385,7 +394,7 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
-    char buf[192];
+    char buf[256];
     Msg m(buf, sizeof buf);
     if (out && !q) { m.s("q must not be NULL when out is given"); return fail(c, KVP_ERR_ARG, m); }
     if (sel && (!kvp::struct_size_ok(sel->struct_size, kSelectionFirstSize, sizeof(kvp_selection)) || (sel->capacity && !sel->indices))) {
@@ -429,7 +438,7 @@ kvp_status kvp_decode(kvp_cache *h, uint32_t layer, const float *q, const float 
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
-    char buf[192];
+    char buf[256];
     Msg m(buf, sizeof buf);
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
     kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, out, false, m);
@@ -443,7 +452,7 @@ kvp_status kvp_append(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
-    char buf[192];
+    char buf[256];
     Msg m(buf, sizeof buf);
     kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, nullptr, false, m);
     if (st != KVP_OK) return fail(c, st, m);

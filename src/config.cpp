@@ -341,26 +341,45 @@ kvp_status set_key(kvp_config *c, const Key &k, const char *val, size_t vn, Msg 
     return check_range(*c, k, m);
 }
 
+const char *rope_name(uint32_t r) { return r == KVP_ROPE_NEOX ? "KVP_ROPE_NEOX" : "KVP_ROPE_GPTJ"; }
+
+// The geometry; each message names the model field that is wrong and its value.
 kvp_status check_model(const kvp_model &md, Msg &m) {
-    if (md.n_layers == 0 || md.n_layers > kMaxLayers) { m.s("n_layers must be in 1..").u(kMaxLayers); return KVP_ERR_CONFIG; }
-    if (md.n_q_heads == 0 || md.n_q_heads > kMaxHeads) { m.s("n_q_heads must be in 1..").u(kMaxHeads); return KVP_ERR_CONFIG; }
-    if (md.n_kv_heads == 0 || md.n_kv_heads > md.n_q_heads || md.n_q_heads % md.n_kv_heads != 0) {
-        m.s("n_kv_heads=").u(md.n_kv_heads).s(" must divide n_q_heads=").u(md.n_q_heads);
+    if (md.n_layers == 0 || md.n_layers > kMaxLayers) {
+        m.s("model.n_layers=").u(md.n_layers).s(" must be in 1..").u(kMaxLayers);
         return KVP_ERR_CONFIG;
     }
-    if (md.head_dim == 0 || md.head_dim > kMaxHeadDim) { m.s("head_dim must be in 1..").u(kMaxHeadDim); return KVP_ERR_CONFIG; }
+    if (md.n_q_heads == 0 || md.n_q_heads > kMaxHeads) {
+        m.s("model.n_q_heads=").u(md.n_q_heads).s(" must be in 1..").u(kMaxHeads);
+        return KVP_ERR_CONFIG;
+    }
+    if (md.n_kv_heads == 0 || md.n_kv_heads > md.n_q_heads || md.n_q_heads % md.n_kv_heads != 0) {
+        m.s("model.n_kv_heads=").u(md.n_kv_heads).s(" must divide model.n_q_heads=").u(md.n_q_heads)
+            .s(" (each KV head serves n_q_heads/n_kv_heads query heads)");
+        return KVP_ERR_CONFIG;
+    }
+    if (md.head_dim == 0 || md.head_dim > kMaxHeadDim) {
+        m.s("model.head_dim=").u(md.head_dim).s(" must be in 1..").u(kMaxHeadDim);
+        return KVP_ERR_CONFIG;
+    }
     if (raw(md.rope) > KVP_ROPE_GPTJ) {
-        m.s("rope style must be KVP_ROPE_NONE, KVP_ROPE_NEOX or KVP_ROPE_GPTJ");
+        m.s("model.rope=").u(raw(md.rope)).s(" must be KVP_ROPE_NONE (0), KVP_ROPE_NEOX (1) or KVP_ROPE_GPTJ (2)");
         return KVP_ERR_CONFIG;
     }
     if (md.rope != KVP_ROPE_NONE) {
-        uint32_t rd = md.rope_dim ? md.rope_dim : md.head_dim;
-        if (rd % 2 != 0 || rd > md.head_dim) {
-            m.s("rope_dim=").u(rd).s(" must be even and <= head_dim=").u(md.head_dim);
+        if (md.rope_dim == 0 && md.head_dim % 2 != 0) {
+            m.s("model.head_dim=").u(md.head_dim).s(" is odd: with model.rope=").s(rope_name(raw(md.rope)))
+                .s(" and rope_dim=0 (= head_dim) RoPE needs an even head_dim; set model.rope_dim to an even value < head_dim");
+            return KVP_ERR_CONFIG;
+        }
+        if (md.rope_dim % 2 != 0 || md.rope_dim > md.head_dim) {
+            m.s("model.rope_dim=").u(md.rope_dim).s(" must be even and <= model.head_dim=").u(md.head_dim)
+                .s(" (model.rope=").s(rope_name(raw(md.rope))).s(")");
             return KVP_ERR_CONFIG;
         }
         if (!(md.rope_theta > 1.0f) || isinf(md.rope_theta)) {
-            m.s("rope_theta must be finite and > 1");
+            m.s("model.rope_theta=").f(double(md.rope_theta)).s(" must be finite and > 1 (model.rope=")
+                .s(rope_name(raw(md.rope))).s("; KVP_ROPE_NONE needs no theta)");
             return KVP_ERR_CONFIG;
         }
     }

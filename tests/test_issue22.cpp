@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "kvprune/kvprune.hpp"
 #include "reference.h"
 
 namespace {
@@ -92,6 +93,124 @@ TEST(Defect2, OversizedChunkIsRefusedBeforeReadingInputs) {
         }
         // the cache is unchanged and usable
         EXPECT_EQ(kvp_prefill(c.c, 0, 1, nullptr, q, k, v, out, nullptr), KVP_OK) << kvp_last_error(c.c);
+    }
+}
+
+// ---------------------------------------------------------------- item 4: geometry messages
+
+TEST(ConfigDefaultEx, MessageNamesTheWrongField) {
+    struct Case {
+        kvp_model m;
+        const char *want;
+    } cases[] = {
+        {ref::model(2, 6, 4, 64), "model.n_kv_heads=4 must divide model.n_q_heads=6"},
+        {ref::model(2, 8, 2, 33, KVP_ROPE_NEOX), "model.head_dim=33 is odd"},
+        {ref::model(2, 8, 2, 64, KVP_ROPE_NEOX, 0, 0.0f), "model.rope_theta=0"},
+        {ref::model(0, 8, 2, 64), "model.n_layers=0 must be in 1..4096"},
+        {ref::model(2, 0, 2, 64), "model.n_q_heads=0"},
+        {ref::model(2, 8, 0, 64), "model.n_kv_heads=0"},
+        {ref::model(2, 8, 2, 0), "model.head_dim=0"},
+        {ref::model(2, 8, 2, 64, KVP_ROPE_GPTJ, 5), "model.rope_dim=5 must be even"},
+        {ref::model(2, 8, 2, 64, KVP_ROPE_GPTJ, 66), "model.rope_dim=66"},
+        {ref::model(2, 8, 2, 64, (kvp_rope_style)7), "model.rope=7"},
+    };
+    for (const Case &cs : cases) {
+        kvp_config cfg, before;
+        memset(&cfg, 0xab, sizeof cfg);
+        before = cfg;
+        char err[256] = "x";
+        EXPECT_EQ(kvp_config_default_ex(&cfg, &cs.m, err, sizeof err), KVP_ERR_CONFIG) << cs.want;
+        EXPECT_NE(strstr(err, cs.want), nullptr) << err;
+        EXPECT_EQ(strncmp(err, "KVP_ERR_CONFIG: ", 16), 0) << err;
+        EXPECT_EQ(memcmp(&cfg, &before, sizeof cfg), 0) << "unchanged on failure: " << cs.want;
+        // the plain form fails the same way; the sized form names the same field
+        EXPECT_EQ(kvp_config_default(&cfg, &cs.m), KVP_ERR_CONFIG);
+        char err2[256] = "";
+        EXPECT_EQ(kvp_config_init_ex(&cfg, sizeof cfg, &cs.m, err2, sizeof err2), KVP_ERR_CONFIG);
+        EXPECT_STREQ(err, err2);
+        EXPECT_EQ(memcmp(&cfg, &before, sizeof cfg), 0);
+        kvprune::Config cx(cs.m);
+        EXPECT_EQ(cx.status(), KVP_ERR_CONFIG);
+        EXPECT_STREQ(cx.error(), err);
+    }
+    // success: "" and the same bytes as kvp_config_default
+    const kvp_model ok = ref::model(2, 8, 2, 64);
+    kvp_config a, b;
+    char err[64] = "junk";
+    ASSERT_EQ(kvp_config_default_ex(&a, &ok, err, sizeof err), KVP_OK);
+    EXPECT_STREQ(err, "");
+    ASSERT_EQ(kvp_config_default(&b, &ok), KVP_OK);
+    EXPECT_EQ(memcmp(&a, &b, sizeof a), 0);
+    // NULL arguments, NULL or tiny err
+    EXPECT_EQ(kvp_config_default_ex(nullptr, &ok, err, sizeof err), KVP_ERR_ARG);
+    EXPECT_NE(strstr(err, "NULL"), nullptr) << err;
+    EXPECT_EQ(kvp_config_default_ex(&a, nullptr, nullptr, 0), KVP_ERR_ARG);
+    char tiny[8];
+    const kvp_model bad = ref::model(2, 6, 4, 64);
+    EXPECT_EQ(kvp_config_default_ex(&a, &bad, tiny, sizeof tiny), KVP_ERR_CONFIG);
+    EXPECT_EQ(strlen(tiny), 7u);
+    // kvp_config_init_ex: a struct_size it does not accept is named
+    EXPECT_EQ(kvp_config_init_ex(&a, 3, &ok, err, sizeof err), KVP_ERR_ARG);
+    EXPECT_NE(strstr(err, "struct_size=3"), nullptr) << err;
+    EXPECT_EQ(kvp_config_init_ex(&a, KVP_CONFIG_SIZE_0_1, &ok, err, sizeof err), KVP_OK);
+    EXPECT_STREQ(err, "");
+    EXPECT_EQ(a.struct_size, KVP_CONFIG_SIZE_0_1);
+}
+
+// ---------------------------------------------------------------- item 9: KVP_ERR_FULL messages
+
+// Every KVP_ERR_FULL names the layer, what it holds and could take, and what to do; the cache is
+// unchanged by the refused call.
+TEST(FullMessages, SayLayerHoldsCanTakeAndWhatToDo) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    ref::Inputs in(m, 64, 9, 1.0f);
+    std::vector<float> out(size_t(64) * in.nq);
+    auto msg = [](const ref::Cache &c) { return std::string(kvp_last_error(c.c)); };
+    {  // full at capacity: decode
+        ref::Cache c(m, "policy=full capacity=4");
+        ASSERT_EQ(kvp_prefill(c.c, 1, 4, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK);
+        EXPECT_EQ(kvp_decode(c.c, 1, in.qt(4), in.kt(4), in.vt(4), out.data()), KVP_ERR_FULL);
+        const std::string e = msg(c);
+        EXPECT_NE(e.find("layer 1 holds 4 tokens and can take 0 more (capacity 4)"), std::string::npos) << e;
+        EXPECT_NE(e.find("raise capacity (policy=full never evicts)"), std::string::npos) << e;
+        EXPECT_EQ(e.find("kvp_prefill_room"), std::string::npos) << e;  // one token: chunking does not help
+        EXPECT_EQ(kvp_layer_len(c.c, 1), 4u);
+        // a chunk larger than the room: pointed to kvp_prefill_room
+        EXPECT_EQ(kvp_prefill(c.c, 0, 5, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_ERR_FULL);
+        const std::string e2 = msg(c);
+        EXPECT_NE(e2.find("layer 0 holds 0 tokens and can take 4 more (capacity 4); 5 do not fit"), std::string::npos) << e2;
+        EXPECT_NE(e2.find("chunk the prompt by kvp_prefill_room"), std::string::npos) << e2;
+        EXPECT_EQ(kvp_layer_len(c.c, 0), 0u);
+    }
+    {  // streaming that never prunes: not "full policy", but compress_every
+        ref::Cache c(m, "policy=streaming sinks=2 window=6 compress_every=0");
+        for (uint32_t t = 0; t < 8; ++t) ASSERT_EQ(kvp_decode(c.c, 0, in.qt(t), in.kt(t), in.vt(t), out.data()), KVP_OK);
+        EXPECT_EQ(kvp_decode(c.c, 0, in.qt(8), in.kt(8), in.vt(8), out.data()), KVP_ERR_FULL);
+        const std::string e = msg(c);
+        EXPECT_NE(e.find("layer 0 holds 8 tokens and can take 0 more (capacity 8)"), std::string::npos) << e;
+        EXPECT_NE(e.find("set compress_every >= 1"), std::string::npos) << e;
+        EXPECT_EQ(e.find("full policy"), std::string::npos) << e;
+        EXPECT_EQ(kvp_layer_len(c.c, 0), 8u);
+    }
+    {  // the prompt staging area (snapkv with queries)
+        ref::Cache c(m, "policy=snapkv budget=8 prefill_stage=16");
+        EXPECT_EQ(kvp_prefill(c.c, 0, 17, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_ERR_FULL);
+        const std::string e = msg(c);
+        EXPECT_NE(e.find("layer 0 holds 0 tokens"), std::string::npos) << e;
+        EXPECT_NE(e.find("prefill_stage=16"), std::string::npos) << e;
+        EXPECT_NE(e.find("kvp_prefill_room"), std::string::npos) << e;
+    }
+    {  // the shared pool is dry and policy=full cannot evict
+        ref::Cache c(m, "policy=full capacity=32 block=16 total_capacity=48");
+        ASSERT_EQ(kvp_prefill(c.c, 0, 32, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK)
+            << kvp_last_error(c.c);
+        ASSERT_EQ(kvp_prefill(c.c, 1, 16, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK)
+            << kvp_last_error(c.c);
+        EXPECT_EQ(kvp_decode(c.c, 1, in.qt(16), in.kt(16), in.vt(16), out.data()), KVP_ERR_FULL);
+        const std::string e = msg(c);
+        EXPECT_NE(e.find("layer 1 KV head 0 holds 16 tokens"), std::string::npos) << e;
+        EXPECT_NE(e.find("raise total_capacity"), std::string::npos) << e;
+        EXPECT_EQ(kvp_layer_len(c.c, 1), 16u);
     }
 }
 

@@ -56,8 +56,9 @@
  * Any other call on a handle whose library-owned arena was freed is undefined (the memory is
  * gone); on a destroyed cache in caller memory it is KVP_ERR_STATE.
  *
- * Messages: every error text the library writes (the err buffers of the config functions and
- * kvp_create_ex, and kvp_last_error) has one format, "<kvp_status_str(status)>: <detail>", e.g.
+ * Messages: every error text the library writes (the err buffers of the config functions,
+ * kvp_config_default_ex/kvp_config_init_ex and kvp_create_ex, and kvp_last_error) has one
+ * format, "<kvp_status_str(status)>: <detail>", e.g.
  * "KVP_ERR_CONFIG: invalid configuration: unknown key 'windw' (did you mean 'window'?)", so a
  * caller prints it as it is and adds no status text of its own.
  *
@@ -304,6 +305,22 @@ kvp_status kvp_config_default(kvp_config *cfg, const kvp_model *model);
  * library does not accept (see "Versioned structs" above); KVP_ERR_CONFIG for a bad geometry.
  */
 kvp_status kvp_config_init(kvp_config *cfg, uint32_t struct_size, const kvp_model *model);
+
+/**
+ * kvp_config_default that also writes why it failed into err (NUL-terminated, truncated to
+ * err_len; "" on success; err may be NULL), naming the model field that is wrong and its value,
+ * e.g. "KVP_ERR_CONFIG: invalid configuration: model.n_kv_heads=4 must divide model.n_q_heads=6
+ * (...)", "model.rope_theta=0 must be finite and > 1 (...)". Returns and changes exactly what
+ * kvp_config_default does (on failure *cfg is unchanged). Thread-safe and heap-free.
+ */
+kvp_status kvp_config_default_ex(kvp_config *cfg, const kvp_model *model, char *err, size_t err_len);
+
+/**
+ * kvp_config_init with a message in err as for kvp_config_default_ex (a struct_size it does not
+ * accept is named too). On failure *cfg is unchanged.
+ */
+kvp_status kvp_config_init_ex(kvp_config *cfg, uint32_t struct_size, const kvp_model *model, char *err,
+                              size_t err_len);
 
 /**
  * Applies a spec: space-separated key=value pairs, e.g. "policy=streaming sinks=4 window=1020".
