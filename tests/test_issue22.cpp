@@ -214,4 +214,229 @@ TEST(FullMessages, SayLayerHoldsCanTakeAndWhatToDo) {
     }
 }
 
+// ---------------------------------------------------------------- item 7: compression_ratio
+
+kvp_status apply(kvp_config *c, const char *spec, std::string *err = nullptr) {
+    char e[320] = "";
+    const kvp_status st = kvp_config_apply(c, spec, e, sizeof e);
+    if (err) *err = e;
+    return st;
+}
+
+TEST(CompressionRatio, EachPolicyAsTheCliTable) {
+    const kvp_model m = ref::model(4, 8, 2, 64);
+    struct Case {
+        const char *spec;
+        uint32_t window, budget, capacity;
+        float channels;
+    } cases[] = {
+        {"policy=window compression_ratio=0.6 ratio_tokens=250", 100, 1024, 0, 0.5f},
+        {"policy=streaming compression_ratio=0.6 ratio_tokens=250", 96, 1024, 0, 0.5f},
+        {"policy=streaming sinks=2 extra=3 compression_ratio=0.6 ratio_tokens=250", 95, 1024, 0, 0.5f},
+        {"policy=h2o compression_ratio=0.6 ratio_tokens=250", 1020, 100, 0, 0.5f},
+        {"policy=snapkv compression_ratio=0.6 ratio_tokens=250", 1020, 100, 0, 0.5f},
+        {"policy=pyramidkv compression_ratio=0.6 ratio_tokens=250", 1020, 100, 0, 0.5f},
+        {"policy=asl compression_ratio=0.6 ratio_tokens=250", 1020, 100, 0, 0.5f},
+        {"policy=lethe compression_ratio=0.6 ratio_tokens=250", 1020, 1024, 100, 0.5f},
+        {"policy=simlayerkv compression_ratio=0.6 ratio_tokens=250", 96, 1024, 0, 0.5f},
+        {"policy=simlayerkv nonlazy=h2o compression_ratio=0.6 ratio_tokens=250", 96, 100, 0, 0.5f},
+        {"policy=think compression_ratio=0.6 ratio_tokens=250", 1020, 1024, 0, 0.6f},
+        {"policy=think compression_ratio=0.6", 1020, 1024, 0, 0.6f},  // channels: no token count needed
+        {"policy=window capacity=300 compression_ratio=0.5", 150, 1024, 300, 0.5f},  // against capacity
+        {"compression_ratio=0.999999 policy=window ratio_tokens=10", 1, 1024, 0, 0.5f},  // K >= 1
+        {"policy=window compression_ratio=0 ratio_tokens=77", 77, 1024, 0, 0.5f},
+    };
+    for (const Case &cs : cases) {
+        kvp_config c;
+        ASSERT_EQ(kvp_config_default(&c, &m), KVP_OK);
+        std::string err;
+        ASSERT_EQ(apply(&c, cs.spec, &err), KVP_OK) << cs.spec << ": " << err;
+        EXPECT_EQ(c.window, cs.window) << cs.spec;
+        EXPECT_EQ(c.budget, cs.budget) << cs.spec;
+        EXPECT_EQ(c.capacity, cs.capacity) << cs.spec;
+        EXPECT_EQ(c.key_channel_ratio, cs.channels) << cs.spec;
+        if (c.policy == KVP_POLICY_THINK) {
+            EXPECT_EQ(c.value_channel_ratio, cs.channels) << cs.spec;
+        }
+        EXPECT_GT(kvp_arena_size(&c), 0u) << cs.spec;
+        // idempotent: the same spec again gives the same config
+        kvp_config again = c;
+        ASSERT_EQ(apply(&again, cs.spec), KVP_OK) << cs.spec;
+        EXPECT_EQ(memcmp(&again, &c, sizeof c), 0) << cs.spec;
+    }
+}
+
+TEST(CompressionRatio, ErrorsNameTheKeysAndChangeNothing) {
+    const kvp_model m = ref::model(4, 8, 2, 64);
+    struct Bad {
+        const char *spec, *a, *b;
+    } bad[] = {
+        {"policy=window window=8 compression_ratio=0.5 ratio_tokens=100", "compression_ratio sets window", "gives window"},
+        {"policy=h2o budget=8 compression_ratio=0.5 ratio_tokens=100", "compression_ratio sets budget", "gives budget"},
+        {"policy=lethe capacity=64 compression_ratio=0.5 ratio_tokens=100", "compression_ratio sets capacity", "gives capacity"},
+        {"policy=simlayerkv nonlazy=snapkv budget=9 compression_ratio=0.5 ratio_tokens=100", "sets budget", "budget"},
+        {"policy=think value_channel_ratio=0.1 compression_ratio=0.5", "sets value_channel_ratio", "gives value_channel_ratio"},
+        {"policy=full compression_ratio=0.5 ratio_tokens=100", "does not apply to policy=full", "compression_ratio"},
+        {"policy=window compression_ratio=1 ratio_tokens=100", "compression_ratio=1 must be in [0, 1)", "compression_ratio"},
+        {"policy=window compression_ratio=-0.1 ratio_tokens=100", "[0, 1)", "compression_ratio"},
+        {"policy=window compression_ratio=abc ratio_tokens=100", "not a number", "compression_ratio"},
+        {"policy=window compression_ratio=0.5", "ratio_tokens=N", "capacity=N"},
+        {"policy=lethe compression_ratio=0.5", "give ratio_tokens", "lethe"},
+        {"policy=window ratio_tokens=100", "ratio_tokens", "give compression_ratio too"},
+        {"policy=streaming compression_ratio=0.99 ratio_tokens=256", "not more than sinks+extra=4", "keeps 3 of 256"},
+        {"policy=simlayerkv sinks=8 compression_ratio=0.99 ratio_tokens=256", "not more than sinks=8", "keeps 3"},
+        {"policy=window ratio_tokens=x compression_ratio=0.5", "ratio_tokens=x", "unsigned"},
+    };
+    for (const Bad &b : bad) {
+        kvp_config c, before;
+        ASSERT_EQ(kvp_config_default(&c, &m), KVP_OK);
+        before = c;
+        std::string err;
+        EXPECT_EQ(apply(&c, b.spec, &err), KVP_ERR_CONFIG) << b.spec;
+        EXPECT_NE(err.find(b.a), std::string::npos) << b.spec << " -> " << err;
+        EXPECT_NE(err.find(b.b), std::string::npos) << b.spec << " -> " << err;
+        EXPECT_EQ(memcmp(&c, &before, sizeof c), 0) << b.spec;
+    }
+}
+
+TEST(CompressionRatio, ApplyOnlyRowsInTheKeyTable) {
+    const kvp_model m = ref::model(4, 8, 2, 64);
+    int found = 0;
+    for (uint32_t i = 0; i < kvp_config_key_count(); ++i) {
+        kvp_key_info k;
+        k.struct_size = sizeof k;
+        ASSERT_EQ(kvp_config_key(i, &k), KVP_OK);
+        const bool ratio = strcmp(k.name, "compression_ratio") == 0, tokens = strcmp(k.name, "ratio_tokens") == 0;
+        if (!ratio && !tokens) {
+            EXPECT_NE(k.config_size, 0u) << k.name;
+            continue;
+        }
+        ++found;
+        EXPECT_EQ(k.config_size, 0u) << k.name;  // no field
+        EXPECT_EQ(k.type, ratio ? KVP_KEY_FLOAT : KVP_KEY_UINT);
+        EXPECT_EQ(k.default_value, 0.0);
+        EXPECT_LT(k.max, ratio ? 1.0 : 4294967296.0);
+        EXPECT_EQ(k.policies, KVP_POLICY_ALL & ~KVP_POLICY_BIT(KVP_POLICY_FULL)) << k.name;
+        EXPECT_NE(strstr(k.help, "apply-only"), nullptr) << k.help;
+        kvp_config c;
+        ASSERT_EQ(kvp_config_default(&c, &m), KVP_OK);
+        EXPECT_EQ(kvp_config_key_used(&c, k.name), 0);  // full
+        ASSERT_EQ(apply(&c, "policy=window"), KVP_OK);
+        EXPECT_EQ(kvp_config_key_used(&c, k.name), 1);
+    }
+    EXPECT_EQ(found, 2);
+}
+
+// ---------------------------------------------------------------- item 8: defaults follow
+
+TEST(DefaultsFollow, ADefaultNeverMakesAValidValueFail) {
+    const kvp_model m = ref::model(4, 8, 2, 64);
+    struct Case {
+        const char *spec;
+        uint32_t window, sinks, budget, recent;
+    } cases[] = {
+        {"policy=h2o budget=16", 1020, 4, 16, 16},
+        {"policy=h2o budget=1", 1020, 4, 1, 1},
+        {"policy=h2o capacity=8", 1020, 4, 7, 7},
+        {"policy=snapkv capacity=8", 1020, 4, 7, 32},
+        {"policy=pyramidkv capacity=40", 1020, 4, 39, 32},
+        {"policy=asl capacity=8", 1020, 4, 7, 32},
+        {"policy=window capacity=512", 511, 4, 1024, 32},
+        {"policy=streaming capacity=512", 507, 4, 1024, 32},
+        {"policy=streaming capacity=512 compress_every=8", 500, 4, 1024, 32},
+        {"policy=streaming capacity=512 slack=20 extra=2", 486, 4, 1024, 32},
+        {"policy=streaming window=10 capacity=12", 10, 1, 1024, 32},
+        {"policy=streaming window=11 capacity=12", 11, 0, 1024, 32},
+        {"policy=simlayerkv capacity=512", 507, 4, 1024, 32},
+        {"policy=simlayerkv nonlazy=snapkv budget=256", 252, 4, 256, 32},
+        {"policy=simlayerkv nonlazy=h2o budget=16", 12, 4, 16, 16},
+        {"policy=think token_policy=h2o budget=16", 1020, 4, 16, 16},
+        {"policy=think token_policy=window capacity=100", 99, 4, 1024, 32},
+        // values the spec gives are kept
+        {"policy=h2o budget=16 recent=3", 1020, 4, 16, 3},
+        {"policy=streaming sinks=4 capacity=512", 507, 4, 1024, 32},
+    };
+    for (const Case &cs : cases) {
+        kvp_config c;
+        ASSERT_EQ(kvp_config_default(&c, &m), KVP_OK);
+        std::string err;
+        ASSERT_EQ(apply(&c, cs.spec, &err), KVP_OK) << cs.spec << ": " << err;
+        EXPECT_EQ(c.window, cs.window) << cs.spec;
+        EXPECT_EQ(c.sinks, cs.sinks) << cs.spec;
+        EXPECT_EQ(c.budget, cs.budget) << cs.spec;
+        EXPECT_EQ(c.recent, cs.recent) << cs.spec;
+        EXPECT_EQ(kvp_config_check(&c, nullptr, 0), KVP_OK) << cs.spec;
+        ref::Cache cache(m, cs.spec);  // creates
+        ASSERT_NE(cache.c, nullptr) << cs.spec;
+    }
+    // a value the spec gives never changes: the inconsistency is reported as before
+    struct Bad {
+        const char *spec, *needle;
+    } bad[] = {{"policy=h2o budget=16 recent=32", "recent=32 must be <= budget=16"},
+               {"policy=window window=1020 capacity=512", "window=1020"},
+               {"policy=h2o budget=1024 capacity=8", "budget+1"},
+               {"policy=streaming sinks=4 window=10 capacity=12", "capacity=12"}};
+    for (const Bad &b : bad) {
+        kvp_config c, before;
+        ASSERT_EQ(kvp_config_default(&c, &m), KVP_OK);
+        before = c;
+        std::string err;
+        EXPECT_EQ(apply(&c, b.spec, &err), KVP_ERR_CONFIG) << b.spec;
+        EXPECT_NE(err.find(b.needle), std::string::npos) << b.spec << " -> " << err;
+        EXPECT_EQ(memcmp(&c, &before, sizeof c), 0) << b.spec;
+    }
+    // the key help text states the rule (kvprune keys shows it)
+    for (const char *name : {"budget", "recent", "window", "sinks"}) {
+        for (uint32_t i = 0; i < kvp_config_key_count(); ++i) {
+            kvp_key_info k;
+            k.struct_size = sizeof k;
+            ASSERT_EQ(kvp_config_key(i, &k), KVP_OK);
+            if (strcmp(k.name, name) == 0) {
+                EXPECT_NE(strstr(k.help, "default follows"), nullptr) << name << ": " << k.help;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- item 10: layer order
+
+// Layers are independent (kvprune.h, docs/DECISIONS.md): every layer keeps its own tokens and
+// next position, so the order in which a host reaches the layers does not change any layer's
+// results. Layer 1 decoded to the end before layer 0 gives the same bits as token-major order.
+TEST(LayerOrder, LayersAreIndependent) {
+    const kvp_model m = ref::model(3, 4, 2, 16);
+    const uint32_t T = 80;
+    ref::Inputs in(m, T, 5, 1.0f);
+    for (const char *spec : {"policy=full", "policy=window window=24", "policy=streaming sinks=2 window=20",
+                             "policy=h2o budget=24 recent=4", "policy=snapkv budget=24", "policy=pyramidkv budget=24",
+                             "policy=lethe budget=24", "policy=simlayerkv window=12 sinks=2",
+                             "policy=think token_policy=h2o budget=24 recent=4 kv_dtype=q8"}) {
+        ref::Cache a(m, spec), b(m, spec);
+        std::vector<float> oa(size_t(m.n_layers) * T * in.nq), ob(oa.size());
+        auto at = [&](std::vector<float> &o, uint32_t l, uint32_t t) { return &o[(size_t(l) * T + t) * in.nq]; };
+        const uint32_t P = 20;  // a prompt, then decodes
+        for (uint32_t l = 0; l < m.n_layers; ++l)
+            ASSERT_EQ(kvp_prefill(a.c, l, P, nullptr, in.q.data(), in.k.data(), in.v.data(), at(oa, l, 0), nullptr), KVP_OK) << spec;
+        for (uint32_t t = P; t < T; ++t)
+            for (uint32_t l = 0; l < m.n_layers; ++l)
+                ASSERT_EQ(kvp_decode(a.c, l, in.qt(t), in.kt(t), in.vt(t), at(oa, l, t)), KVP_OK) << spec;
+        for (uint32_t l : {2u, 0u, 1u}) {  // layer-major, out of order
+            ASSERT_EQ(kvp_prefill(b.c, l, P, nullptr, in.q.data(), in.k.data(), in.v.data(), at(ob, l, 0), nullptr), KVP_OK);
+            for (uint32_t t = P; t < T; ++t)
+                ASSERT_EQ(kvp_decode(b.c, l, in.qt(t), in.kt(t), in.vt(t), at(ob, l, t)), KVP_OK) << spec;
+        }
+        EXPECT_EQ(memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)), 0) << spec;
+        for (uint32_t l = 0; l < m.n_layers; ++l)
+            for (uint32_t h = 0; h < m.n_kv_heads; ++h) EXPECT_EQ(a.positions(l, h), b.positions(l, h)) << spec;
+    }
+    // the outside probe: layer 1 twice before layer 0 is valid; each layer at its own next position
+    ref::Cache c(m, "policy=streaming sinks=2 window=20");
+    std::vector<float> out(in.nq);
+    ASSERT_EQ(kvp_decode(c.c, 1, in.qt(0), in.kt(0), in.vt(0), out.data()), KVP_OK);
+    ASSERT_EQ(kvp_decode(c.c, 1, in.qt(1), in.kt(1), in.vt(1), out.data()), KVP_OK);
+    ASSERT_EQ(kvp_decode(c.c, 0, in.qt(0), in.kt(0), in.vt(0), out.data()), KVP_OK);
+    EXPECT_EQ(c.positions(1, 0), (std::vector<int32_t>{0, 1}));
+    EXPECT_EQ(c.positions(0, 0), (std::vector<int32_t>{0}));
+}
+
 }  // namespace
