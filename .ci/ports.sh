@@ -178,9 +178,9 @@ fi
 # ---- parity: every function of the C header is in docs/ports.md's table and in each binding ----
 if want rust && want go && want python; then
   log "parity: kvprune.h functions vs docs/ports.md and the three bindings"
-  # kvp_config_default and kvp_create: the bindings call the sized/explained forms instead
-  # (kvp_config_init, kvp_create_ex); the table still lists them.
-  exempt=" kvp_config_default kvp_create "
+  # kvp_config_default(_ex), kvp_config_init and kvp_create: the bindings call the sized and
+  # explained forms instead (kvp_config_init_ex, kvp_create_ex); the table still lists them.
+  exempt=" kvp_config_default kvp_config_default_ex kvp_config_init kvp_create "
   missing=()
   nfn=0
   for fn in $(grep -E '^[a-z].*\bkvp_[a-z0-9_]+\(' include/kvprune/kvprune.h | grep -oE 'kvp_[a-z0-9_]+\(' | tr -d '(' | sort -u); do

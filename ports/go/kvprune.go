@@ -188,13 +188,16 @@ type Config struct {
 	raw C.kvp_config
 }
 
-// NewConfig returns the defaults for m (kvp_config_init with this binding's struct size) with
-// spec applied ("" for none).
+// NewConfig returns the defaults for m (kvp_config_init_ex with this binding's struct size) with
+// spec applied ("" for none). A bad geometry is an ErrConfig error whose message names the field,
+// e.g. "model.n_kv_heads=4 must divide model.n_q_heads=6".
 func NewConfig(m Model, spec string) (*Config, error) {
 	cfg := &Config{}
 	mr := m.raw()
-	if s := C.kvp_config_init(&cfg.raw, C.uint32_t(unsafe.Sizeof(cfg.raw)), &mr); s != C.KVP_OK {
-		return nil, newError(Status(s), "invalid model geometry %+v", m)
+	buf := make([]byte, errLen)
+	s := C.kvp_config_init_ex(&cfg.raw, C.uint32_t(unsafe.Sizeof(cfg.raw)), &mr, (*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	if err := errFromBuf(s, buf); err != nil {
+		return nil, err
 	}
 	if spec != "" {
 		if err := cfg.Apply(spec); err != nil {

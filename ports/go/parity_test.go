@@ -13,6 +13,19 @@ import (
 	"testing"
 )
 
+func TestGeometryErrorNamesTheField(t *testing.T) {
+	// kvp_config_init_ex: the message names the model field (same case in the three suites)
+	bad := Model{Layers: 2, QHeads: 6, KVHeads: 4, HeadDim: 16}
+	_, err1 := NewConfig(bad, "")
+	_, err2 := NewCache(bad, "policy=window window=8")
+	for _, err := range []error{err1, err2} {
+		if StatusOf(err) != ErrConfig || !strings.Contains(err.Error(), "model.n_kv_heads=4 must divide model.n_q_heads=6") ||
+			strings.Count(err.Error(), "KVP_ERR") != 1 {
+			t.Fatalf("geometry error: %v", err)
+		}
+	}
+}
+
 // Model fields are uint32 here: Model{Layers: 1<<32 + 2} does not compile, so the Python cases of
 // out-of-range geometry have no Go counterpart. Config.Set takes any float64: same cases.
 func TestConfigSetSameCasesAsPythonAndRust(t *testing.T) {
@@ -119,6 +132,22 @@ func TestKeyTableAndDefaults(t *testing.T) {
 	pool := names["pool"]
 	if pool.Values != "avg|max" || pool.DefaultName != "max" || pool.Policies&(1<<PolicySnapKV) == 0 {
 		t.Fatalf("pool %+v", pool)
+	}
+}
+
+func TestCompressionRatioThroughApply(t *testing.T) {
+	cfg, err := NewConfig(testModel, "policy=h2o compression_ratio=0.75 ratio_tokens=64")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := cfg.Get("budget"); b != 16 { // keeps 25 % of 64 tokens
+		t.Fatalf("budget %v", b)
+	}
+	if _, err := cfg.Get("compression_ratio"); StatusOf(err) != ErrConfig {
+		t.Fatalf("Get(compression_ratio): %v", err)
+	}
+	if err := cfg.Set("compression_ratio", 0.5); StatusOf(err) != ErrConfig {
+		t.Fatalf("Set(compression_ratio): %v", err)
 	}
 }
 

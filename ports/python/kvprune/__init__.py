@@ -121,6 +121,10 @@ def _declare(lib):
         "kvp_status_str": (ctypes.c_char_p, [_u32]),
         "kvp_config_default": (_u32, [ctypes.POINTER(_Config), ctypes.POINTER(_Model)]),
         "kvp_config_init": (_u32, [ctypes.POINTER(_Config), _u32, ctypes.POINTER(_Model)]),
+        "kvp_config_default_ex": (_u32, [ctypes.POINTER(_Config), ctypes.POINTER(_Model), ctypes.c_char_p,
+                                         ctypes.c_size_t]),
+        "kvp_config_init_ex": (_u32, [ctypes.POINTER(_Config), _u32, ctypes.POINTER(_Model), ctypes.c_char_p,
+                                      ctypes.c_size_t]),
         "kvp_config_apply": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_config_check": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_arena_size": (ctypes.c_size_t, [ctypes.POINTER(_Config)]),
@@ -360,9 +364,9 @@ class Config:
         lib = load_library()
         self._raw = _Config()
         m = model._raw()
-        st = lib.kvp_config_init(ctypes.byref(self._raw), ctypes.sizeof(_Config), ctypes.byref(m))
-        if st != OK:
-            raise _error(st, "invalid model geometry %r" % (model,))
+        buf = ctypes.create_string_buffer(_ERR_LEN)  # kvp_config_init_ex names the wrong model field
+        _check_buf(lib.kvp_config_init_ex(ctypes.byref(self._raw), ctypes.sizeof(_Config), ctypes.byref(m), buf,
+                                          _ERR_LEN), buf)
         self.model = model
         if spec:
             self.apply(spec)

@@ -64,6 +64,16 @@ class OutOfRangeIntegers(unittest.TestCase):
         self.assertEqual(cm.exception.status, kvprune.ERR_CONFIG)
         self.assertIn("n_layers=4294967298", cm.exception.message)
 
+    def test_geometry_error_names_the_field(self):
+        # kvp_config_init_ex: the message names the model field (same case in the three suites)
+        for make in (lambda: kvprune.Config(kvprune.Model(2, 6, 4, 16)),
+                     lambda: kvprune.Cache(kvprune.Model(2, 6, 4, 16), "policy=window window=8")):
+            with self.assertRaises(KvpError) as cm:
+                make()
+            self.assertEqual(cm.exception.status, kvprune.ERR_CONFIG)
+            self.assertIn("model.n_kv_heads=4 must divide model.n_q_heads=6", cm.exception.message)
+            self.assertEqual(cm.exception.message.count("KVP_ERR"), 1, cm.exception.message)
+
     def test_config_set_same_cases_as_rust_and_go(self):
         cfg = kvprune.Config(MODEL, "policy=window window=8")
         bad = [("window", 2 ** 32 + 4), ("window", -1), ("window", 2.5), ("threads", 0), ("beta", float("nan")),
@@ -122,6 +132,12 @@ class KeyTable(unittest.TestCase):
         self.assertEqual(pool.values, "avg|max")
         self.assertEqual(pool.default_name, "max")
         self.assertTrue(pool.policies & (1 << kvprune.POLICY_SNAPKV))
+
+    def test_compression_ratio_through_apply(self):
+        cfg = kvprune.Config(MODEL, "policy=h2o compression_ratio=0.75 ratio_tokens=64")
+        self.assertEqual(cfg.get("budget"), 16)  # keeps 25 % of 64 tokens
+        self.assertEqual(status(lambda: cfg.get("compression_ratio")), kvprune.ERR_CONFIG)
+        self.assertEqual(status(lambda: cfg.set("compression_ratio", 0.5)), kvprune.ERR_CONFIG)
 
     def test_key_used(self):
         self.assertFalse(kvprune.Config(MODEL, "policy=window window=8").key_used("sinks"))

@@ -192,6 +192,15 @@ extern "C" {
     pub fn kvp_status_str(s: kvp_status) -> *const c_char;
     pub fn kvp_config_default(cfg: *mut kvp_config, model: *const kvp_model) -> kvp_status;
     pub fn kvp_config_init(cfg: *mut kvp_config, struct_size: u32, model: *const kvp_model) -> kvp_status;
+    pub fn kvp_config_default_ex(cfg: *mut kvp_config, model: *const kvp_model, err: *mut c_char, err_len: usize)
+        -> kvp_status;
+    pub fn kvp_config_init_ex(
+        cfg: *mut kvp_config,
+        struct_size: u32,
+        model: *const kvp_model,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
     pub fn kvp_config_apply(cfg: *mut kvp_config, spec: *const c_char, err: *mut c_char, err_len: usize)
         -> kvp_status;
     pub fn kvp_config_check(cfg: *const kvp_config, err: *mut c_char, err_len: usize) -> kvp_status;

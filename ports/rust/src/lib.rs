@@ -221,17 +221,18 @@ pub struct Config {
 }
 
 impl Config {
-    /// `kvp_config_init` with this binding's `sizeof(kvp_config)`: the defaults for `model`
-    /// (policy full). A newer library accepts the (smaller) struct of this binding's version.
+    /// `kvp_config_init_ex` with this binding's `sizeof(kvp_config)`: the defaults for `model`
+    /// (policy full). A newer library accepts the (smaller) struct of this binding's version. A
+    /// bad geometry is a [`Status::Config`] error whose message names the field, e.g.
+    /// "model.n_kv_heads=4 must divide model.n_q_heads=6".
     pub fn new(model: &Model) -> Result<Config> {
         let m = model.to_raw();
         let mut raw = ffi::kvp_config::default();
         let size = std::mem::size_of::<ffi::kvp_config>() as u32;
-        let s = unsafe { ffi::kvp_config_init(&mut raw, size, &m) };
-        match Status::from_raw(s) {
-            None => Ok(Config { raw }),
-            Some(status) => Err(Error::new(status, &format!("invalid model geometry {:?}", model))),
-        }
+        let mut buf = [0u8; ERR_LEN];
+        let s = unsafe { ffi::kvp_config_init_ex(&mut raw, size, &m, buf.as_mut_ptr() as *mut c_char, ERR_LEN) };
+        check_with_buf(s, &buf)?;
+        Ok(Config { raw })
     }
 
     /// Defaults for `model`, then `spec` applied.

@@ -25,6 +25,17 @@ fn status<T>(r: kvprune::Result<T>) -> Option<Status> {
     r.err().map(|e| e.status)
 }
 
+#[test]
+fn geometry_error_names_the_field() {
+    // kvp_config_init_ex: the message names the model field (same case in the three suites)
+    let bad = Model::new(2, 6, 4, 16);
+    for e in [Config::new(&bad).unwrap_err(), Cache::from_spec(&bad, "policy=window window=8").unwrap_err()] {
+        assert_eq!(e.status, Status::Config);
+        assert!(e.message.contains("model.n_kv_heads=4 must divide model.n_q_heads=6"), "{}", e);
+        assert_eq!(e.message.matches("KVP_ERR").count(), 1, "{}", e);
+    }
+}
+
 // Model fields are u32 here: Model::new(1 << 32 + 2, ...) does not compile, so the Python cases
 // of out-of-range geometry have no Rust counterpart. Config::set takes any f64: same cases.
 #[test]
@@ -92,6 +103,14 @@ fn key_table_and_defaults() {
     assert_eq!(pool.values.as_deref(), Some("avg|max"));
     assert_eq!(pool.default_name.as_deref(), Some("max"));
     assert!(pool.policies & (1 << ffi::KVP_POLICY_SNAPKV) != 0);
+}
+
+#[test]
+fn compression_ratio_through_apply() {
+    let mut cfg = Config::from_spec(&model(), "policy=h2o compression_ratio=0.75 ratio_tokens=64").unwrap();
+    assert_eq!(cfg.get("budget").unwrap(), 16.0); // keeps 25 % of 64 tokens
+    assert_eq!(status(cfg.get("compression_ratio")), Some(Status::Config));
+    assert_eq!(status(cfg.set("compression_ratio", 0.5)), Some(Status::Config));
 }
 
 #[test]
