@@ -529,8 +529,11 @@ class Cache:
         _check_buf(st, err)
         self._lib = lib
         self._handle = h
-        self._qw = self.model.n_q_heads * self.model.head_dim
-        self._kw = self.model.n_kv_heads * self.model.head_dim
+        # Widths from the C struct the cache was made from (not the Python Model, whose fields a
+        # caller may change afterwards): tensors are checked against what the library will read.
+        rm = cfg._raw.model
+        self._qw = rm.n_q_heads * rm.head_dim
+        self._kw = rm.n_kv_heads * rm.head_dim
 
     # -- life cycle --
     def close(self):

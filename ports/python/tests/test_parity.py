@@ -58,6 +58,11 @@ class OutOfRangeIntegers(unittest.TestCase):
             kvprune.Model(2, 4, 2, 16, rope_dim=2 ** 32 + 16)
         self.assertIn("rope_dim", cm.exception.message)
         m = kvprune.Model(2, 4, 2, 16)
+        with kvprune.Cache(m, "policy=window window=8") as c:
+            m.head_dim = 32  # changed after the cache was made: the cache keeps its own geometry
+            self.assertEqual(status(lambda: c.decode(0, [0.1] * 128, [0.2] * 64, [0.2] * 64)), kvprune.ERR_ARG)
+            c.decode(0, [0.1] * 64, [0.2] * 32, [0.2] * 32)
+        m.head_dim = 16
         m.n_layers = 2 ** 32 + 2  # changed after construction: refused where it is used
         with self.assertRaises(KvpError) as cm:
             kvprune.Cache(m, "policy=window window=8")
