@@ -11,8 +11,9 @@ numpy is installed) or plain sequences of floats::
         print(c.stats())
 
 The library is static (libkvprune.a); Python loads a shared object made from it.
-``pip install ./ports/python`` (offline: the build backend is in the package) links one from the
-installed library (``pkg-config kvprune``) into the package. Where it is looked for, first match wins:
+``pip install ./ports/python`` (offline: the build backend is in the package) links one into the
+package from the installed library (``pkg-config kvprune``), else from the library it builds from the
+checkout with cmake, else it fails and says what to do. Where it is looked for, first match wins:
   1. ``KVPRUNE_LIB``: path of a shared library with the kvp_* symbols;
   2. ``libkvprune.so`` in ``KVPRUNE_LIB_DIR`` or beside this package;
   3. ``ctypes.util.find_library("kvprune")``.
