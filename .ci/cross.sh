@@ -5,6 +5,10 @@
 #            test suite for aarch64-linux-gnu (SIMDe -> NEON), run by ctest under qemu-aarch64.
 #   armhf    the same for 32-bit ARM (arm-linux-gnueabihf, SIMDe portable path) under qemu-arm: the
 #            32-bit target, where size_t overflow checks matter (issue 11).
+#   ubsan32  the armhf build (32-bit, SIMDe portable path) under UBSan with alignment checks
+#            (-fsanitize=undefined,alignment, no recovery): the library and the core test suite
+#            under qemu-arm. Catches stores through over-aligned SIMDe types at 4-byte-aligned
+#            addresses (issue 22 defect 1: simde__m64 in qk_rows), which x86 native builds hide.
 #   hash     tests/test_hash (KVP_HASH lines) on x86-64 and aarch64 (qemu): the portable SIMD
 #            path (SIMDE_NO_NATIVE, KVP_AVX2=OFF, -ffp-contract=off) must give the same hash on
 #            both (fails otherwise); the native paths (AVX2/FMA dispatch vs NEON, default flags)
@@ -15,7 +19,7 @@
 #            references an allocator, operator new/delete or the exception runtime; code size;
 #            a bare-metal example linked with newlib-nano, whose image must contain no allocator.
 #
-#   bash .ci/cross.sh                 # all four
+#   bash .ci/cross.sh                 # all five
 #   bash .ci/cross.sh cortexm hash    # a subset
 #
 # Env: JOBS (default 2), CROSS_CTEST_ARGS (extra ctest args for the qemu run, e.g. -E regex),
@@ -25,7 +29,7 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-2}
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(aarch64 armhf hash cortexm)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(aarch64 armhf ubsan32 hash cortexm)
 want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 t0=$(date +%s)
 log() { echo "== cross: $* (+$(( $(date +%s) - t0 ))s)"; }
@@ -36,7 +40,7 @@ status=0
 pkgs=(cmake ninja-build g++ pkg-config libsimde-dev)
 want aarch64 || want hash && pkgs+=(g++-aarch64-linux-gnu qemu-user googletest libgtest-dev)
 # (not g++-multilib for an i386 build: Debian's gcc-multilib conflicts with the aarch64 cross compiler)
-want armhf && pkgs+=(g++-arm-linux-gnueabihf qemu-user googletest libgtest-dev)
+want armhf || want ubsan32 && pkgs+=(g++-arm-linux-gnueabihf qemu-user googletest libgtest-dev)
 want cortexm && pkgs+=(gcc-arm-none-eabi binutils-arm-none-eabi libnewlib-arm-none-eabi libstdc++-arm-none-eabi-newlib)
 missing=()
 for p in "${pkgs[@]}"; do
@@ -95,9 +99,9 @@ if want aarch64; then
 fi
 
 # ---- armhf (32-bit): full suite under qemu-arm ----
-if want armhf; then
-  ARMHF=$ROOT/build-armhf
-  ARMHF_TC=$ROOT/cmake/toolchains/arm-linux-gnueabihf.cmake
+ARMHF=$ROOT/build-armhf
+ARMHF_TC=$ROOT/cmake/toolchains/arm-linux-gnueabihf.cmake
+gtest_armhf() {  # GoogleTest for armhf from Debian's sources, installed under $ARMHF/gtest
   if [ ! -f "$ARMHF/gtest/lib/cmake/GTest/GTestConfig.cmake" ]; then
     log "googletest for armhf"
     cmake -S /usr/src/googletest -B "$ARMHF/gtest-build" -G Ninja -DCMAKE_TOOLCHAIN_FILE="$ARMHF_TC" \
@@ -105,6 +109,9 @@ if want armhf; then
     cmake --build "$ARMHF/gtest-build" -j"$JOBS" >/dev/null
     cmake --install "$ARMHF/gtest-build" >/dev/null
   fi
+}
+if want armhf; then
+  gtest_armhf
   log "armhf build (32-bit)"
   cfg "$ARMHF/native" -DCMAKE_TOOLCHAIN_FILE="$ARMHF_TC" -DCMAKE_PREFIX_PATH="$ARMHF/gtest"
   cmake --build "$ARMHF/native" -j"$JOBS"
@@ -114,6 +121,24 @@ if want armhf; then
     summary+=("armhf (32-bit) ctest under qemu: passed")
   else
     status=1; summary+=("armhf (32-bit) ctest under qemu: FAILED")
+  fi
+fi
+
+# ---- ubsan32: the 32-bit portable build under UBSan (alignment included) ----
+if want ubsan32; then
+  gtest_armhf
+  log "armhf UBSan build (32-bit, SIMDe portable, -fsanitize=undefined,alignment)"
+  UBSAN_FLAGS="-O1 -g -fsanitize=undefined -fsanitize=alignment -fno-sanitize-recover=all -fno-omit-frame-pointer"
+  cfg "$ARMHF/ubsan" -DCMAKE_TOOLCHAIN_FILE="$ARMHF_TC" -DCMAKE_PREFIX_PATH="$ARMHF/gtest" \
+    -DCMAKE_C_FLAGS="$UBSAN_FLAGS" -DCMAKE_CXX_FLAGS="$UBSAN_FLAGS" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=undefined"
+  cmake --build "$ARMHF/ubsan" -j"$JOBS"
+  log "armhf UBSan ctest under qemu-arm"
+  # shellcheck disable=SC2086
+  if (cd "$ARMHF/ubsan" && UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+        ctest -j"$JOBS" --timeout 900 --output-on-failure ${CROSS_CTEST_ARGS:-}); then
+    summary+=("armhf (32-bit) UBSan ctest under qemu: passed")
+  else
+    status=1; summary+=("armhf (32-bit) UBSan ctest under qemu: FAILED")
   fi
 fi
 

@@ -140,6 +140,63 @@ if want python; then
   bad=$(grep -cE '^(FAIL|ERROR):' "$BUILD_DIR/python.log" || true)
   skip=$(grep -cE ' \.\.\. skipped' "$BUILD_DIR/python.log" || true)
   summary+=("python: $(( ${ran:-0} - bad - skip )) passed, $bad failed, $skip skipped")
+
+  # `pip install ./ports/python` (offline) without the installed library: with no cmake either it
+  # must fail and say what to do; with cmake it builds the library from this checkout, and the
+  # installed package then passes the suite with no KVPRUNE_LIB.
+  log "python: pip install without the installed library (no cmake: fails; cmake: builds it)"
+  venv="$BUILD_DIR/pip-venv"
+  rm -rf "$venv"
+  VPY=/usr/bin/python3
+  "$VPY" -c 'import venv, ensurepip' 2>/dev/null || VPY=$PY
+  "$VPY" -m venv "$venv"
+  pip_ok=0
+  if env -u PKG_CONFIG_PATH -u KVPRUNE_LIB PKG_CONFIG=false CMAKE=/nonexistent/cmake \
+       "$venv/bin/pip" install -q --no-index ./ports/python > "$BUILD_DIR/pip-nocmake.log" 2>&1; then
+    echo "pip install succeeded without the library and without cmake" >&2
+  elif grep -q "cannot build the Python package" "$BUILD_DIR/pip-nocmake.log" \
+       && grep -q "PKG_CONFIG_PATH=" "$BUILD_DIR/pip-nocmake.log"; then
+    pip_ok=$((pip_ok + 1))
+  else
+    tail -20 "$BUILD_DIR/pip-nocmake.log"
+  fi
+  if env -u PKG_CONFIG_PATH -u KVPRUNE_LIB PKG_CONFIG=false KVPRUNE_BUILD_DIR="$BUILD_DIR/pip-cmake" \
+       CMAKE_BUILD_PARALLEL_LEVEL="$JOBS" "$venv/bin/pip" install -q --no-index ./ports/python \
+       > "$BUILD_DIR/pip-cmake.log" 2>&1 \
+     && (cd "$BUILD_DIR" && env -u KVPRUNE_LIB -u KVPRUNE_LIB_DIR "$venv/bin/python" -m unittest discover \
+           -s "$ROOT/ports/python/tests" > "$BUILD_DIR/pip-cmake-tests.log" 2>&1) \
+     && grep -q "site-packages/kvprune" <(cd "$BUILD_DIR" && "$venv/bin/python" -c 'import kvprune; print(kvprune.__file__)'); then
+    pip_ok=$((pip_ok + 1))
+  else
+    tail -30 "$BUILD_DIR/pip-cmake.log" "$BUILD_DIR/pip-cmake-tests.log" 2>/dev/null
+  fi
+  [ $pip_ok -eq 2 ] || status=1
+  summary+=("python pip install without the library (no cmake: refused; cmake: built, suite passes): $pip_ok passed, $(( 2 - pip_ok )) failed")
+  rm -rf "$venv"
+fi
+
+# ---- parity: every function of the C header is in docs/ports.md's table and in each binding ----
+if want rust && want go && want python; then
+  log "parity: kvprune.h functions vs docs/ports.md and the three bindings"
+  # kvp_config_default(_ex), kvp_config_init and kvp_create: the bindings call the sized and
+  # explained forms instead (kvp_config_init_ex, kvp_create_ex); the table still lists them.
+  exempt=" kvp_config_default kvp_config_default_ex kvp_config_init kvp_create "
+  missing=()
+  nfn=0
+  for fn in $(grep -E '^[a-z].*\bkvp_[a-z0-9_]+\(' include/kvprune/kvprune.h | grep -oE 'kvp_[a-z0-9_]+\(' | tr -d '(' | sort -u); do
+    nfn=$((nfn + 1))
+    grep -q "^| \`$fn\`" docs/ports.md || missing+=("$fn: no row in docs/ports.md")
+    case "$exempt" in *" $fn "*) continue ;; esac
+    grep -q "fn $fn(" ports/rust/src/ffi.rs || missing+=("$fn: not in ports/rust/src/ffi.rs")
+    grep -q "C\.$fn(" ports/go/kvprune.go || missing+=("$fn: not in ports/go/kvprune.go")
+    grep -q "\"$fn\"" ports/python/kvprune/__init__.py || missing+=("$fn: not in ports/python/kvprune/__init__.py")
+  done
+  if [ ${#missing[@]} -eq 0 ] && [ $nfn -gt 20 ]; then
+    summary+=("parity: $nfn C functions, each in docs/ports.md and every binding: 1 passed, 0 failed")
+  else
+    printf '  %s\n' "${missing[@]}" >&2
+    status=1; summary+=("parity: FAILED (${#missing[@]} missing of $nfn functions)")
+  fi
 fi
 
 log "done"

@@ -179,6 +179,10 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     }
     if (n == 0) { m.s("n_tokens must be >= 1"); return KVP_ERR_ARG; }
     if (!k || !v) { m.s("k and v must not be NULL"); return KVP_ERR_ARG; }
+    // The room first: a chunk that cannot fit is refused before any of the caller's n tokens of
+    // positions, q, k or v are read (n may be far larger than the buffers, e.g. 0x7fffffff).
+    kvp_status st = kvp::cache_room_check(c, layer, n, prefill && q, m);  // q: read (see kvp_prefill)
+    if (st != KVP_OK) return st;
     const int64_t next = c->layers[layer].next_pos;
     if (positions) {
         for (uint32_t i = 0; i < n; ++i) {
@@ -207,11 +211,9 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
         m.s("out overlaps q, k, v or positions: outputs are written while the inputs are still read (use a separate buffer)");
         return KVP_ERR_ARG;
     }
-    kvp_status st;
     if (q && (st = check_finite(c, "q", q, nq, m)) != KVP_OK) return st;
     if ((st = check_finite(c, "k", k, nkv, m)) != KVP_OK) return st;
     if ((st = check_finite(c, "v", v, nkv, m)) != KVP_OK) return st;
-    if ((st = kvp::cache_room_check(c, layer, n, prefill && q, m)) != KVP_OK) return st;  // q: read (see kvp_prefill)
     return KVP_OK;
 }
 
@@ -239,15 +241,24 @@ const char *kvp_status_str(kvp_status s) {
 }
 
 kvp_status kvp_config_default(kvp_config *cfg, const kvp_model *model) {
-    char buf[8];
+    return kvp_config_default_ex(cfg, model, nullptr, 0);
+}
+
+kvp_status kvp_config_default_ex(kvp_config *cfg, const kvp_model *model, char *err, size_t err_len) {
+    char buf[256];
     Msg m(buf, sizeof buf);
-    return kvp::config_default(cfg, model, m);
+    return report(kvp::config_default(cfg, model, m), m.c_str(), err, err_len);
 }
 
 kvp_status kvp_config_init(kvp_config *cfg, uint32_t struct_size, const kvp_model *model) {
-    char buf[8];
+    return kvp_config_init_ex(cfg, struct_size, model, nullptr, 0);
+}
+
+kvp_status kvp_config_init_ex(kvp_config *cfg, uint32_t struct_size, const kvp_model *model, char *err,
+                              size_t err_len) {
+    char buf[256];
     Msg m(buf, sizeof buf);
-    return kvp::config_init(cfg, struct_size, model, m);
+    return report(kvp::config_init(cfg, struct_size, model, m), m.c_str(), err, err_len);
 }
 
 kvp_status kvp_config_apply(kvp_config *cfg, const char *spec, char *err, size_t err_len) {
@@ -383,7 +394,7 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
-    char buf[192];
+    char buf[256];
     Msg m(buf, sizeof buf);
     if (out && !q) { m.s("q must not be NULL when out is given"); return fail(c, KVP_ERR_ARG, m); }
     if (sel && (!kvp::struct_size_ok(sel->struct_size, kSelectionFirstSize, sizeof(kvp_selection)) || (sel->capacity && !sel->indices))) {
@@ -427,7 +438,7 @@ kvp_status kvp_decode(kvp_cache *h, uint32_t layer, const float *q, const float 
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
-    char buf[192];
+    char buf[256];
     Msg m(buf, sizeof buf);
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
     kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, out, false, m);
@@ -441,7 +452,7 @@ kvp_status kvp_append(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
-    char buf[192];
+    char buf[256];
     Msg m(buf, sizeof buf);
     kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, nullptr, false, m);
     if (st != KVP_OK) return fail(c, st, m);

@@ -723,12 +723,29 @@ bool pool_room(const kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, uint6
 
 }  // namespace
 
+namespace {
+
+// What a caller does about a chunk of n tokens that does not fit a layer holding `len` of `cap`
+// slots (the tail of every KVP_ERR_FULL message, kvprune.h "Messages").
+void full_advice(const kvp_cache *c, uint32_t len, uint32_t cap, uint32_t n, Msg &m) {
+    const kvp_config &cfg = c->cfg;
+    const bool never_prunes = cfg.policy == KVP_POLICY_FULL ||
+                              (cfg.policy == KVP_POLICY_STREAMING && cfg.compress_every == 0);
+    if (n > 1 && len < cap) m.s("chunk the prompt by kvp_prefill_room, or ");
+    if (cfg.policy == KVP_POLICY_FULL) m.s("raise capacity (policy=full never evicts)");
+    else if (never_prunes) m.s("set compress_every >= 1 (0 never prunes) or raise capacity");
+    else m.s("raise capacity");
+}
+
+}  // namespace
+
 kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries, Msg &m) {
     const kvp_model &md = c->cfg.model;
     if (queries && c->layers[layer].geom.lp.staged_prefill) {  // through the staging area (policy.h)
         if (n > c->plan.stage) {
-            m.s("a prefill chunk of ").u(n).s(" tokens exceeds the prompt staging area (prefill_stage=").u(c->plan.stage)
-                .s("): chunk the prompt by kvp_prefill_room");
+            m.s("layer ").u(layer).s(" holds ").u(head_of(c, layer, 0).len()).s(" tokens; a prefill chunk of ").u(n)
+                .s(" exceeds the prompt staging area (prefill_stage=").u(c->plan.stage)
+                .s(" tokens per call): chunk the prompt by kvp_prefill_room, or raise prefill_stage");
             return KVP_ERR_FULL;
         }
         return KVP_OK;
@@ -736,16 +753,18 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
         if (uint64_t(hs.len()) + n > hs.cap) {
-            m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" of ").u(hs.cap).s(" slots; ").u(n)
-                .s(" more do not fit (full policy at capacity, or a prefill chunk larger than the free slots)");
+            m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" tokens and can take ").u(hs.cap - hs.len())
+                .s(" more (capacity ").u(hs.cap).s("); ").u(n).s(" do not fit: ");
+            full_advice(c, hs.len(), hs.cap, n, m);
             return KVP_ERR_FULL;
         }
         uint64_t take;
         uint32_t ev;
         if (!pool_room(c, layer, h, n, c->pools[h].allowed(layer), &take, &ev)) {
-            m.s("layer ").u(layer).s(" KV head ").u(h).s(": the shared pool (total_capacity=").u(c->cfg.total_capacity)
-                .s(") has no free block for ").u(n).s(" more tokens and policy ").s(c->policy->name)
-                .s(ev ? " cannot free enough" : " cannot evict");
+            m.s("layer ").u(layer).s(" KV head ").u(h).s(" holds ").u(hs.len()).s(" tokens; the shared pool (total_capacity=")
+                .u(c->cfg.total_capacity).s(") has no free block for ").u(n).s(" more and policy ").s(c->policy->name)
+                .s(ev ? " cannot free enough: " : " cannot evict: ")
+                .s(n > 1 ? "chunk the prompt by kvp_prefill_room, or raise total_capacity" : "raise total_capacity");
             return KVP_ERR_FULL;
         }
     }

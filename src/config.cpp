@@ -50,6 +50,9 @@ struct Key {
 };
 
 #define KVP_U32(f, def, lo, hi, pol, help) {#f, kU32, offsetof(kvp_config, f), sizeof(kvp_config::f), def, lo, hi, nullptr, 0, nullptr, pol, help}
+// Apply-only keys (no kvp_config field: off = size = 0): kvp_config_apply resolves them into the
+// fields they set (compression_ratio, ratio_tokens); they follow every field row.
+#define KVP_APPLY(name, kind, def, lo, hi, pol, help) {name, kind, 0, 0, def, lo, hi, nullptr, 0, nullptr, pol, help}
 #define KVP_F32(f, def, lo, hi, pol, help) {#f, kF32, offsetof(kvp_config, f), sizeof(kvp_config::f), def, lo, hi, nullptr, 0, nullptr, pol, help}
 #define KVP_ENUM(f, def, names, allowed, values, pol, help) {#f, kEnum, offsetof(kvp_config, f), sizeof(kvp_config::f), def, 0, 0, names, allowed, values, pol, help}
 #define P(x) (1u << KVP_POLICY_##x)
@@ -57,6 +60,7 @@ struct Key {
 constexpr uint32_t kAllNames = 0xffffffffu;
 constexpr uint32_t kAll = KVP_POLICY_ALL;
 constexpr uint32_t kSnapLike = P(SNAPKV) | P(PYRAMIDKV) | P(ASL);  // budget, obs_window, pool, pool_kernel
+constexpr double kRatioMax = 0.999999;  // compression_ratio < 1
 
 // The table. Which policies use a key holds for policies not implemented yet as well (docs/design.md's
 // semantics); simlayerkv also uses the keys of its `nonlazy` policy (config_key_used).
@@ -72,15 +76,18 @@ constexpr Key kKeys[] = {
     KVP_ENUM(kv_dtype, KVP_DTYPE_F32, kDtypeNames, kAllNames, "f32|f16|q8|q4", kAll, "storage precision of K and V"),
     KVP_ENUM(score, KVP_SCORE_FLOAT, kScoreNames, kAllNames, "float|fixed", kAll,
              "scoring arithmetic; fixed = integer scores from int16 q/k (Q16.16), decisions bit-identical across platforms"),
-    KVP_U32(sinks, 4, 0, kMaxCapacity, P(STREAMING) | P(LETHE) | P(SIMLAYERKV), "S: first tokens always kept"),
-    KVP_U32(window, 1020, 0, kMaxCapacity, P(WINDOW) | P(STREAMING) | P(SIMLAYERKV), "W: most recent tokens kept"),
+    KVP_U32(sinks, 4, 0, kMaxCapacity, P(STREAMING) | P(LETHE) | P(SIMLAYERKV),
+            "S: first tokens always kept; the default follows capacity and window when they leave less room (streaming, simlayerkv)"),
+    KVP_U32(window, 1020, 0, kMaxCapacity, P(WINDOW) | P(STREAMING) | P(SIMLAYERKV),
+            "W: most recent tokens kept; the default follows capacity (window: capacity-1; streaming: capacity-max(R,slack)-sinks-extra; simlayerkv: below its layer capacity)"),
     KVP_U32(extra, 0, 0, kMaxCapacity, P(STREAMING), "B: extra budget; C = sinks + window + extra"),
     KVP_U32(compress_every, 1, 0, kMaxCapacity, P(STREAMING), "R: prune when L - C >= R (lazy pruning); 0 = never prune"),
     KVP_U32(slack, 0, 0, kMaxCapacity, P(STREAMING), "sigma: H = C + slack"),
     KVP_U32(max_drop, 0, 0, kMaxCapacity, P(STREAMING), "delta: prune to min(max(L - delta, C), H); 0 = prune to C"),
     KVP_U32(budget, 1024, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE),
-            "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget)"),
-    KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | kSnapLike, "most recent tokens never evicted by decode eviction"),
+            "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget); the default follows a smaller capacity (capacity-1)"),
+    KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | kSnapLike,
+            "most recent tokens never evicted by decode eviction; the default follows a smaller budget (h2o: min(32, budget))"),
     KVP_U32(obs_window, 32, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(THINK),
             "observation window: the last prefill queries that score (snapkv: vote; the window is kept)"),
     KVP_U32(pool_kernel, 7, 1, 255, kSnapLike, "pooling kernel width of the votes (odd)"),
@@ -118,6 +125,11 @@ constexpr Key kKeys[] = {
             "tokens per quantization group and per full-precision residual (kv_dtype f16/q8/q4, ThinK); the storage block then"),
     KVP_U32(lazy_force, 0, 0, 4294967295.0, P(SIMLAYERKV),
             "benchmarks/tests: 0 = decide laziness by attention; else bit l makes layer l lazy, the others not (random-layer baseline; n_layers <= 32)"),
+    // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
+    KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
+              "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
+    KVP_APPLY("ratio_tokens", kU32, 0.0, 0.0, 4294967295.0, kAll & ~P(FULL),
+              "apply-only: the token count compression_ratio is resolved against (e.g. the sequence length); 0 = the config's capacity (lethe: must be given)"),
 };
 
 #undef KVP_U32
@@ -127,16 +139,20 @@ constexpr Key kKeys[] = {
 
 constexpr uint32_t kNumKeys = uint32_t(sizeof kKeys / sizeof kKeys[0]);
 
+constexpr uint32_t kNumApplyKeys = 2;  // compression_ratio, ratio_tokens: the last rows
+constexpr uint32_t kNumFieldKeys = kNumKeys - kNumApplyKeys;
+
 constexpr bool table_is_consistent() {
-    for (const Key &k : kKeys) {
-        if (k.size != 4) return false;                                  // every field is 32-bit
+    for (uint32_t i = 0; i < kNumKeys; ++i) {
+        const Key &k = kKeys[i];
+        if (k.size != (i < kNumFieldKeys ? 4u : 0u)) return false;     // every field is 32-bit
         if (k.kind == kEnum && (k.names == nullptr || k.values == nullptr)) return false;
         if (k.kind != kEnum && !(k.lo <= k.def && k.def <= k.hi)) return false;  // defaults in range
     }
-    for (uint32_t i = 1; i < kNumKeys; ++i)
+    for (uint32_t i = 1; i < kNumFieldKeys; ++i)
         if (kKeys[i].off != kKeys[i - 1].off + kKeys[i - 1].size) return false;  // every field, in order
-    return kKeys[0].off == offsetof(kvp_config, policy) &&
-           kKeys[kNumKeys - 1].off + kKeys[kNumKeys - 1].size == sizeof(kvp_config);
+    return kNumKeys <= 64 && kKeys[0].off == offsetof(kvp_config, policy) &&
+           kKeys[kNumFieldKeys - 1].off + kKeys[kNumFieldKeys - 1].size == sizeof(kvp_config);
 }
 // A new kvp_config field needs its row here (name, default, range, policies): this fails otherwise.
 static_assert(table_is_consistent(), "kKeys: one 32-bit row per kvp_config field after model, in order, defaults in range");
@@ -176,7 +192,8 @@ uint32_t count_names(const char *const *names) {
 void set_defaults(kvp_config *c) {
     memset(c, 0, sizeof *c);
     c->struct_size = sizeof(kvp_config);
-    for (const Key &k : kKeys) {
+    for (uint32_t i = 0; i < kNumFieldKeys; ++i) {
+        const Key &k = kKeys[i];
         if (k.kind == kF32) store_f32(c, k, float(k.def));
         else store_u32(c, k, uint32_t(k.def));
     }
@@ -341,26 +358,45 @@ kvp_status set_key(kvp_config *c, const Key &k, const char *val, size_t vn, Msg 
     return check_range(*c, k, m);
 }
 
+const char *rope_name(uint32_t r) { return r == KVP_ROPE_NEOX ? "KVP_ROPE_NEOX" : "KVP_ROPE_GPTJ"; }
+
+// The geometry; each message names the model field that is wrong and its value.
 kvp_status check_model(const kvp_model &md, Msg &m) {
-    if (md.n_layers == 0 || md.n_layers > kMaxLayers) { m.s("n_layers must be in 1..").u(kMaxLayers); return KVP_ERR_CONFIG; }
-    if (md.n_q_heads == 0 || md.n_q_heads > kMaxHeads) { m.s("n_q_heads must be in 1..").u(kMaxHeads); return KVP_ERR_CONFIG; }
-    if (md.n_kv_heads == 0 || md.n_kv_heads > md.n_q_heads || md.n_q_heads % md.n_kv_heads != 0) {
-        m.s("n_kv_heads=").u(md.n_kv_heads).s(" must divide n_q_heads=").u(md.n_q_heads);
+    if (md.n_layers == 0 || md.n_layers > kMaxLayers) {
+        m.s("model.n_layers=").u(md.n_layers).s(" must be in 1..").u(kMaxLayers);
         return KVP_ERR_CONFIG;
     }
-    if (md.head_dim == 0 || md.head_dim > kMaxHeadDim) { m.s("head_dim must be in 1..").u(kMaxHeadDim); return KVP_ERR_CONFIG; }
+    if (md.n_q_heads == 0 || md.n_q_heads > kMaxHeads) {
+        m.s("model.n_q_heads=").u(md.n_q_heads).s(" must be in 1..").u(kMaxHeads);
+        return KVP_ERR_CONFIG;
+    }
+    if (md.n_kv_heads == 0 || md.n_kv_heads > md.n_q_heads || md.n_q_heads % md.n_kv_heads != 0) {
+        m.s("model.n_kv_heads=").u(md.n_kv_heads).s(" must divide model.n_q_heads=").u(md.n_q_heads)
+            .s(" (each KV head serves n_q_heads/n_kv_heads query heads)");
+        return KVP_ERR_CONFIG;
+    }
+    if (md.head_dim == 0 || md.head_dim > kMaxHeadDim) {
+        m.s("model.head_dim=").u(md.head_dim).s(" must be in 1..").u(kMaxHeadDim);
+        return KVP_ERR_CONFIG;
+    }
     if (raw(md.rope) > KVP_ROPE_GPTJ) {
-        m.s("rope style must be KVP_ROPE_NONE, KVP_ROPE_NEOX or KVP_ROPE_GPTJ");
+        m.s("model.rope=").u(raw(md.rope)).s(" must be KVP_ROPE_NONE (0), KVP_ROPE_NEOX (1) or KVP_ROPE_GPTJ (2)");
         return KVP_ERR_CONFIG;
     }
     if (md.rope != KVP_ROPE_NONE) {
-        uint32_t rd = md.rope_dim ? md.rope_dim : md.head_dim;
-        if (rd % 2 != 0 || rd > md.head_dim) {
-            m.s("rope_dim=").u(rd).s(" must be even and <= head_dim=").u(md.head_dim);
+        if (md.rope_dim == 0 && md.head_dim % 2 != 0) {
+            m.s("model.head_dim=").u(md.head_dim).s(" is odd: with model.rope=").s(rope_name(raw(md.rope)))
+                .s(" and rope_dim=0 (= head_dim) RoPE needs an even head_dim; set model.rope_dim to an even value < head_dim");
+            return KVP_ERR_CONFIG;
+        }
+        if (md.rope_dim % 2 != 0 || md.rope_dim > md.head_dim) {
+            m.s("model.rope_dim=").u(md.rope_dim).s(" must be even and <= model.head_dim=").u(md.head_dim)
+                .s(" (model.rope=").s(rope_name(raw(md.rope))).s(")");
             return KVP_ERR_CONFIG;
         }
         if (!(md.rope_theta > 1.0f) || isinf(md.rope_theta)) {
-            m.s("rope_theta must be finite and > 1");
+            m.s("model.rope_theta=").f(double(md.rope_theta)).s(" must be finite and > 1 (model.rope=")
+                .s(rope_name(raw(md.rope))).s("; KVP_ROPE_NONE needs no theta)");
             return KVP_ERR_CONFIG;
         }
     }
@@ -434,12 +470,176 @@ kvp_status config_load(const kvp_config *user, kvp_config *full, Msg &m) {
     return KVP_OK;
 }
 
+namespace {
+
+const Key &key_named(const char *name) {
+    const Key *k = find_key(name, strlen(name));
+    return *k;  // names of this file's table
+}
+uint32_t key_index(const Key &k) { return uint32_t(&k - kKeys); }
+
+// Keys set by one spec: bit i = kKeys[i].
+struct Given {
+    uint64_t bits = 0;
+    bool has(const Key &k) const { return (bits >> key_index(k)) & 1u; }
+    void add(const Key &k) { bits |= uint64_t(1) << key_index(k); }
+};
+
+// A key whose default depends on other keys may follow them: when the spec does not give it and
+// it still holds its default value (kvprune.h, kvp_config_apply).
+bool follows(const kvp_config &c, const Given &g, const char *name) {
+    const Key &k = key_named(name);
+    return !g.has(k) && load_u32(c, k) == uint32_t(k.def);
+}
+
+bool budget_policy(uint32_t p) {
+    return p == KVP_POLICY_H2O || p == KVP_POLICY_SNAPKV || p == KVP_POLICY_PYRAMIDKV || p == KVP_POLICY_ASL;
+}
+
+// Defaults that depend on other keys follow them, so that a default never makes a valid value
+// of the spec fail (issue 22): budget follows a smaller capacity, recent a smaller budget
+// (h2o), window a capacity that leaves less room (window, streaming, simlayerkv), then sinks.
+// Only where the rule would otherwise fail; the checks that follow still judge the result.
+void follow_defaults(kvp_config &c, const Given &g) {
+    const uint32_t pol = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
+    if (pol > KVP_POLICY_THINK) return;  // the range check reports it
+    const uint32_t owner = pol == KVP_POLICY_SIMLAYERKV ? raw(c.nonlazy) : pol;  // budget, recent, capacity
+    if (budget_policy(owner) && c.capacity && c.capacity <= c.budget && c.capacity >= 2 && follows(c, g, "budget"))
+        c.budget = c.capacity - 1;  // capacity >= budget + 1
+    if (owner == KVP_POLICY_H2O && c.recent > c.budget && follows(c, g, "recent")) c.recent = c.budget;
+    if (pol == KVP_POLICY_WINDOW && c.capacity && uint64_t(c.window) + 1 > c.capacity && c.capacity >= 2 &&
+        follows(c, g, "window"))
+        c.window = c.capacity - 1;
+    if (pol == KVP_POLICY_STREAMING && c.capacity) {  // capacity >= max(C + R, C + slack), C = S + W + B
+        const uint64_t pad = c.compress_every > c.slack ? c.compress_every : c.slack;
+        const uint64_t room = c.capacity > pad ? c.capacity - pad : 0;
+        if (uint64_t(c.sinks) + c.window + c.extra > room && follows(c, g, "window") &&
+            room >= uint64_t(c.sinks) + c.extra + 1)
+            c.window = uint32_t(room - c.sinks - c.extra);
+        if (uint64_t(c.sinks) + c.window + c.extra > room && follows(c, g, "sinks") &&
+            room >= uint64_t(c.window) + c.extra)
+            c.sinks = uint32_t(room - c.window - c.extra);
+    }
+    if (pol == KVP_POLICY_SIMLAYERKV && owner <= KVP_POLICY_THINK) {  // sinks + window < the layer capacity
+        LayerPlan lp;
+        policy_table(kvp_policy(owner)).plan(c, 0, &lp);
+        const uint64_t room = lp.cap ? lp.cap - 1 : 0;
+        if (uint64_t(c.sinks) + c.window > room && follows(c, g, "window") && room >= uint64_t(c.sinks) + 1)
+            c.window = uint32_t(room - c.sinks);
+        if (uint64_t(c.sinks) + c.window > room && follows(c, g, "sinks") && room >= c.window)
+            c.sinks = uint32_t(room - c.window);
+    }
+}
+
+const char *policy_name(uint32_t p) { return p <= KVP_POLICY_THINK ? kPolicyNames[p] : "?"; }
+
+// compression_ratio=r resolved against N tokens (ratio_tokens, else capacity): K = max(1,
+// round((1 - r) N)) tokens kept, the keys of the policy's table (kvprune.h), each marked given; a
+// key it sets that the spec gives too is an error naming both.
+kvp_status resolve_ratio(kvp_config &c, double r, uint32_t tokens, bool has_tokens, Given &g, Msg &m) {
+    const uint32_t pol = raw(c.policy);
+    if (pol == KVP_POLICY_FULL) {
+        m.s("compression_ratio does not apply to policy=full (it keeps every token); use window, streaming, h2o, "
+            "snapkv, pyramidkv, lethe, simlayerkv, asl or think");
+        return KVP_ERR_CONFIG;
+    }
+    if (pol > KVP_POLICY_THINK) return KVP_OK;  // the range check reports the policy
+    {  // the keys it sets (as in the switch below) must not be given as well
+        const char *names[2] = {nullptr, nullptr};
+        switch (pol) {
+            case KVP_POLICY_WINDOW:
+            case KVP_POLICY_STREAMING: names[0] = "window"; break;
+            case KVP_POLICY_LETHE: names[0] = "capacity"; break;
+            case KVP_POLICY_SIMLAYERKV:
+                names[0] = "window";
+                if (c.nonlazy != KVP_POLICY_FULL) names[1] = "budget";
+                break;
+            case KVP_POLICY_THINK: names[0] = "key_channel_ratio"; names[1] = "value_channel_ratio"; break;
+            default: names[0] = "budget"; break;
+        }
+        for (const char *name : names) {
+            if (name && g.has(key_named(name))) {
+                m.s("compression_ratio sets ").s(name).s(" for policy=").s(policy_name(pol)).s(" and the spec gives ")
+                    .s(name).s(" too: give one of them, not both");
+                return KVP_ERR_CONFIG;
+            }
+        }
+    }
+    const uint32_t N = has_tokens && tokens ? tokens : c.capacity;
+    if (pol == KVP_POLICY_LETHE && !(has_tokens && tokens)) {
+        m.s("compression_ratio under policy=lethe sets capacity: give ratio_tokens=N (the token count it is resolved against)");
+        return KVP_ERR_CONFIG;
+    }
+    if (N == 0 && pol != KVP_POLICY_THINK) {
+        m.s("compression_ratio needs the token count it is resolved against: ratio_tokens=N (e.g. the sequence length) or capacity=N");
+        return KVP_ERR_CONFIG;
+    }
+    const double kept = floor((1.0 - r) * double(N) + 0.5);
+    const uint32_t K = kept < 1.0 ? 1u : uint32_t(kept);
+    struct Set {
+        const char *key;
+        uint32_t u;
+        float f;
+    } sets[2];
+    uint32_t n = 0;
+    switch (pol) {
+        case KVP_POLICY_WINDOW: sets[n++] = {"window", K, 0}; break;
+        case KVP_POLICY_STREAMING: {
+            const uint64_t se = uint64_t(c.sinks) + c.extra;
+            if (K <= se) {
+                m.s("compression_ratio=").f(r).s(" keeps ").u(K).s(" of ").u(N).s(" tokens, not more than sinks+extra=").u(se);
+                return KVP_ERR_CONFIG;
+            }
+            sets[n++] = {"window", uint32_t(K - se), 0};
+            break;
+        }
+        case KVP_POLICY_H2O:
+        case KVP_POLICY_SNAPKV:
+        case KVP_POLICY_PYRAMIDKV:
+        case KVP_POLICY_ASL: sets[n++] = {"budget", K, 0}; break;
+        case KVP_POLICY_LETHE: sets[n++] = {"capacity", K, 0}; break;
+        case KVP_POLICY_SIMLAYERKV:
+            if (K <= c.sinks) {
+                m.s("compression_ratio=").f(r).s(" keeps ").u(K).s(" of ").u(N).s(" tokens, not more than sinks=").u(c.sinks);
+                return KVP_ERR_CONFIG;
+            }
+            sets[n++] = {"window", K - c.sinks, 0};
+            if (c.nonlazy != KVP_POLICY_FULL) sets[n++] = {"budget", K, 0};  // full keeps every token of its layers
+            break;
+        case KVP_POLICY_THINK: {
+            const float fr = float(r < 0.999 ? r : 0.999);
+            sets[n++] = {"key_channel_ratio", 0, fr};
+            sets[n++] = {"value_channel_ratio", 0, fr};
+            break;
+        }
+        default: break;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+        const Key &k = key_named(sets[i].key);
+        if (k.kind == kF32) store_f32(&c, k, sets[i].f);
+        else store_u32(&c, k, sets[i].u);
+        g.add(k);
+        const kvp_status st = check_range(c, k, m);
+        if (st != KVP_OK) {
+            m.s(" (set by compression_ratio=").f(r).s(" of ").u(N).s(" tokens)");
+            return st;
+        }
+    }
+    return KVP_OK;
+}
+
+}  // namespace
+
 kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
     if (!cfg || !spec) { m.s("cfg and spec must not be NULL"); return KVP_ERR_ARG; }
     kvp_config tmp;  // all-or-nothing
     kvp_status st = config_load(cfg, &tmp, m);
     if (st != KVP_OK) return st;
     const uint32_t user_size = cfg->struct_size;
+    Given given;
+    bool has_ratio = false, has_tokens = false;
+    double ratio = 0;
+    uint32_t tokens = 0;
     const char *p = spec;
     while (*p) {
         while (*p == ' ' || *p == '\t' || *p == '\n') ++p;
@@ -459,14 +659,43 @@ kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
             if (const Key *near = nearest_key(tok, kn)) m.s(" (did you mean '").s(near->name).s("'?)");
             return KVP_ERR_CONFIG;
         }
+        const char *val = eq + 1;
+        const size_t vn = tn - kn - 1;
+        if (k->size == 0) {  // apply-only keys
+            if (k->kind == kF32) {  // compression_ratio
+                if (!parse_f64(val, vn, &ratio)) {
+                    m.s(k->name).s("=").sn(val, vn).s(": not a number in [0, 1)");
+                    return KVP_ERR_CONFIG;
+                }
+                if (!(ratio >= 0.0 && ratio < 1.0)) {
+                    m.s(k->name).s("=").sn(val, vn).s(" must be in [0, 1) (the fraction of the KV cache removed)");
+                    return KVP_ERR_CONFIG;
+                }
+                has_ratio = true;
+            } else {  // ratio_tokens
+                if (!parse_u32(val, vn, &tokens)) {
+                    m.s(k->name).s("=").sn(val, vn).s(": not an unsigned integer in 0..4294967295");
+                    return KVP_ERR_CONFIG;
+                }
+                has_tokens = true;
+            }
+            continue;
+        }
         if (k->off + k->size > user_size) {
             m.s("key '").s(k->name).s("' is not in the caller's kvp_config (struct_size=").u(user_size)
                 .s(", the field needs ").u(k->off + k->size).s(": built against an older kvprune.h)");
             return KVP_ERR_CONFIG;
         }
-        st = set_key(&tmp, *k, eq + 1, tn - kn - 1, m);
+        st = set_key(&tmp, *k, val, vn, m);
         if (st != KVP_OK) return st;
+        given.add(*k);
     }
+    if (has_tokens && !has_ratio) {
+        m.s("ratio_tokens is the token count compression_ratio is resolved against: give compression_ratio too");
+        return KVP_ERR_CONFIG;
+    }
+    if (has_ratio && (st = resolve_ratio(tmp, ratio, tokens, has_tokens, given, m)) != KVP_OK) return st;
+    follow_defaults(tmp, given);
     st = config_check(tmp, m);
     if (st != KVP_OK) return st;
     // Write back only the caller's bytes, struct_size excepted.
@@ -489,8 +718,8 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
     }
     kvp_status st = check_model(c.model, m);
     if (st != KVP_OK) return st;
-    for (const Key &k : kKeys) {
-        st = check_range(c, k, m);
+    for (uint32_t i = 0; i < kNumFieldKeys; ++i) {
+        st = check_range(c, kKeys[i], m);
         if (st != KVP_OK) return st;
     }
     st = check_supported(c, m);

@@ -301,8 +301,13 @@ TEST(SimLayerKv, ConfigErrors) {
     ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
     EXPECT_EQ(kvp_config_apply(&cfg, "policy=simlayerkv nonlazy=snapkv kv_dtype=q8", err, sizeof err), KVP_OK) << err;
     ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
-    EXPECT_EQ(kvp_config_apply(&cfg, "policy=simlayerkv nonlazy=h2o kv_dtype=q8 budget=64", err, sizeof err), KVP_ERR_CONFIG);
-    EXPECT_NE(std::string(err).find("sinks+window"), std::string::npos) << err;  // the default window 1020
+    // the default window follows the layer capacity (issue 22: a default never makes a valid value fail)
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=simlayerkv nonlazy=h2o kv_dtype=q8 budget=64", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(cfg.window, 60u);  // capacity budget+1 = 65: sinks 4 + window 60 < 65
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=simlayerkv nonlazy=h2o kv_dtype=q8 budget=64 window=1020", err, sizeof err),
+              KVP_ERR_CONFIG);
+    EXPECT_NE(std::string(err).find("sinks+window"), std::string::npos) << err;  // a window the spec gives
     ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
     EXPECT_EQ(kvp_config_apply(&cfg, "policy=simlayerkv nonlazy=h2o kv_dtype=q8 budget=64 window=32", err, sizeof err), KVP_OK) << err;
 }

@@ -1049,8 +1049,11 @@ int cmd_keys(int argc, char **argv) {
         std::printf("%-*s  %-*s  %-*s  %-*s  %-*s  %s\n", (int)w[0], r.key.c_str(), (int)w[1], r.type.c_str(), (int)w[2],
                     r.def.c_str(), (int)w[3], r.range.c_str(), (int)w[4], r.used.c_str(), r.help.c_str());
     std::printf("\nkeys from the library's table (kvp_config_key, %u keys); a spec is \"key=value key=value ...\".\n"
-                "compression_ratio=r (CLI only): the fraction of KV removed, mapped to each policy's budget/window for the\n"
-                "sequence length (docs/harness.md).\n",
+                "Defaults that depend on other keys follow them when the spec does not give them (budget follows a\n"
+                "smaller capacity, recent a smaller budget, window and then sinks a capacity with less room): a default\n"
+                "never makes a valid value fail.\n"
+                "compression_ratio=r and ratio_tokens=N are apply-only keys (no field): the library maps r to each\n"
+                "policy's budget/window (table above); the CLI sets ratio_tokens to the sequence length (docs/harness.md).\n",
                 kvp_config_key_count());
     return 0;
 }

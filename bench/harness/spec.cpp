@@ -43,66 +43,80 @@ std::string policy_keys_text(const kvp_config &cfg) {
     for (uint32_t i = 0; i < kvp_config_key_count(); i++) {
         kvp_key_info k;
         k.struct_size = sizeof k;
-        if (kvp_config_key(i, &k) != KVP_OK || kvp_config_key_used(&probe, k.name) != 1) continue;
+        if (kvp_config_key(i, &k) != KVP_OK || k.config_size == 0 || kvp_config_key_used(&probe, k.name) != 1)
+            continue;  // (apply-only keys such as compression_ratio: not a field of the policy)
         std::string &dst = k.policies == KVP_POLICY_ALL ? common : own;
         dst += (dst.empty() ? "" : ", ") + std::string(k.name);
     }
     return (own.empty() ? std::string("none of its own") : own) + "; common to all: " + common;
 }
 
-std::string compression_keys(const kvp_config &c, double r, int64_t L, std::string *err) {
-    if (!(r >= 0 && r < 1)) {
-        *err = "compression_ratio must be in [0, 1) (the fraction of the KV cache removed)";
-        return "";
-    }
+namespace {
+
+// The library's compression_ratio spec for a sequence of L tokens (ratio_tokens=L).
+bool ratio_spec(double r, int64_t L, std::string *out, std::string *err) {
     if (L <= 0) {
         *err = "compression_ratio needs the sequence length, which is not known here";
+        return false;
+    }
+    if (L > (int64_t)UINT32_MAX) {
+        *err = "compression_ratio: the sequence length " + std::to_string(L) + " exceeds ratio_tokens' range";
+        return false;
+    }
+    char b[96];
+    std::snprintf(b, sizeof b, "compression_ratio=%.17g ratio_tokens=%lld", r, (long long)L);
+    *out = b;
+    return true;
+}
+
+// "key=value ..." of the fields in which `to` differs from `from` (key table order).
+std::string changed_keys(const kvp_config &from, const kvp_config &to) {
+    std::string out;
+    for (uint32_t i = 0; i < kvp_config_key_count(); i++) {
+        kvp_key_info k;
+        k.struct_size = sizeof k;
+        if (kvp_config_key(i, &k) != KVP_OK || k.config_size == 0 || k.type == KVP_KEY_ENUM) continue;
+        const size_t off = k.config_size - 4;
+        if (std::memcmp(reinterpret_cast<const char *>(&from) + off, reinterpret_cast<const char *>(&to) + off, 4) == 0)
+            continue;
+        char b[64];
+        if (k.type == KVP_KEY_FLOAT) {
+            float f;
+            std::memcpy(&f, reinterpret_cast<const char *>(&to) + off, 4);
+            std::snprintf(b, sizeof b, "%.6g", (double)f);
+        } else {
+            uint32_t u;
+            std::memcpy(&u, reinterpret_cast<const char *>(&to) + off, 4);
+            std::snprintf(b, sizeof b, "%u", u);
+        }
+        out += (out.empty() ? "" : " ") + std::string(k.name) + "=" + b;
+    }
+    return out;
+}
+
+}  // namespace
+
+// compression_ratio is resolved by the library (kvp_config_apply: compression_ratio and
+// ratio_tokens); this returns the fields it changes as keys.
+std::string compression_keys(const kvp_config &c, double r, int64_t L, std::string *err) {
+    std::string rs;
+    if (!ratio_spec(r, L, &rs, err)) return "";
+    kvp_config to = c;
+    char e[512] = {0};
+    if (kvp_config_apply(&to, rs.c_str(), e, sizeof e) != KVP_OK) {
+        *err = e;
         return "";
     }
-    const int64_t K = std::max<int64_t>(1, std::llround((1.0 - r) * (double)L));
-    const std::string k = std::to_string(K);
-    switch (c.policy) {
-        case KVP_POLICY_WINDOW: return "window=" + k;
-        case KVP_POLICY_STREAMING: {
-            const int64_t w = K - (int64_t)c.sinks - (int64_t)c.extra;
-            if (w < 1) {
-                *err = "compression_ratio=" + std::to_string(r) + " keeps " + k + " of " + std::to_string(L) +
-                       " tokens, not more than sinks+extra=" + std::to_string(c.sinks + c.extra);
-                return "";
-            }
-            return "window=" + std::to_string(w);
-        }
-        case KVP_POLICY_H2O:
-        case KVP_POLICY_SNAPKV:
-        case KVP_POLICY_PYRAMIDKV:
-        case KVP_POLICY_ASL: return "budget=" + k;
-        case KVP_POLICY_LETHE: return "capacity=" + k;
-        case KVP_POLICY_SIMLAYERKV: {
-            const int64_t w = K - (int64_t)c.sinks;
-            if (w < 1) {
-                *err = "compression_ratio keeps " + k + " tokens, not more than sinks=" + std::to_string(c.sinks);
-                return "";
-            }
-            // budget only where the nonlazy policy has one (full keeps every token of its layers)
-            return "window=" + std::to_string(w) + (c.nonlazy == KVP_POLICY_FULL ? "" : " budget=" + k);
-        }
-        case KVP_POLICY_THINK: {
-            char b[64];
-            std::snprintf(b, sizeof b, "%.6g", std::min(r, 0.999));
-            return std::string("key_channel_ratio=") + b + " value_channel_ratio=" + b;
-        }
-        default: break;
-    }
-    *err = std::string("compression_ratio does not apply to policy=") + policy_name((uint32_t)c.policy) +
-           " (it keeps every token); use window, streaming, h2o, snapkv, pyramidkv, lethe, simlayerkv, asl or think";
-    return "";
+    const std::string keys = changed_keys(c, to);
+    if (keys.empty()) *err = "compression_ratio changes nothing here";
+    return keys;
 }
 
 bool resolve_spec(const ModelConfig &mc, const std::string &spec, int64_t seq_len, std::string *resolved,
                   kvp_config *cfg, std::string *err) {
     std::istringstream is(spec);
     std::vector<std::string> toks, keys;
-    std::string t, ratio_text;
+    std::string t, ratio_text, tokens_text;
     bool has_ratio = false;
     std::set<std::string> seen;
     while (is >> t) {
@@ -121,8 +135,16 @@ bool resolve_spec(const ModelConfig &mc, const std::string &spec, int64_t seq_le
             ratio_text = t.substr(eq + 1);
             continue;
         }
+        if (key == "ratio_tokens") {  // the CLI's default: the sequence length
+            tokens_text = t.substr(eq + 1);
+            continue;
+        }
         toks.push_back(t);
         keys.push_back(key);
+    }
+    if (!tokens_text.empty() && !has_ratio) {  // the library's message
+        toks.push_back("ratio_tokens=" + tokens_text);
+        keys.push_back("ratio_tokens");
     }
     if (toks.empty() && !has_ratio) {
         *err = "the policy spec is empty (e.g. \"policy=streaming sinks=4 window=60\"; `kvprune keys` lists the keys)";
@@ -140,28 +162,16 @@ bool resolve_spec(const ModelConfig &mc, const std::string &spec, int64_t seq_le
         }
     }
     if (has_ratio) {
-        char *end = nullptr;
-        const double r = std::strtod(ratio_text.c_str(), &end);
-        if (ratio_text.empty() || !end || *end || !std::isfinite(r)) {
-            *err = "compression_ratio=" + ratio_text + ": not a number in [0, 1)";
-            return false;
-        }
-        const std::string extra = compression_keys(c, r, seq_len, err);
-        if (extra.empty()) return false;
-        std::istringstream ks(extra);
-        while (ks >> t) {
-            const std::string key = t.substr(0, t.find('='));
-            if (seen.count(key)) {
-                *err = "compression_ratio sets " + key + " for policy=" + policy_name((uint32_t)c.policy) +
-                       ": give one of them, not both";
-                return false;
-            }
-        }
-        base += (base.empty() ? "" : " ") + extra;
-        if (!apply(mc, base, &c, err)) {
-            *err = "compression_ratio=" + ratio_text + " (" + extra + "): " + *err;
-            return false;
-        }
+        // The library resolves it (one spec, so the keys given and the defaults that follow them
+        // are judged together); the resolved spec names the fields it changed.
+        std::string rs;
+        if (tokens_text.empty() && !ratio_spec(0, seq_len, &rs, err)) return false;
+        rs = "compression_ratio=" + ratio_text + " ratio_tokens=" + (tokens_text.empty() ? std::to_string(seq_len) : tokens_text);
+        kvp_config full;
+        if (!apply(mc, base + (base.empty() ? "" : " ") + rs, &full, err)) return false;
+        const std::string extra = changed_keys(c, full);
+        base += (extra.empty() || base.empty() ? "" : " ") + extra;
+        c = full;
     }
     *resolved = base;
     *cfg = c;

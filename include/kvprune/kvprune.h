@@ -20,6 +20,15 @@
  *     for each token: for layer 0..L-1: kvp_decode(c, layer, q, k, v, out);
  *     kvp_destroy(c); free(arena);
  *
+ * Layer order: layers are independent. Each keeps its own tokens, positions (a layer's next
+ * position is one past its own last) and policy state, so a host may reach the layers in any
+ * order: the usual one (per token or prefill chunk, layer 0..L-1) is neither required nor
+ * checked. Decoding layer 1 twice before layer 0 is valid, and every layer's results are the same
+ * bits in any order. Where layers meet, the order the host chooses decides: with a shared pool
+ * (total_capacity) layers take free blocks first come, first served (kvp_prefill_room assumes
+ * layer order); asl ranks tokens over consecutive layers of one prompt (a layer reached out of
+ * order starts that ring afresh); kvp_stats.tokens_seen counts the tokens of layer 0.
+ *
  * Tensors are row-major float32 and pre-RoPE: q is [n_tokens][n_q_heads][head_dim],
  * k and v are [n_tokens][n_kv_heads][head_dim], out is [n_tokens][n_q_heads][head_dim].
  * Query head h attends with KV head h / (n_q_heads / n_kv_heads).
@@ -56,8 +65,9 @@
  * Any other call on a handle whose library-owned arena was freed is undefined (the memory is
  * gone); on a destroyed cache in caller memory it is KVP_ERR_STATE.
  *
- * Messages: every error text the library writes (the err buffers of the config functions and
- * kvp_create_ex, and kvp_last_error) has one format, "<kvp_status_str(status)>: <detail>", e.g.
+ * Messages: every error text the library writes (the err buffers of the config functions,
+ * kvp_config_default_ex/kvp_config_init_ex and kvp_create_ex, and kvp_last_error) has one
+ * format, "<kvp_status_str(status)>: <detail>", e.g.
  * "KVP_ERR_CONFIG: invalid configuration: unknown key 'windw' (did you mean 'window'?)", so a
  * caller prints it as it is and adds no status text of its own.
  *
@@ -306,11 +316,48 @@ kvp_status kvp_config_default(kvp_config *cfg, const kvp_model *model);
 kvp_status kvp_config_init(kvp_config *cfg, uint32_t struct_size, const kvp_model *model);
 
 /**
+ * kvp_config_default that also writes why it failed into err (NUL-terminated, truncated to
+ * err_len; "" on success; err may be NULL), naming the model field that is wrong and its value,
+ * e.g. "KVP_ERR_CONFIG: invalid configuration: model.n_kv_heads=4 must divide model.n_q_heads=6
+ * (...)", "model.rope_theta=0 must be finite and > 1 (...)". Returns and changes exactly what
+ * kvp_config_default does (on failure *cfg is unchanged). Thread-safe and heap-free.
+ */
+kvp_status kvp_config_default_ex(kvp_config *cfg, const kvp_model *model, char *err, size_t err_len);
+
+/**
+ * kvp_config_init with a message in err as for kvp_config_default_ex (a struct_size it does not
+ * accept is named too). On failure *cfg is unchanged.
+ */
+kvp_status kvp_config_init_ex(kvp_config *cfg, uint32_t struct_size, const kvp_model *model, char *err,
+                              size_t err_len);
+
+/**
  * Applies a spec: space-separated key=value pairs, e.g. "policy=streaming sinks=4 window=1020".
  * Keys are the kvp_config field names (a repeated key: the last value wins). Then checks the
  * whole resulting configuration exactly as kvp_config_check does, so KVP_OK means the config is
  * valid (a spec that leaves it inconsistent, e.g. "policy=window window=9 capacity=4", fails:
- * put related keys in one spec). Returns KVP_ERR_ARG for NULL cfg/spec or a bad struct_size,
+ * put related keys in one spec).
+ * Defaults follow: a key whose valid values depend on other keys, that this spec does not give
+ * and that still holds its kvp_config_default value, follows the keys the spec gives where its
+ * default would make them fail, so a default never makes a valid value fail: budget follows a
+ * smaller capacity (capacity-1: h2o, snapkv, pyramidkv, asl, and simlayerkv's nonlazy policy),
+ * recent a smaller budget (h2o: recent = budget), window a capacity that leaves it less room
+ * (window: capacity-1; streaming: capacity - max(compress_every, slack) - sinks - extra;
+ * simlayerkv: below its layer capacity), then sinks the same way. "policy=h2o budget=16" gives
+ * recent 16; "policy=window capacity=512" window 511. A value the spec gives never changes
+ * (then an inconsistency fails as before); the rule is kvp_config_apply's (kvp_config_check
+ * judges fields as they are). policy=think applies it to its token_policy.
+ * Apply-only keys (kvp_config_key rows with config_size 0; not stored):
+ *   compression_ratio=r (0 <= r < 1, the fraction of the KV cache removed, as in kvpress) sets,
+ *   for K = max(1, round((1 - r) * N)) tokens kept: window: window=K; streaming:
+ *   window=K-sinks-extra (> 0); h2o, snapkv, pyramidkv, asl: budget=K; lethe: capacity=K;
+ *   simlayerkv: window=K-sinks (> 0) and, unless nonlazy=full, budget=K; think:
+ *   key_channel_ratio = value_channel_ratio = min(r, 0.999) (channels, not tokens); full: error.
+ *   ratio_tokens=N is the token count it is resolved against (e.g. prompt + generated tokens);
+ *   0 or absent = the config's capacity (lethe, which sets capacity, needs ratio_tokens).
+ *   A key it sets that the same spec gives too (e.g. "window=8 compression_ratio=0.5" under
+ *   window) is KVP_ERR_CONFIG naming both; so is ratio_tokens without compression_ratio. The
+ *   keys it sets count as given (defaults follow them). Returns KVP_ERR_ARG for NULL cfg/spec or a bad struct_size,
  * KVP_ERR_CONFIG for an unknown key (the message suggests the nearest one), a malformed or
  * out-of-range value (the message names the key and the range), a key the caller's (older)
  * kvp_config lacks, or an inconsistent result; KVP_ERR_UNSUPPORTED for a recognised value this
@@ -496,14 +543,16 @@ typedef enum {
  */
 typedef struct kvp_key_info {
     uint32_t struct_size;
-    const char *name;          /* spec key, the kvp_config field of the same name */
+    const char *name;          /* spec key, the kvp_config field of the same name (apply-only keys: none) */
     kvp_key_type type;
     double min, max;           /* inclusive range (UINT, FLOAT); ENUM: 0..largest accepted value */
     double default_value;      /* kvp_config_default's value (ENUM: the enum's number) */
     const char *values;        /* ENUM: accepted names, '|'-separated, e.g. "avg|max"; else NULL */
     const char *default_name;  /* ENUM: name of the default value; else NULL */
     uint32_t policies;         /* KVP_POLICY_BIT(p) set when policy p uses the key (KVP_POLICY_ALL: every policy) */
-    uint32_t config_size;      /* smallest kvp_config struct_size that holds the field */
+    uint32_t config_size;      /* smallest kvp_config struct_size that holds the field; 0 for an
+                                  apply-only key (compression_ratio, ratio_tokens: kvp_config_apply
+                                  resolves it into other fields, nothing is stored) */
     const char *help;          /* one line: meaning, units, special values */
 } kvp_key_info;
 
@@ -511,8 +560,9 @@ typedef struct kvp_key_info {
 uint32_t kvp_config_key_count(void);
 
 /**
- * Fills *info with row `index` (0..kvp_config_key_count()-1), in the order of the kvp_config
- * fields. KVP_ERR_ARG for NULL info, a bad struct_size or index out of range.
+ * Fills *info with row `index` (0..kvp_config_key_count()-1): the kvp_config fields in their
+ * order, then the apply-only keys (config_size 0: compression_ratio, ratio_tokens; default 0 =
+ * not given). KVP_ERR_ARG for NULL info, a bad struct_size or index out of range.
  */
 kvp_status kvp_config_key(uint32_t index, kvp_key_info *info);
 

@@ -16,8 +16,8 @@ namespace kvprune {
 
 class Config {
 public:
-    explicit Config(const kvp_model &model) { status_ = kvp_config_default(&cfg_, &model); }
-    // KVP_OK unless the model was invalid (then every later call fails too).
+    explicit Config(const kvp_model &model) { status_ = kvp_config_default_ex(&cfg_, &model, err_, sizeof err_); }
+    // KVP_OK unless the model was invalid (then every later call fails too; error() says which field).
     kvp_status status() const { return status_; }
     kvp_status apply(const char *spec) {
         if (status_ != KVP_OK) return status_;

@@ -118,6 +118,36 @@ const (
 	RopeGptj Rope = C.KVP_ROPE_GPTJ // rotates (2i, 2i+1), as llama2.c
 )
 
+// The pinned numbers of the C enums kvp_policy, kvp_positions, kvp_dtype, kvp_score_mode and
+// kvp_pool (values of Config.Get/Set for enum keys).
+const (
+	PolicyFull       = C.KVP_POLICY_FULL
+	PolicyWindow     = C.KVP_POLICY_WINDOW
+	PolicyStreaming  = C.KVP_POLICY_STREAMING
+	PolicyH2O        = C.KVP_POLICY_H2O
+	PolicySnapKV     = C.KVP_POLICY_SNAPKV
+	PolicyPyramidKV  = C.KVP_POLICY_PYRAMIDKV
+	PolicyLethe      = C.KVP_POLICY_LETHE
+	PolicySimLayerKV = C.KVP_POLICY_SIMLAYERKV
+	PolicyASL        = C.KVP_POLICY_ASL
+	PolicyThink      = C.KVP_POLICY_THINK
+
+	PosDefault  = C.KVP_POS_DEFAULT
+	PosOriginal = C.KVP_POS_ORIGINAL
+	PosRealign  = C.KVP_POS_REALIGN
+
+	DtypeF32 = C.KVP_DTYPE_F32
+	DtypeF16 = C.KVP_DTYPE_F16
+	DtypeQ8  = C.KVP_DTYPE_Q8
+	DtypeQ4  = C.KVP_DTYPE_Q4
+
+	ScoreFloat = C.KVP_SCORE_FLOAT
+	ScoreFixed = C.KVP_SCORE_FIXED
+
+	PoolAvg = C.KVP_POOL_AVG
+	PoolMax = C.KVP_POOL_MAX
+)
+
 // Model is the geometry (kvp_model). RopeDim 0 means HeadDim.
 type Model struct {
 	Layers, QHeads, KVHeads, HeadDim uint32
@@ -158,13 +188,16 @@ type Config struct {
 	raw C.kvp_config
 }
 
-// NewConfig returns the defaults for m (kvp_config_init with this binding's struct size) with
-// spec applied ("" for none).
+// NewConfig returns the defaults for m (kvp_config_init_ex with this binding's struct size) with
+// spec applied ("" for none). A bad geometry is an ErrConfig error whose message names the field,
+// e.g. "model.n_kv_heads=4 must divide model.n_q_heads=6".
 func NewConfig(m Model, spec string) (*Config, error) {
 	cfg := &Config{}
 	mr := m.raw()
-	if s := C.kvp_config_init(&cfg.raw, C.uint32_t(unsafe.Sizeof(cfg.raw)), &mr); s != C.KVP_OK {
-		return nil, newError(Status(s), "invalid model geometry %+v", m)
+	buf := make([]byte, errLen)
+	s := C.kvp_config_init_ex(&cfg.raw, C.uint32_t(unsafe.Sizeof(cfg.raw)), &mr, (*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	if err := errFromBuf(s, buf); err != nil {
+		return nil, err
 	}
 	if spec != "" {
 		if err := cfg.Apply(spec); err != nil {
@@ -211,6 +244,142 @@ func (cfg *Config) Model() Model {
 	m := cfg.raw.model
 	return Model{Layers: uint32(m.n_layers), QHeads: uint32(m.n_q_heads), KVHeads: uint32(m.n_kv_heads),
 		HeadDim: uint32(m.head_dim), Rope: Rope(m.rope), RopeDim: uint32(m.rope_dim), RopeTheta: float32(m.rope_theta)}
+}
+
+// KeyUsed reports whether key name affects a cache of this configuration
+// (kvp_config_key_used); an unknown key is an ErrConfig error.
+func (cfg *Config) KeyUsed(name string) (bool, error) {
+	if strings.IndexByte(name, 0) >= 0 {
+		return false, newError(ErrConfig, "unknown key %q", name)
+	}
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	r := C.kvp_config_key_used(&cfg.raw, cs)
+	if r < 0 {
+		return false, newError(ErrConfig, "unknown key %q", name)
+	}
+	return r != 0, nil
+}
+
+// field returns the key table row of name and a pointer to its field in cfg.raw: every field
+// after model is 32 bits, in key table order, so the field ends at the row's config_size.
+func (cfg *Config) field(name string) (C.kvp_key_info, unsafe.Pointer, error) {
+	n := uint32(C.kvp_config_key_count())
+	for i := uint32(0); i < n; i++ {
+		info, err := rawKey(i)
+		if err != nil {
+			return info, nil, err
+		}
+		if C.GoString(info.name) != name {
+			continue
+		}
+		if info.config_size == 0 {
+			return info, nil, newError(ErrConfig, "%s is an apply-only key (kvp_config_apply resolves it into other fields; nothing is stored): use Apply(\"%s=...\")", name, name)
+		}
+		size := uintptr(info.config_size)
+		first := unsafe.Offsetof(cfg.raw.policy)
+		if size > unsafe.Sizeof(cfg.raw) || size < first+4 {
+			break // a key of a newer library than this binding's struct
+		}
+		return info, unsafe.Add(unsafe.Pointer(&cfg.raw), size-4), nil
+	}
+	return C.kvp_key_info{}, nil, newError(ErrConfig, "unknown key %q", name)
+}
+
+// Get returns the field of spec key name (uint and enum keys as whole numbers).
+func (cfg *Config) Get(name string) (float64, error) {
+	info, p, err := cfg.field(name)
+	if err != nil {
+		return 0, err
+	}
+	if info._type == C.KVP_KEY_FLOAT {
+		return float64(*(*float32)(p)), nil
+	}
+	return float64(*(*uint32)(p)), nil
+}
+
+// Set sets the field of spec key name directly (no cross-field check: NewCacheFromConfig or
+// Check does that). The value must be in the key's range from the key table (uint: a whole
+// number in min..max; float: min..max; enum: a whole number 0..max, e.g. float64(PolicyH2O)),
+// else an ErrConfig error and the field is unchanged: never truncated.
+func (cfg *Config) Set(name string, value float64) error {
+	info, p, err := cfg.field(name)
+	if err != nil {
+		return err
+	}
+	lo, hi := float64(info.min), float64(info.max)
+	if info._type == C.KVP_KEY_FLOAT {
+		if !(lo <= value && value <= hi) {
+			return newError(ErrConfig, "%s=%v is out of range (%v..%v)", name, value, lo, hi)
+		}
+		*(*float32)(p) = float32(value)
+		return nil
+	}
+	if value != math.Trunc(value) || math.IsInf(value, 0) {
+		return newError(ErrConfig, "%s=%v is not an integer", name, value)
+	}
+	if info._type == C.KVP_KEY_ENUM {
+		lo = 0
+	}
+	if !(lo <= value && value <= hi) {
+		return newError(ErrConfig, "%s=%.0f is out of range (%.0f..%.0f)", name, value, lo, hi)
+	}
+	*(*uint32)(p) = uint32(value)
+	return nil
+}
+
+// KeyType is the value type of a configuration key (kvp_key_type).
+type KeyType int
+
+const (
+	KeyUint  KeyType = C.KVP_KEY_UINT
+	KeyFloat KeyType = C.KVP_KEY_FLOAT
+	KeyEnum  KeyType = C.KVP_KEY_ENUM
+)
+
+// KeyInfo is one row of the library's key table (kvp_config_key); KeyType is the C field type.
+// Values ("avg|max") and DefaultName are "" for numeric keys; Policies has bit 1<<policy set
+// for each policy that uses the key.
+type KeyInfo struct {
+	Name                   string
+	KeyType                KeyType
+	Min, Max, DefaultValue float64
+	Values, DefaultName    string
+	Policies, ConfigSize   uint32
+	Help                   string
+}
+
+func rawKey(i uint32) (C.kvp_key_info, error) {
+	var k C.kvp_key_info
+	k.struct_size = C.uint32_t(unsafe.Sizeof(k))
+	if s := C.kvp_config_key(C.uint32_t(i), &k); s != C.KVP_OK {
+		return k, newError(Status(s), "kvp_config_key(%d) failed", i)
+	}
+	return k, nil
+}
+
+// ConfigKeys returns the library's configuration keys (kvp_config_key_count / kvp_config_key),
+// in field order.
+func ConfigKeys() ([]KeyInfo, error) {
+	n := uint32(C.kvp_config_key_count())
+	keys := make([]KeyInfo, 0, n)
+	str := func(p *C.char) string {
+		if p == nil {
+			return ""
+		}
+		return C.GoString(p)
+	}
+	for i := uint32(0); i < n; i++ {
+		k, err := rawKey(i)
+		if err != nil {
+			return nil, err
+		}
+		keys = append(keys, KeyInfo{Name: str(k.name), KeyType: KeyType(k._type), Min: float64(k.min),
+			Max: float64(k.max), DefaultValue: float64(k.default_value), Values: str(k.values),
+			DefaultName: str(k.default_name), Policies: uint32(k.policies), ConfigSize: uint32(k.config_size),
+			Help: str(k.help)})
+	}
+	return keys, nil
 }
 
 // Stats are a cache's counters (kvp_stats).
@@ -510,6 +679,66 @@ func (c *Cache) Stats() (Stats, error) {
 	return Stats{ArenaBytes: uint64(s.arena_bytes), LiveBytes: uint64(s.live_bytes),
 		PeakLiveBytes: uint64(s.peak_live_bytes), TokensSeen: uint64(s.tokens_seen),
 		PruneEvents: uint64(s.prune_events), TokensEvicted: uint64(s.tokens_evicted)}, nil
+}
+
+// LayerCapacity is the token slots of layer per KV head (kvp_layer_capacity); 0 for a layer the
+// cache lacks or a closed cache.
+func (c *Cache) LayerCapacity(layer int) int {
+	if c.lock() != nil {
+		return 0
+	}
+	defer c.mu.Unlock()
+	l, err := u32("layer", layer)
+	if err != nil {
+		return 0
+	}
+	n := int(C.kvp_layer_capacity(c.c, l))
+	runtime.KeepAlive(c)
+	return n
+}
+
+// PrefillRoom is the largest prefill chunk that fits every layer from the current state
+// (kvp_prefill_room): chunk a long prompt by it. 0 for a closed cache.
+func (c *Cache) PrefillRoom() int {
+	if c.lock() != nil {
+		return 0
+	}
+	defer c.mu.Unlock()
+	n := int(C.kvp_prefill_room(c.c))
+	runtime.KeepAlive(c)
+	return n
+}
+
+// LayerStats are the figures of one layer (kvp_layer_stats). Lazy (SimLayerKV): 1 lazy
+// (trimmed to sinks + window), 0 not lazy, -1 undecided or another policy.
+type LayerStats struct {
+	Capacity, Len                         uint32
+	LiveBytes, PruneEvents, TokensEvicted uint64
+	EvictThreshold                        uint32
+	Sparsity                              float32
+	Lazy                                  int32
+}
+
+// LayerStats returns kvp_get_layer_stats of layer.
+func (c *Cache) LayerStats(layer int) (LayerStats, error) {
+	if err := c.lock(); err != nil {
+		return LayerStats{}, err
+	}
+	defer c.mu.Unlock()
+	l, err := u32("layer", layer)
+	if err != nil {
+		return LayerStats{}, err
+	}
+	var s C.kvp_layer_stats
+	s.struct_size = C.uint32_t(unsafe.Sizeof(s))
+	st := C.kvp_get_layer_stats(c.c, l, &s)
+	runtime.KeepAlive(c)
+	if err := c.status(st); err != nil {
+		return LayerStats{}, err
+	}
+	return LayerStats{Capacity: uint32(s.capacity), Len: uint32(s.len), LiveBytes: uint64(s.live_bytes),
+		PruneEvents: uint64(s.prune_events), TokensEvicted: uint64(s.tokens_evicted),
+		EvictThreshold: uint32(s.evict_threshold), Sparsity: float32(s.sparsity), Lazy: int32(s.lazy)}, nil
 }
 
 // Reset starts a new sequence in the same arena.

@@ -43,8 +43,20 @@ void config_target(const uint8_t *data, size_t size) {
     // the spec is a C string: stop at the first NUL
     const std::string cspec = spec.substr(0, strnlen(spec.c_str(), spec.size()));
 
-    kvp_config cfg;
-    if (kvp_config_default(&cfg, &mm) != KVP_OK) return;  // e.g. rope_dim > head_dim: fine
+    kvp_config cfg, plain;
+    memset(&cfg, 0x5a, sizeof cfg);
+    const kvp_config untouched = cfg;
+    char derr[336];
+    memset(derr, '#', sizeof derr);
+    const kvp_status dst = kvp_config_default_ex(&cfg, &mm, derr, err_len);
+    check_message(derr, err_len, sizeof derr, dst);
+    check(dst == kvp_config_default(&plain, &mm), "kvp_config_default_ex and kvp_config_default disagree");
+    if (dst != KVP_OK) {  // e.g. rope_dim > head_dim: fine, with the field named and cfg unchanged
+        check(dst == KVP_ERR_CONFIG, "kvp_config_default_ex status");
+        check(memcmp(&cfg, &untouched, sizeof cfg) == 0, "a failed kvp_config_default_ex changed the config");
+        return;
+    }
+    check(memcmp(&cfg, &plain, sizeof cfg) == 0, "kvp_config_default_ex and kvp_config_default differ");
     // An older caller's struct now and then (the first released layout).
     if (h[7] % 7 == 0) check(kvp_config_init(&cfg, KVP_CONFIG_SIZE_0_1, &mm) == KVP_OK, "kvp_config_init 0.1 size");
     kvp_config before;

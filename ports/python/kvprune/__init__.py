@@ -11,8 +11,9 @@ numpy is installed) or plain sequences of floats::
         print(c.stats())
 
 The library is static (libkvprune.a); Python loads a shared object made from it.
-``pip install ./ports/python`` (offline: the build backend is in the package) links one from the
-installed library (``pkg-config kvprune``) into the package. Where it is looked for, first match wins:
+``pip install ./ports/python`` (offline: the build backend is in the package) links one into the
+package from the installed library (``pkg-config kvprune``), else from the library it builds from the
+checkout with cmake, else it fails and says what to do. Where it is looked for, first match wins:
   1. ``KVPRUNE_LIB``: path of a shared library with the kvp_* symbols;
   2. ``libkvprune.so`` in ``KVPRUNE_LIB_DIR`` or beside this package;
   3. ``ctypes.util.find_library("kvprune")``.
@@ -29,6 +30,7 @@ from __future__ import annotations
 import array
 import ctypes
 import ctypes.util
+import operator
 import os
 import shlex
 import subprocess
@@ -37,8 +39,8 @@ import threading
 from collections import namedtuple
 
 __all__ = [
-    "KvpError", "Model", "Config", "Cache", "Stats", "Selection", "version", "status_str",
-    "build_shared_library", "load_library",
+    "KvpError", "Model", "Config", "Cache", "Stats", "LayerStats", "Selection", "KeyInfo", "version",
+    "status_str", "config_keys", "build_shared_library", "load_library",
 ]
 
 # ---- pinned C enums -------------------------------------------------------------------
@@ -88,6 +90,19 @@ class _Stats(ctypes.Structure):
                 ("prune_events", ctypes.c_uint64), ("tokens_evicted", ctypes.c_uint64)]
 
 
+class _LayerStats(ctypes.Structure):
+    _fields_ = [("struct_size", _u32), ("capacity", _u32), ("len", _u32), ("live_bytes", ctypes.c_uint64),
+                ("prune_events", ctypes.c_uint64), ("tokens_evicted", ctypes.c_uint64),
+                ("evict_threshold", _u32), ("sparsity", _f32), ("lazy", ctypes.c_int32)]
+
+
+class _KeyInfo(ctypes.Structure):
+    _fields_ = [("struct_size", _u32), ("name", ctypes.c_char_p), ("type", _enum), ("min", ctypes.c_double),
+                ("max", ctypes.c_double), ("default_value", ctypes.c_double), ("values", ctypes.c_char_p),
+                ("default_name", ctypes.c_char_p), ("policies", _u32), ("config_size", _u32),
+                ("help", ctypes.c_char_p)]
+
+
 class _Selection(ctypes.Structure):
     _fields_ = [("struct_size", _u32), ("capacity", _u32), ("indices", ctypes.POINTER(ctypes.c_int32)),
                 ("n", _u32), ("selected", ctypes.c_int32)]
@@ -107,6 +122,10 @@ def _declare(lib):
         "kvp_status_str": (ctypes.c_char_p, [_u32]),
         "kvp_config_default": (_u32, [ctypes.POINTER(_Config), ctypes.POINTER(_Model)]),
         "kvp_config_init": (_u32, [ctypes.POINTER(_Config), _u32, ctypes.POINTER(_Model)]),
+        "kvp_config_default_ex": (_u32, [ctypes.POINTER(_Config), ctypes.POINTER(_Model), ctypes.c_char_p,
+                                         ctypes.c_size_t]),
+        "kvp_config_init_ex": (_u32, [ctypes.POINTER(_Config), _u32, ctypes.POINTER(_Model), ctypes.c_char_p,
+                                      ctypes.c_size_t]),
         "kvp_config_apply": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_config_check": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_arena_size": (ctypes.c_size_t, [ctypes.POINTER(_Config)]),
@@ -120,8 +139,14 @@ def _declare(lib):
         "kvp_append": (_u32, [_CP, _u32, _u32, _IP, _FP, _FP]),
         "kvp_layer_len": (_u32, [_CP, _u32]),
         "kvp_layer_positions": (_u32, [_CP, _u32, _u32, _IP, _u32, ctypes.POINTER(_u32)]),
+        "kvp_layer_capacity": (_u32, [_CP, _u32]),
+        "kvp_prefill_room": (_u32, [_CP]),
         "kvp_get_stats": (_u32, [_CP, ctypes.POINTER(_Stats)]),
+        "kvp_get_layer_stats": (_u32, [_CP, _u32, ctypes.POINTER(_LayerStats)]),
         "kvp_last_error": (ctypes.c_char_p, [_CP]),
+        "kvp_config_key_count": (_u32, []),
+        "kvp_config_key": (_u32, [_u32, ctypes.POINTER(_KeyInfo)]),
+        "kvp_config_key_used": (ctypes.c_int, [ctypes.POINTER(_Config), ctypes.c_char_p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -162,8 +187,9 @@ def load_library(path=None):
                 continue
             _lib = lib
             return lib
-        raise OSError("kvprune shared library not found (set KVPRUNE_LIB, or make one with "
-                      "kvprune.build_shared_library()); tried: %s" % ("; ".join(tried) or "nothing"))
+        raise OSError("kvprune shared library not found: `pip install ./ports/python` bundles one (it needs the "
+                      "installed library or cmake), or set KVPRUNE_LIB=<path of libkvprune.so> (make one with "
+                      "kvprune.build_shared_library(path)); tried: %s" % ("; ".join(tried) or "nothing"))
 
 
 def build_shared_library(dest, static_lib=None, libs=None, cxx=None):
@@ -176,7 +202,11 @@ def build_shared_library(dest, static_lib=None, libs=None, cxx=None):
     cxx = cxx or os.environ.get("CXX") or "c++"
     if static_lib is None or libs is None:
         pc = os.environ.get("PKG_CONFIG", "pkg-config")
-        flags = shlex.split(subprocess.check_output([pc, "--static", "--libs", "kvprune"], text=True))
+        r = subprocess.run([pc, "--static", "--libs", "kvprune"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+        if r.returncode != 0:
+            raise OSError("`%s --static --libs kvprune` failed: %s" % (pc, r.stderr.strip() or "exit %d" % r.returncode))
+        flags = shlex.split(r.stdout)
         dirs = [f[2:] for f in flags if f.startswith("-L")]
         if static_lib is None:
             for d in dirs:
@@ -247,32 +277,97 @@ def _check_buf(status, buf):
         raise KvpError(status, buf.value.decode("utf-8", "replace"))
 
 
+def _uint32(value, what):
+    """A model field as uint32_t: an int (not bool) in 0..2**32-1, else ERR_CONFIG (ctypes would
+    keep only the low 32 bits: 2**32 + 2 layers would become 2)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)  # int, numpy integers; not float or bool
+    except TypeError:
+        raise _error(ERR_CONFIG, "model.%s=%r is not an integer" % (what, value))
+    if not 0 <= v <= _U32_MAX:
+        raise _error(ERR_CONFIG, "model.%s=%d is out of range (0..%d)" % (what, v, _U32_MAX))
+    return v
+
+
 class Model:
-    """Model geometry (kvp_model). rope_dim 0 means head_dim."""
+    """Model geometry (kvp_model). rope_dim 0 means head_dim. Integer fields must fit uint32_t
+    (else KvpError ERR_CONFIG, here and whenever the model is used after a field was changed)."""
 
     def __init__(self, n_layers, n_q_heads, n_kv_heads, head_dim, rope=ROPE_NONE, rope_dim=0, rope_theta=10000.0):
         self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim = n_layers, n_q_heads, n_kv_heads, head_dim
         self.rope, self.rope_dim, self.rope_theta = rope, rope_dim, rope_theta
+        self._raw()
 
     def _raw(self):
-        return _Model(self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, self.rope, self.rope_dim,
-                      self.rope_theta)
+        ints = [_uint32(getattr(self, f), f) for f in ("n_layers", "n_q_heads", "n_kv_heads", "head_dim", "rope",
+                                                        "rope_dim")]
+        try:
+            theta = float(self.rope_theta)
+        except (TypeError, ValueError):
+            raise _error(ERR_CONFIG, "model.rope_theta=%r is not a number" % (self.rope_theta,))
+        return _Model(*ints, theta)
 
     def __repr__(self):
-        return "Model(%d, %d, %d, %d, rope=%d, rope_dim=%d, rope_theta=%g)" % (
+        return "Model(%r, %r, %r, %r, rope=%r, rope_dim=%r, rope_theta=%r)" % (
             self.n_layers, self.n_q_heads, self.n_kv_heads, self.head_dim, self.rope, self.rope_dim, self.rope_theta)
 
 
+KEY_UINT, KEY_FLOAT, KEY_ENUM = 0, 1, 2
+KeyInfo = namedtuple("KeyInfo", "name key_type min max default_value values default_name policies config_size help")
+KeyInfo.__doc__ = """One row of the library's key table (kvp_config_key): ``key_type`` (C: type) is KEY_UINT, KEY_FLOAT or
+KEY_ENUM; ``values`` ("avg|max") and ``default_name`` are None for numeric keys; ``policies`` has bit
+``1 << POLICY_x`` set for each policy that uses the key."""
+
+
+def _s(b):
+    return None if b is None else b.decode("utf-8", "replace")
+
+
+def config_keys():
+    """The library's configuration keys (kvp_config_key_count / kvp_config_key), in field order."""
+    lib = load_library()
+    keys = []
+    for i in range(lib.kvp_config_key_count()):
+        k = _KeyInfo()
+        k.struct_size = ctypes.sizeof(_KeyInfo)
+        st = lib.kvp_config_key(i, ctypes.byref(k))
+        if st != OK:
+            raise _error(st, "kvp_config_key(%d) failed" % i)
+        keys.append(KeyInfo(_s(k.name), k.type, k.min, k.max, k.default_value, _s(k.values), _s(k.default_name),
+                            k.policies, k.config_size, _s(k.help)))
+    return keys
+
+
+_keys_by_name = None
+
+
+def _key(name):
+    """The key table row of ``name`` that this binding's kvp_config holds; ERR_CONFIG otherwise."""
+    global _keys_by_name
+    if _keys_by_name is None:
+        _keys_by_name = {k.name: k for k in config_keys()}
+    k = _keys_by_name.get(name) if isinstance(name, str) else None
+    if k is not None and k.config_size == 0:
+        raise _error(ERR_CONFIG, "%s is an apply-only key (kvp_config_apply resolves it into other fields; "
+                                 "nothing is stored): use apply(\"%s=...\")" % (name, name))
+    if k is None or k.config_size > ctypes.sizeof(_Config):
+        raise _error(ERR_CONFIG, "unknown key %r" % (name,))
+    return k
+
+
 class Config:
-    """kvp_config: defaults for a model plus spec strings. Fields read as attributes (cfg.window)."""
+    """kvp_config: defaults for a model plus spec strings. ``get(key)``/``set(key, value)`` read and
+    write one field by its spec key; fields also read as attributes (cfg.window)."""
 
     def __init__(self, model, spec=""):
         lib = load_library()
         self._raw = _Config()
         m = model._raw()
-        st = lib.kvp_config_init(ctypes.byref(self._raw), ctypes.sizeof(_Config), ctypes.byref(m))
-        if st != OK:
-            raise _error(st, "invalid model geometry %r" % (model,))
+        buf = ctypes.create_string_buffer(_ERR_LEN)  # kvp_config_init_ex names the wrong model field
+        _check_buf(lib.kvp_config_init_ex(ctypes.byref(self._raw), ctypes.sizeof(_Config), ctypes.byref(m), buf,
+                                          _ERR_LEN), buf)
         self.model = model
         if spec:
             self.apply(spec)
@@ -287,12 +382,23 @@ class Config:
         return self
 
     def check(self):
+        """kvp_config_check: raises KvpError when the configuration is not consistent."""
         buf = ctypes.create_string_buffer(_ERR_LEN)
         _check_buf(load_library().kvp_config_check(ctypes.byref(self._raw), buf, _ERR_LEN), buf)
 
-    @property
     def arena_size(self):
+        """Exact arena bytes a cache of this configuration needs (kvp_arena_size); 0 if invalid."""
         return load_library().kvp_arena_size(ctypes.byref(self._raw))
+
+    def key_used(self, name):
+        """kvp_config_key_used: whether key ``name`` affects a cache of this configuration; an
+        unknown key is KvpError ERR_CONFIG."""
+        if not isinstance(name, str) or "\0" in name:
+            raise _error(ERR_CONFIG, "unknown key %r" % (name,))
+        r = load_library().kvp_config_key_used(ctypes.byref(self._raw), name.encode())
+        if r < 0:
+            raise _error(ERR_CONFIG, "unknown key %r" % (name,))
+        return bool(r)
 
     def __getattr__(self, name):
         raw = self.__dict__.get("_raw")
@@ -300,14 +406,43 @@ class Config:
             return getattr(raw, name)
         raise AttributeError(name)
 
+    def get(self, name):
+        """The field of spec key ``name``: an int (uint and enum keys) or a float."""
+        k = _key(name)
+        return getattr(self._raw, k.name)
+
     def set(self, name, value):
-        """Sets a raw field directly (validated when a Cache is created)."""
-        if name not in dict(_Config._fields_) or name == "model":
-            raise AttributeError(name)
-        setattr(self._raw, name, value)
+        """Sets the field of spec key ``name`` directly (no cross-field check: that happens when a
+        Cache is created, or with check()). The value must be in the key's range from the key table
+        (uint: an integer in min..max; float: a number in min..max; enum: an integer 0..max, e.g.
+        POLICY_H2O), else KvpError ERR_CONFIG and the field is unchanged: never truncated."""
+        k = _key(name)
+        if k.key_type == KEY_FLOAT:
+            if isinstance(value, bool):
+                raise _error(ERR_CONFIG, "%s=%r is not a number" % (name, value))
+            try:
+                v = float(value)
+            except (TypeError, ValueError, OverflowError):
+                raise _error(ERR_CONFIG, "%s=%r is not a number" % (name, value))
+            if not k.min <= v <= k.max:  # NaN fails too
+                raise _error(ERR_CONFIG, "%s=%r is out of range (%g..%g)" % (name, value, k.min, k.max))
+        else:
+            try:
+                if isinstance(value, bool):
+                    raise TypeError
+                v = operator.index(value)
+            except TypeError:
+                raise _error(ERR_CONFIG, "%s=%r is not an integer" % (name, value))
+            lo = 0 if k.key_type == KEY_ENUM else k.min
+            if not lo <= v <= k.max:
+                raise _error(ERR_CONFIG, "%s=%d is out of range (%d..%d)" % (name, v, lo, k.max))
+        setattr(self._raw, k.name, v)
 
 
 Stats = namedtuple("Stats", "arena_bytes live_bytes peak_live_bytes tokens_seen prune_events tokens_evicted")
+LayerStats = namedtuple("LayerStats", "capacity len live_bytes prune_events tokens_evicted evict_threshold sparsity lazy")
+LayerStats.__doc__ = """kvp_layer_stats of one layer; ``lazy`` is 1 (SimLayerKV: lazy, trimmed to sinks + window),
+0 (not lazy) or -1 (undecided, or another policy)."""
 Selection = namedtuple("Selection", "selected indices")
 
 try:  # optional
@@ -380,7 +515,7 @@ class Cache:
         self.model = cfg.model
         self._handle = None
         self._lock = threading.Lock()
-        n = cfg.arena_size
+        n = cfg.arena_size()
         if n == 0:
             cfg.check()
             raise _error(ERR_CONFIG, "invalid configuration")
@@ -395,8 +530,11 @@ class Cache:
         _check_buf(st, err)
         self._lib = lib
         self._handle = h
-        self._qw = self.model.n_q_heads * self.model.head_dim
-        self._kw = self.model.n_kv_heads * self.model.head_dim
+        # Widths from the C struct the cache was made from (not the Python Model, whose fields a
+        # caller may change afterwards): tensors are checked against what the library will read.
+        rm = cfg._raw.model
+        self._qw = rm.n_q_heads * rm.head_dim
+        self._kw = rm.n_kv_heads * rm.head_dim
 
     # -- life cycle --
     def close(self):
@@ -468,12 +606,30 @@ class Cache:
 
     def prefill(self, layer, q, k, v, positions=None, out=True, selection=0):
         """Prefills a chunk (token count from k). ``out``: True (default) returns a new output
-        array, None/False skips attention output, or a writable float32 buffer to fill.
-        ``selection`` > 0 asks for the ASL selection (up to that many indices): then returns
-        (out, Selection(selected, indices)). A numpy q gives a numpy output of q's shape."""
+        array, None/False skips attention output, or a writable float32 buffer to fill. A numpy q
+        gives a numpy output of q's shape. Chunk a long prompt by prefill_room(). ``selection`` > 0
+        is prefill_select(..., capacity=selection) (kept for older callers)."""
+        if selection:
+            return self.prefill_select(layer, q, k, v, selection, positions=positions, out=out)
+        return self._prefill(layer, q, k, v, positions, out, None)[0]
+
+    def prefill_select(self, layer, q, k, v, capacity, positions=None, out=True):
+        """prefill that also receives the ASL selection (kvp_selection) into a buffer of ``capacity``
+        indices: returns (out, Selection(selected, indices)). A capacity below what the call needs
+        is KvpError ERR_BUFFER (nothing changed)."""
+        return self._prefill(layer, q, k, v, positions, out, capacity)
+
+    def _prefill(self, layer, q, k, v, positions, out, selection):
         layer = _index(layer, "layer")
-        if selection and not 0 < int(selection) <= _U32_MAX:
-            raise _arg_error("selection %r is out of range (1..%d)" % (selection, _U32_MAX))
+        if selection is not None:
+            try:
+                if isinstance(selection, bool):
+                    raise TypeError
+                selection = operator.index(selection)
+            except TypeError:
+                raise _arg_error("selection capacity %r is not an integer" % (selection,))
+            if not 0 <= selection <= _U32_MAX:
+                raise _arg_error("selection capacity %r is out of range (0..%d)" % (selection, _U32_MAX))
         qa, qk, qn = _as_floats(q, "q")
         ka, kk, kn = _as_floats(k, "k")
         va, vk, vn = _as_floats(v, "v")
@@ -486,17 +642,17 @@ class Cache:
         oa, ok_, on = _as_floats(out, "out", writable=True)
         if out is not None and on != n * self._qw:
             raise _arg_error("out has %d floats, expected %d (%d tokens)" % (on, n * self._qw, n))
-        sel = None
-        if selection:
-            idx = (ctypes.c_int32 * selection)()
+        sel = idx = None
+        if selection is not None:
+            idx = (ctypes.c_int32 * max(selection, 1))()
             sel = _Selection(ctypes.sizeof(_Selection), selection, ctypes.cast(idx, _IP), 0, 0)
         with self._lock:
             self._check(self._lib.kvp_prefill(self._h(), layer, n, ctypes.cast(pa, _IP) if pa is not None else None,
                                               _fp(qa), _fp(ka), _fp(va), _fp(oa),
                                               ctypes.byref(sel) if sel is not None else None))
-        if selection:
+        if sel is not None:
             return out, Selection(bool(sel.selected), list(idx[:min(sel.n, selection)]))
-        return out
+        return out, None
 
     def append(self, layer, k, v, positions=None):
         """Stores tokens without attention (position-based pruning still applies)."""
@@ -529,6 +685,28 @@ class Cache:
                                                       ctypes.byref(n)))
             return list(buf[:n.value])
 
+    def layer_capacity(self, layer):
+        """Token slots of ``layer`` per KV head (kvp_layer_capacity); 0 for a layer the cache lacks."""
+        layer = _index(layer, "layer")
+        with self._lock:
+            return self._lib.kvp_layer_capacity(self._h(), layer)
+
+    def prefill_room(self):
+        """The largest prefill chunk that fits every layer from the current state (kvp_prefill_room):
+        chunk a long prompt by it."""
+        with self._lock:
+            return self._lib.kvp_prefill_room(self._h())
+
+    def layer_stats(self, layer):
+        """kvp_get_layer_stats of ``layer`` as a LayerStats."""
+        layer = _index(layer, "layer")
+        s = _LayerStats()
+        s.struct_size = ctypes.sizeof(_LayerStats)
+        with self._lock:
+            self._check(self._lib.kvp_get_layer_stats(self._h(), layer, ctypes.byref(s)))
+        return LayerStats(s.capacity, s.len, s.live_bytes, s.prune_events, s.tokens_evicted, s.evict_threshold,
+                          s.sparsity, s.lazy)
+
     def stats(self):
         s = _Stats()
         s.struct_size = ctypes.sizeof(_Stats)
@@ -541,7 +719,7 @@ class Cache:
         with self._lock:
             self._check(self._lib.kvp_reset(self._h()))
 
-    @property
     def last_error(self):
+        """Message of the last failed library call on this cache ("" if none)."""
         with self._lock:
             return self._lib.kvp_last_error(self._h()).decode("utf-8", "replace")

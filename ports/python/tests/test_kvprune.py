@@ -210,7 +210,7 @@ class CacheTest(unittest.TestCase):
         self.assertEqual(status(lambda: c.append(0, k, v, positions=[1, 2])), kvprune.ERR_ARG)
         self.assertEqual(status(lambda: c.append(0, [], [])), kvprune.ERR_ARG)
         self.assertEqual(status(lambda: c.decode(5, q, k, v)), kvprune.ERR_LAYER)
-        self.assertTrue(c.last_error)
+        self.assertTrue(c.last_error())
         bad = array.array("f", k)
         bad[3] = float("nan")
         self.assertEqual(status(lambda: c.decode(0, q, bad, v)), kvprune.ERR_NONFINITE)

@@ -134,6 +134,44 @@ pub struct kvp_stats {
 }
 
 #[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct kvp_layer_stats {
+    pub struct_size: u32,
+    pub capacity: u32,
+    pub len: u32,
+    pub live_bytes: u64,
+    pub prune_events: u64,
+    pub tokens_evicted: u64,
+    pub evict_threshold: u32,
+    pub sparsity: f32,
+    pub lazy: i32,
+}
+
+pub type kvp_key_type = u32;
+pub const KVP_KEY_UINT: kvp_key_type = 0;
+pub const KVP_KEY_FLOAT: kvp_key_type = 1;
+pub const KVP_KEY_ENUM: kvp_key_type = 2;
+
+/// `KVP_POLICY_ALL`: kvp_key_info.policies of a key every policy uses.
+pub const KVP_POLICY_ALL: u32 = 0x3ff;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct kvp_key_info {
+    pub struct_size: u32,
+    pub name: *const c_char,
+    pub type_: kvp_key_type,
+    pub min: f64,
+    pub max: f64,
+    pub default_value: f64,
+    pub values: *const c_char,
+    pub default_name: *const c_char,
+    pub policies: u32,
+    pub config_size: u32,
+    pub help: *const c_char,
+}
+
+#[repr(C)]
 #[derive(Debug)]
 pub struct kvp_selection {
     pub struct_size: u32,
@@ -154,6 +192,15 @@ extern "C" {
     pub fn kvp_status_str(s: kvp_status) -> *const c_char;
     pub fn kvp_config_default(cfg: *mut kvp_config, model: *const kvp_model) -> kvp_status;
     pub fn kvp_config_init(cfg: *mut kvp_config, struct_size: u32, model: *const kvp_model) -> kvp_status;
+    pub fn kvp_config_default_ex(cfg: *mut kvp_config, model: *const kvp_model, err: *mut c_char, err_len: usize)
+        -> kvp_status;
+    pub fn kvp_config_init_ex(
+        cfg: *mut kvp_config,
+        struct_size: u32,
+        model: *const kvp_model,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
     pub fn kvp_config_apply(cfg: *mut kvp_config, spec: *const c_char, err: *mut c_char, err_len: usize)
         -> kvp_status;
     pub fn kvp_config_check(cfg: *const kvp_config, err: *mut c_char, err_len: usize) -> kvp_status;
@@ -194,6 +241,12 @@ extern "C" {
     pub fn kvp_layer_len(c: *const kvp_cache, layer: u32) -> u32;
     pub fn kvp_layer_positions(c: *const kvp_cache, layer: u32, kv_head: u32, out: *mut i32, cap: u32, n: *mut u32)
         -> kvp_status;
+    pub fn kvp_layer_capacity(c: *const kvp_cache, layer: u32) -> u32;
+    pub fn kvp_prefill_room(c: *const kvp_cache) -> u32;
     pub fn kvp_get_stats(c: *const kvp_cache, s: *mut kvp_stats) -> kvp_status;
+    pub fn kvp_get_layer_stats(c: *const kvp_cache, layer: u32, s: *mut kvp_layer_stats) -> kvp_status;
     pub fn kvp_last_error(c: *const kvp_cache) -> *const c_char;
+    pub fn kvp_config_key_count() -> u32;
+    pub fn kvp_config_key(index: u32, info: *mut kvp_key_info) -> kvp_status;
+    pub fn kvp_config_key_used(cfg: *const kvp_config, name: *const c_char) -> std::os::raw::c_int;
 }

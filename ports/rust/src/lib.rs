@@ -221,17 +221,18 @@ pub struct Config {
 }
 
 impl Config {
-    /// `kvp_config_init` with this binding's `sizeof(kvp_config)`: the defaults for `model`
-    /// (policy full). A newer library accepts the (smaller) struct of this binding's version.
+    /// `kvp_config_init_ex` with this binding's `sizeof(kvp_config)`: the defaults for `model`
+    /// (policy full). A newer library accepts the (smaller) struct of this binding's version. A
+    /// bad geometry is a [`Status::Config`] error whose message names the field, e.g.
+    /// "model.n_kv_heads=4 must divide model.n_q_heads=6".
     pub fn new(model: &Model) -> Result<Config> {
         let m = model.to_raw();
         let mut raw = ffi::kvp_config::default();
         let size = std::mem::size_of::<ffi::kvp_config>() as u32;
-        let s = unsafe { ffi::kvp_config_init(&mut raw, size, &m) };
-        match Status::from_raw(s) {
-            None => Ok(Config { raw }),
-            Some(status) => Err(Error::new(status, &format!("invalid model geometry {:?}", model))),
-        }
+        let mut buf = [0u8; ERR_LEN];
+        let s = unsafe { ffi::kvp_config_init_ex(&mut raw, size, &m, buf.as_mut_ptr() as *mut c_char, ERR_LEN) };
+        check_with_buf(s, &buf)?;
+        Ok(Config { raw })
     }
 
     /// Defaults for `model`, then `spec` applied.
@@ -265,6 +266,87 @@ impl Config {
         Model::from_raw(&self.raw.model)
     }
 
+    /// `kvp_config_key_used`: whether key `name` affects a cache of this configuration. An
+    /// unknown key is a [`Status::Config`] error.
+    pub fn key_used(&self, name: &str) -> Result<bool> {
+        let unknown = || Error::new(Status::Config, &format!("unknown key {:?}", name));
+        let cname = CString::new(name).map_err(|_| unknown())?;
+        match unsafe { ffi::kvp_config_key_used(&self.raw, cname.as_ptr()) } {
+            r if r < 0 => Err(unknown()),
+            r => Ok(r != 0),
+        }
+    }
+
+    /// The key table row of `name` and the byte offset of its field in this binding's kvp_config
+    /// (every field after `model` is 32 bits, in key table order: the field ends at config_size).
+    fn field(&self, name: &str) -> Result<(ffi::kvp_key_info, usize)> {
+        let n = unsafe { ffi::kvp_config_key_count() };
+        for i in 0..n {
+            let info = raw_key(i)?;
+            if unsafe { CStr::from_ptr(info.name) }.to_bytes() != name.as_bytes() {
+                continue;
+            }
+            if info.config_size == 0 {
+                return Err(Error::new(
+                    Status::Config,
+                    &format!(
+                        "{} is an apply-only key (kvp_config_apply resolves it into other fields; nothing is stored): use apply(\"{}=...\")",
+                        name, name
+                    ),
+                ));
+            }
+            let size = info.config_size as usize;
+            let first = std::mem::size_of::<u32>() + std::mem::size_of::<ffi::kvp_model>();
+            if size > std::mem::size_of::<ffi::kvp_config>() || size < first + 4 {
+                break; // a key of a newer library than this binding's struct
+            }
+            return Ok((info, size - 4));
+        }
+        Err(Error::new(Status::Config, &format!("unknown key {:?}", name)))
+    }
+
+    /// The field of spec key `name` (uint and enum keys as whole numbers).
+    pub fn get(&self, name: &str) -> Result<f64> {
+        let (info, off) = self.field(name)?;
+        let p = unsafe { (&self.raw as *const ffi::kvp_config as *const u8).add(off) };
+        Ok(if info.type_ == ffi::KVP_KEY_FLOAT {
+            unsafe { *(p as *const f32) as f64 }
+        } else {
+            unsafe { *(p as *const u32) as f64 }
+        })
+    }
+
+    /// Sets the field of spec key `name` directly (no cross-field check: [`Cache::new`] or
+    /// [`Config::check`] does that). The value must be in the key's range from the key table
+    /// (uint: a whole number in min..=max; float: min..=max; enum: a whole number 0..=max, e.g.
+    /// `ffi::KVP_POLICY_H2O as f64`), else a [`Status::Config`] error and the field is unchanged.
+    pub fn set(&mut self, name: &str, value: f64) -> Result<()> {
+        let (info, off) = self.field(name)?;
+        let p = unsafe { (&mut self.raw as *mut ffi::kvp_config as *mut u8).add(off) };
+        if info.type_ == ffi::KVP_KEY_FLOAT {
+            if !(info.min <= value && value <= info.max) {
+                return Err(Error::new(
+                    Status::Config,
+                    &format!("{}={} is out of range ({}..{})", name, value, info.min, info.max),
+                ));
+            }
+            unsafe { *(p as *mut f32) = value as f32 };
+        } else {
+            if value.fract() != 0.0 || !value.is_finite() {
+                return Err(Error::new(Status::Config, &format!("{}={} is not an integer", name, value)));
+            }
+            let lo = if info.type_ == ffi::KVP_KEY_ENUM { 0.0 } else { info.min };
+            if !(lo <= value && value <= info.max) {
+                return Err(Error::new(
+                    Status::Config,
+                    &format!("{}={} is out of range ({}..{})", name, value, lo, info.max),
+                ));
+            }
+            unsafe { *(p as *mut u32) = value as u32 };
+        }
+        Ok(())
+    }
+
     /// The plain C struct (read its fields directly).
     pub fn raw(&self) -> &ffi::kvp_config {
         &self.raw
@@ -274,6 +356,94 @@ impl Config {
     pub fn raw_mut(&mut self) -> &mut ffi::kvp_config {
         &mut self.raw
     }
+}
+
+/// Value type of a configuration key (`kvp_key_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyType {
+    Uint,
+    Float,
+    Enum,
+}
+
+/// One row of the library's key table (`kvp_config_key`); `key_type` is the C field `type`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeyInfo {
+    pub name: String,
+    pub key_type: KeyType,
+    pub min: f64,
+    pub max: f64,
+    pub default_value: f64,
+    /// Enum keys: the accepted names, `|`-separated ("avg|max"); None for numbers.
+    pub values: Option<String>,
+    /// Enum keys: the name of the default; None for numbers.
+    pub default_name: Option<String>,
+    /// Bit `1 << policy` set for each policy that uses the key.
+    pub policies: u32,
+    /// Smallest kvp_config struct_size that holds the field.
+    pub config_size: u32,
+    pub help: String,
+}
+
+fn raw_key(index: u32) -> Result<ffi::kvp_key_info> {
+    let mut k = ffi::kvp_key_info {
+        struct_size: std::mem::size_of::<ffi::kvp_key_info>() as u32,
+        name: ptr::null(),
+        type_: 0,
+        min: 0.0,
+        max: 0.0,
+        default_value: 0.0,
+        values: ptr::null(),
+        default_name: ptr::null(),
+        policies: 0,
+        config_size: 0,
+        help: ptr::null(),
+    };
+    match Status::from_raw(unsafe { ffi::kvp_config_key(index, &mut k) }) {
+        None => Ok(k),
+        Some(status) => Err(Error::new(status, &format!("kvp_config_key({}) failed", index))),
+    }
+}
+
+/// The library's configuration keys (`kvp_config_key_count` / `kvp_config_key`), in field order.
+pub fn config_keys() -> Result<Vec<KeyInfo>> {
+    let n = unsafe { ffi::kvp_config_key_count() };
+    let opt = |p: *const c_char| if p.is_null() { None } else { Some(unsafe { cstr(p) }) };
+    (0..n)
+        .map(|i| {
+            let k = raw_key(i)?;
+            Ok(KeyInfo {
+                name: unsafe { cstr(k.name) },
+                key_type: match k.type_ {
+                    ffi::KVP_KEY_FLOAT => KeyType::Float,
+                    ffi::KVP_KEY_ENUM => KeyType::Enum,
+                    _ => KeyType::Uint,
+                },
+                min: k.min,
+                max: k.max,
+                default_value: k.default_value,
+                values: opt(k.values),
+                default_name: opt(k.default_name),
+                policies: k.policies,
+                config_size: k.config_size,
+                help: unsafe { cstr(k.help) },
+            })
+        })
+        .collect()
+}
+
+/// Figures of one layer (`kvp_layer_stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerStats {
+    pub capacity: u32,
+    pub len: u32,
+    pub live_bytes: u64,
+    pub prune_events: u64,
+    pub tokens_evicted: u64,
+    pub evict_threshold: u32,
+    pub sparsity: f32,
+    /// SimLayerKV: 1 lazy (trimmed to sinks + window), 0 not lazy; -1 undecided or another policy.
+    pub lazy: i32,
 }
 
 /// Counters of a cache (`kvp_stats`).
@@ -536,6 +706,35 @@ impl Cache {
             tokens_seen: s.tokens_seen,
             prune_events: s.prune_events,
             tokens_evicted: s.tokens_evicted,
+        })
+    }
+
+    /// Token slots of `layer` per KV head (`kvp_layer_capacity`); 0 for a layer the cache lacks.
+    pub fn layer_capacity(&self, layer: u32) -> u32 {
+        unsafe { ffi::kvp_layer_capacity(self.handle.as_ptr(), layer) }
+    }
+
+    /// The largest prefill chunk that fits every layer from the current state
+    /// (`kvp_prefill_room`): chunk a long prompt by it.
+    pub fn prefill_room(&self) -> u32 {
+        unsafe { ffi::kvp_prefill_room(self.handle.as_ptr()) }
+    }
+
+    /// `kvp_get_layer_stats` of `layer`.
+    pub fn layer_stats(&self, layer: u32) -> Result<LayerStats> {
+        let mut s =
+            ffi::kvp_layer_stats { struct_size: std::mem::size_of::<ffi::kvp_layer_stats>() as u32, ..Default::default() };
+        let st = unsafe { ffi::kvp_get_layer_stats(self.handle.as_ptr(), layer, &mut s) };
+        self.check(st)?;
+        Ok(LayerStats {
+            capacity: s.capacity,
+            len: s.len,
+            live_bytes: s.live_bytes,
+            prune_events: s.prune_events,
+            tokens_evicted: s.tokens_evicted,
+            evict_threshold: s.evict_threshold,
+            sparsity: s.sparsity,
+            lazy: s.lazy,
         })
     }
 
