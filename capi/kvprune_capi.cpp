@@ -8,6 +8,7 @@
 #include "arena.h"
 #include "cache.h"
 #include "config.h"
+#include "draft.h"
 #include "kvprune/kvprune.h"
 #include "msg.h"
 
@@ -179,7 +180,7 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     }
     if (n == 0) { m.s("n_tokens must be >= 1"); return KVP_ERR_ARG; }
     if (!k || !v) { m.s("k and v must not be NULL"); return KVP_ERR_ARG; }
-    const int64_t next = c->layers[layer].next_pos;
+    const int64_t next = kvp::draft_next_pos(c, layer);  // draft tokens included (draft.h)
     if (positions) {
         for (uint32_t i = 0; i < n; ++i) {
             const int64_t prev = i ? int64_t(positions[i - 1]) : next - 1;
@@ -211,6 +212,7 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     if (q && (st = check_finite(c, "q", q, nq, m)) != KVP_OK) return st;
     if ((st = check_finite(c, "k", k, nkv, m)) != KVP_OK) return st;
     if ((st = check_finite(c, "v", v, nkv, m)) != KVP_OK) return st;
+    if (kvp::draft_open(c)) return kvp::draft_check(c, layer, n, q, m);  // draft.h
     if ((st = kvp::cache_room_check(c, layer, n, prefill && q, m)) != KVP_OK) return st;  // q: read (see kvp_prefill)
     return KVP_OK;
 }
@@ -394,8 +396,13 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
                                                                           c->layers[layer].geom.lp.obs_extra ||
                                                                           c->layers[layer].geom.lp.staged_prefill)));
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, reads_q ? q : nullptr, k, v, out, true, m);
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, kvp::draft_open(c) || reads_q ? q : nullptr, k, v, out, true, m);
     if (st != KVP_OK) return fail(c, st, m);
+    if (kvp::draft_open(c)) {  // a draft call: appends and attends only (draft.h)
+        if (sel) { sel->n = 0; sel->selected = 0; }
+        kvp::draft_step(c, layer, n_tokens, positions, q, k, v, out, false);
+        return KVP_OK;
+    }
     // A call that may make a selection (asl) needs room for it before anything changes.
     const kvp::Policy &pol = *c->policy;
     const uint32_t need = pol.selection_size ? pol.selection_size(c, layer, n_tokens, q != nullptr) : 0;
@@ -432,6 +439,10 @@ kvp_status kvp_decode(kvp_cache *h, uint32_t layer, const float *q, const float 
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
     kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, out, false, m);
     if (st != KVP_OK) return fail(c, st, m);
+    if (kvp::draft_open(c)) {  // draft.h
+        kvp::draft_step(c, layer, 1, nullptr, q, k, v, out, true);
+        return KVP_OK;
+    }
     kvp::cache_step(c, layer, 1, nullptr, q, k, v, out, kvp::StepMode::kDecode);
     return KVP_OK;
 }
@@ -443,6 +454,7 @@ kvp_status kvp_append(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int
     kvp_cache *c = g.get();
     char buf[192];
     Msg m(buf, sizeof buf);
+    if (kvp::draft_open(c)) { m.s("a draft is open: kvp_append is refused until kvp_draft_commit (draft with kvp_prefill)"); return fail(c, KVP_ERR_STATE, m); }
     kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, nullptr, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, nullptr, k, v, nullptr, kvp::StepMode::kAppend);
@@ -574,6 +586,29 @@ int kvp_config_key_used(const kvp_config *cfg, const char *name) {
     kvp_config full;
     if (!name || kvp::config_load(cfg, &full, m) != KVP_OK) return -1;
     return kvp::config_key_used(full, name);
+}
+
+}  // extern "C"
+
+// ---- speculative decoding (issue 21, src/draft.h) ----
+extern "C" {
+
+kvp_status kvp_draft_begin(kvp_cache *h) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char buf[192];
+    Msg m(buf, sizeof buf);
+    const kvp_status st = kvp::draft_begin(g.get(), m);
+    return st == KVP_OK ? st : fail(g.get(), st, m);
+}
+
+kvp_status kvp_draft_commit(kvp_cache *h, uint32_t accepted) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char buf[192];
+    Msg m(buf, sizeof buf);
+    const kvp_status st = kvp::draft_commit(g.get(), accepted, m);
+    return st == KVP_OK ? st : fail(g.get(), st, m);
 }
 
 }  // extern "C"

@@ -8,6 +8,7 @@
 
 #include "attention.h"
 #include "config.h"
+#include "draft.h"
 #include "kernels/score_fixed.h"
 
 #if !defined(KVP_NO_HEAP)
@@ -695,6 +696,7 @@ void cache_reset(kvp_cache *c) {
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
     c->live_bytes = c->peak_bytes = 0;
     if (c->policy->reset) c->policy->reset(c);
+    draft_reset(c);
 }
 
 namespace {

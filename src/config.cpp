@@ -118,6 +118,8 @@ constexpr Key kKeys[] = {
             "tokens per quantization group and per full-precision residual (kv_dtype f16/q8/q4, ThinK); the storage block then"),
     KVP_U32(lazy_force, 0, 0, 4294967295.0, P(SIMLAYERKV),
             "benchmarks/tests: 0 = decide laziness by attention; else bit l makes layer l lazy, the others not (random-layer baseline; n_layers <= 32)"),
+    KVP_U32(max_draft, 0, 0, kMaxDraft, kAll,
+            "speculative decoding: draft tokens in flight per layer between kvp_draft_begin and kvp_draft_commit; 0 = no drafts"),
 };
 
 #undef KVP_U32

@@ -225,6 +225,9 @@ typedef struct kvp_config {
                                     attention; else bit l makes layer l lazy and every other layer not
                                     lazy at the same decision points (the paper's random-layer
                                     baseline; needs n_layers <= 32) */
+    /* appended in 0.2 (issue 21): speculative decoding */
+    uint32_t max_draft;          /* max_draft=N: draft tokens in flight per layer between kvp_draft_begin and
+                                    kvp_draft_commit (the arena reserves their rows); 0 (default) = no drafts */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -474,6 +477,39 @@ kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_sta
  * have no cache: see kvp_create_ex.
  */
 const char *kvp_last_error(const kvp_cache *c);
+
+/* ---- Speculative decoding: draft tokens that can be taken back (issue 21) ---- */
+
+/**
+ * Opens a draft (speculative decoding). Until kvp_draft_commit, kvp_prefill and kvp_decode on
+ * any layer only append draft tokens and attend: each call's queries attend causally over what
+ * the layer keeps plus the layer's draft tokens so far (the verification pass), and nothing is
+ * pruned, scored or observed: the kept state (tokens, scores, policy state, counters) does not
+ * change. A layer takes at most `max_draft` draft tokens in all; positions continue after the
+ * layer's drafts (positions as in kvp_prefill; kvp_layer_len counts kept tokens only). kvp_prefill
+ * needs q while a draft is open (the commit replays the accepted tokens with it), and refuses a
+ * call whose tokens the layer could not take as one prefill at commit (KVP_ERR_FULL), or that
+ * may make an ASL selection (KVP_ERR_UNSUPPORTED); kvp_append is refused (KVP_ERR_STATE).
+ * Returns KVP_ERR_ARG/KVP_ERR_STATE for a handle that is not a live cache (as kvp_reset),
+ * KVP_ERR_CONFIG when the cache was created with max_draft=0, KVP_ERR_STATE when a draft is
+ * already open. On failure nothing changes. kvp_reset closes an open draft (its tokens dropped).
+ */
+kvp_status kvp_draft_begin(kvp_cache *c);
+
+/**
+ * Closes the draft: keeps the first `accepted` draft tokens of every layer and drops the rest,
+ * leaving the cache in exactly the state one kvp_prefill per layer of those `accepted` tokens
+ * (the same q, k, v and positions; nothing when accepted is 0) would have left it in from the
+ * state at kvp_draft_begin: the same kept tokens, scores, policy state and counters. Costs the
+ * dropped rows (none are copied) plus that prefill without its outputs (appends, and the
+ * observation of policies that observe the prompt).
+ * Returns KVP_ERR_ARG/KVP_ERR_STATE for a handle that is not a live cache, KVP_ERR_STATE when
+ * no draft is open, KVP_ERR_ARG when `accepted` exceeds the draft tokens of some layer (the
+ * message names the layer; layers may hold more than `accepted`, never fewer), KVP_ERR_FULL when a
+ * shared pool (total_capacity) cannot take the accepted tokens in every layer in turn. On
+ * failure nothing changes and the draft stays open (commit fewer tokens, or 0).
+ */
+kvp_status kvp_draft_commit(kvp_cache *c, uint32_t accepted);
 
 /* ---- Configuration keys: the library's own table (names, types, defaults, ranges, policies) ---- */
 

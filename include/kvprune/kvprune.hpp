@@ -94,6 +94,9 @@ public:
         return kvp_append(handle_, layer, n, pos, k, v);
     }
     kvp_status reset() { return kvp_reset(handle_); }
+    // Speculative decoding (kvp_draft_begin / kvp_draft_commit).
+    kvp_status draft_begin() { return kvp_draft_begin(handle_); }
+    kvp_status draft_commit(uint32_t accepted) { return kvp_draft_commit(handle_, accepted); }
     uint32_t layer_len(uint32_t layer) const { return kvp_layer_len(handle_, layer); }
     kvp_status stats(kvp_stats *s) const {
         s->struct_size = sizeof *s;
