@@ -9,6 +9,7 @@
 #include "cache.h"
 #include "config.h"
 #include "draft.h"
+#include "state.h"
 #include "kvprune/kvprune.h"
 #include "msg.h"
 
@@ -608,6 +609,37 @@ kvp_status kvp_draft_commit(kvp_cache *h, uint32_t accepted) {
     char buf[192];
     Msg m(buf, sizeof buf);
     const kvp_status st = kvp::draft_commit(g.get(), accepted, m);
+    return st == KVP_OK ? st : fail(g.get(), st, m);
+}
+
+}  // extern "C"
+
+// ---- state save/load (issue 21, src/state.h) ----
+extern "C" {
+
+size_t kvp_state_size(const kvp_cache *h) {
+    Guard g(h);
+    if (!g.ok()) return 0;
+    return kvp::state_size(g.get());
+}
+
+kvp_status kvp_state_save(const kvp_cache *h, void *buf, size_t size, size_t *written) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char b[192];
+    Msg m(b, sizeof b);
+    if (!buf) { m.s("buf must not be NULL"); return fail_const(g.get(), KVP_ERR_ARG, m); }
+    const kvp_status st = kvp::state_save(g.get(), buf, size, written, m);
+    return st == KVP_OK ? st : fail_const(g.get(), st, m);
+}
+
+kvp_status kvp_state_load(kvp_cache *h, const void *buf, size_t size) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char b[256];
+    Msg m(b, sizeof b);
+    if (!buf) { m.s("buf must not be NULL"); return fail(g.get(), KVP_ERR_ARG, m); }
+    const kvp_status st = kvp::state_load(g.get(), buf, size, m);
     return st == KVP_OK ? st : fail(g.get(), st, m);
 }
 

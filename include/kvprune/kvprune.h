@@ -511,6 +511,39 @@ kvp_status kvp_draft_begin(kvp_cache *c);
  */
 kvp_status kvp_draft_commit(kvp_cache *c, uint32_t accepted);
 
+/* ---- State save/load (issue 21) ---- */
+
+/**
+ * Bytes kvp_state_save writes for the cache's current state: the blocks in use (whole blocks of
+ * K/V rows and their metadata), per-layer and per-pool bookkeeping and the policy's state, not
+ * the arena. 0 for NULL, a handle that is not a live cache, or a busy cache.
+ */
+size_t kvp_state_size(const kvp_cache *c);
+
+/**
+ * Writes the cache's whole state into caller memory buf[0..size) (no allocation): a versioned,
+ * checksummed, little-endian format, the same bytes on x86-64, aarch64 and armhf, that
+ * kvp_state_load reads into a cache of the same configuration (thread count aside), which then
+ * continues bit-identically to this one. *written (when not NULL) receives the state's size.
+ * Returns KVP_ERR_ARG for NULL c/buf or a handle that is not a live cache (KVP_ERR_STATE for a
+ * destroyed or busy one), KVP_ERR_BUFFER when size < kvp_state_size (*written is set to the size
+ * needed, buf is untouched), KVP_ERR_STATE while a draft is open, KVP_ERR_UNSUPPORTED on a
+ * big-endian host. The cache is never changed.
+ */
+kvp_status kvp_state_save(const kvp_cache *c, void *buf, size_t size, size_t *written);
+
+/**
+ * Replaces the cache's state with a state kvp_state_save wrote (a new sequence of the same
+ * configuration; whatever the cache held is dropped). Everything is checked before anything
+ * changes: KVP_ERR_ARG for NULL c/buf, a buffer that is not a state (magic), whose size is not
+ * the state's (truncated, or trailing bytes), whose checksum does not match (corrupted) or whose
+ * contents are inconsistent; KVP_ERR_UNSUPPORTED for a state format or kvp_config layout this
+ * library cannot read (the message names the writer's version); KVP_ERR_CONFIG for a state saved
+ * from another configuration, geometry or kv_dtype (the message names the first differing key;
+ * `threads` may differ); KVP_ERR_STATE while a draft is open. On failure the cache is unchanged.
+ */
+kvp_status kvp_state_load(kvp_cache *c, const void *buf, size_t size);
+
 /* ---- Configuration keys: the library's own table (names, types, defaults, ranges, policies) ---- */
 
 /** Value type of a configuration key. */
