@@ -30,6 +30,52 @@ uint64_t get_le(const uint8_t *p, uint32_t n) {
     return v;
 }
 
+// The format's checksum, streamed: eight independent 64-bit lanes over 64-byte stripes, each
+// word folded in as lane = rotl((lane ^ w) * P1, 29) (a bijection of the lane for a fixed word, so
+// any change confined to one word always changes the result), the lanes then mixed with the
+// length and the tail bytes. One multiply per 8 bytes in eight independent chains runs at memory
+// speed, and a save feeds it each piece right after writing it (still in cache): the checksum
+// costs no second pass over the state.
+struct Hasher {
+    static constexpr uint64_t P1 = 0x9e3779b185ebca87ull, P2 = 0xc2b2ae3d27d4eb4full, P3 = 0x165667b19e3779f9ull;
+    uint64_t v[8] = {P1, P2, P3, P1 ^ P2, P2 ^ P3, P1 ^ P3, P1 + P2, P2 + P3};
+    uint64_t n = 0;
+    uint8_t tail[64];
+    uint32_t nt = 0;
+    static uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+    void stripe(const uint8_t *p) {
+        uint64_t w[8];
+        memcpy(w, p, 64);
+        for (int i = 0; i < 8; ++i) v[i] = rotl((v[i] ^ w[i]) * P1, 29);
+    }
+    void update(const void *data, size_t len) {
+        const uint8_t *p = static_cast<const uint8_t *>(data);
+        n += len;
+        if (nt) {
+            const size_t k = len < 64 - nt ? len : 64 - nt;
+            memcpy(tail + nt, p, k);
+            nt += uint32_t(k);
+            p += k;
+            len -= k;
+            if (nt < 64) return;
+            stripe(tail);
+            nt = 0;
+        }
+        for (; len >= 64; p += 64, len -= 64) stripe(p);
+        memcpy(tail, p, len);
+        nt = uint32_t(len);
+    }
+    uint64_t final() const {
+        uint64_t h = n * P3;
+        for (int i = 0; i < 8; ++i) h = rotl(h ^ (v[i] * P2), 27) * P1;
+        for (uint32_t i = 0; i < nt; ++i) h = rotl(h ^ (uint64_t(tail[i]) * P3), 11) * P1;
+        h ^= h >> 33;
+        h *= P2;
+        h ^= h >> 29;
+        return h;
+    }
+};
+
 // The archive: sizes (no buffer), writes, checks a buffer without touching the cache (dry), or
 // loads it. Scalars go through locals (value-by-reference): written from them, read into them.
 struct Ar {
@@ -39,6 +85,7 @@ struct Ar {
     size_t pos = 0, end = 0;     // read bound (kCheck / kLoad)
     bool ok = true;
     Msg *m = nullptr;
+    Hasher *hash = nullptr;      // kWrite: fed every piece as it is written
 
     bool reading() const { return mode == kCheck || mode == kLoad; }
     bool loading() const { return mode == kLoad; }
@@ -59,7 +106,10 @@ struct Ar {
     }
     void scalar(uint64_t &v, uint32_t n) {
         if (!take(n)) return;
-        if (mode == kWrite) put_le(w + pos, v, n);
+        if (mode == kWrite) {
+            put_le(w + pos, v, n);
+            if (hash) hash->update(w + pos, n);
+        }
         else if (reading()) v = get_le(r + pos, n);
         pos += n;
     }
@@ -83,8 +133,10 @@ struct Ar {
     // n bytes of fixed-width little-endian data (the host is little-endian: state_save refuses others).
     void bytes(void *p, size_t n) {
         if (!take(n)) return;
-        if (mode == kWrite) memcpy(w + pos, p, n);
-        else if (mode == kLoad) memcpy(p, r + pos, n);
+        if (mode == kWrite) {
+            memcpy(w + pos, p, n);
+            if (hash) hash->update(w + pos, n);
+        } else if (mode == kLoad) memcpy(p, r + pos, n);
         pos += n;
     }
 };
@@ -272,29 +324,9 @@ void visit(kvp_cache *c, Ar &ar) {
 }  // namespace
 
 uint64_t state_checksum(const void *data, size_t n) {
-    // Four independent 64-bit lanes over 32-byte stripes (multiply-rotate rounds), merged with
-    // the length and the tail: fast enough to run at memory speed, and any single flipped bit
-    // changes it.
-    constexpr uint64_t P1 = 0x9e3779b185ebca87ull, P2 = 0xc2b2ae3d27d4eb4full, P3 = 0x165667b19e3779f9ull;
-    auto rotl = [](uint64_t x, int r) { return (x << r) | (x >> (64 - r)); };
-    auto round = [&](uint64_t acc, uint64_t w) { return rotl(acc + w * P2, 31) * P1; };
-    const uint8_t *p = static_cast<const uint8_t *>(data);
-    uint64_t a = P1 + P2, b = P2, c = 0, d = 0 - P1;
-    size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        uint64_t w[4];
-        memcpy(w, p + i, 32);
-        a = round(a, w[0]);
-        b = round(b, w[1]);
-        c = round(c, w[2]);
-        d = round(d, w[3]);
-    }
-    uint64_t h = rotl(a, 1) + rotl(b, 7) + rotl(c, 12) + rotl(d, 18) + uint64_t(n);
-    for (; i < n; ++i) h = rotl(h ^ (uint64_t(p[i]) * P3), 11) * P1;
-    h ^= h >> 33;
-    h *= P2;
-    h ^= h >> 29;
-    return h;
+    Hasher h;
+    h.update(data, n);
+    return h.final();
 }
 
 size_t state_size(const kvp_cache *c) {
@@ -331,11 +363,14 @@ kvp_status state_save(const kvp_cache *c, void *buf, size_t size, size_t *writte
         memcpy(&w, reinterpret_cast<const char *>(&c->cfg) + 4 + 4 * size_t(i), 4);
         put_le(o + kHeaderFixed + 4 * size_t(i), w, 4);
     }
+    Hasher hash;
+    hash.update(o + 32, kHeaderFixed - 32 + size_t(kConfigWords) * 4);
     Ar ar{Ar::kWrite};
     ar.w = o;
+    ar.hash = &hash;
     ar.pos = kHeaderFixed + size_t(kConfigWords) * 4;
     visit(const_cast<kvp_cache *>(c), ar);
-    put_le(o + 24, state_checksum(o + 32, need - 32), 8);
+    put_le(o + 24, hash.final(), 8);
     return KVP_OK;
 }
 
