@@ -484,6 +484,8 @@ kvp_positions config_positions(const kvp_config &c) {
     return policy_of(c).default_positions;
 }
 
+kvp_status check_engine_rules(const kvp_config &c, Msg &m);  // issue 21 (end of this file)
+
 kvp_status config_check(const kvp_config &c, Msg &m) {
     if (c.struct_size != sizeof(kvp_config)) {  // internal: callers pass a config_load()ed copy
         m.s("cfg->struct_size=").u(c.struct_size).s(", expected ").u(sizeof(kvp_config)).s(": use kvp_config_default");
@@ -508,6 +510,7 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
             .s(" (or 4294967295 = floor(n_layers/3))");
         return KVP_ERR_CONFIG;
     }
+    if ((st = check_engine_rules(c, m)) != KVP_OK) return st;  // issue 21 (end of this file)
     const Policy &pol = policy_of(c);
     if (pol.check && (st = pol.check(c, m)) != KVP_OK) return st;
     for (uint32_t l = 0; l < c.model.n_layers; ++l) {
@@ -572,6 +575,20 @@ int config_key_used(const kvp_config &c, const char *name) {
         if (tp < KVP_POLICY_THINK && ((k->policies >> tp) & 1u)) return 1;
     }
     return 0;
+}
+
+// ---- issue 21: rules for engines ----
+
+// Pre-rotated inputs: with rope=none the caller rotates q and k itself, so the library cannot
+// re-rotate a kept key to a new position; positions=realign would silently realign nothing.
+kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
+    if (c.model.rope == KVP_ROPE_NONE && c.positions == KVP_POS_REALIGN) {
+        m.s("positions=realign needs the library to rotate keys, but rope=none (q and k arrive pre-rotated or "
+            "without RoPE): kvprune cannot re-rotate keys it did not rotate; use positions=original, or give the "
+            "RoPE parameters (rope, rope_dim, rope_theta) and pass q/k before RoPE");
+        return KVP_ERR_CONFIG;
+    }
+    return KVP_OK;
 }
 
 }  // namespace kvp
