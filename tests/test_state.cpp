@@ -94,8 +94,9 @@ struct Feeder {
         for (uint32_t l = 0; l < m.n_layers; ++l)
             ASSERT_EQ(kvp_prefill(c, l, P, nullptr, q.data(), k.data(), v.data(), out.data(), &sel), KVP_OK) << kvp_last_error(c);
     }
-    // Decodes on both caches (b may be NULL) and returns whether every output matched bit for bit.
-    void decodes(kvp_cache *a, kvp_cache *b, uint32_t steps, const std::string &where) {
+    // Decodes on both caches (b may be NULL); every output must match bit for bit (tol < 0) or
+    // within tol.
+    void decodes(kvp_cache *a, kvp_cache *b, uint32_t steps, const std::string &where, float tol = -1.0f) {
         std::vector<float> ob(size_t(m.n_q_heads) * m.head_dim);
         for (uint32_t s = 0; s < steps; ++s) {
             gen(1);
@@ -103,7 +104,11 @@ struct Feeder {
                 ASSERT_EQ(kvp_decode(a, l, q.data(), k.data(), v.data(), out.data()), KVP_OK) << kvp_last_error(a);
                 if (!b) continue;
                 ASSERT_EQ(kvp_decode(b, l, q.data(), k.data(), v.data(), ob.data()), KVP_OK) << kvp_last_error(b);
-                ASSERT_EQ(memcmp(out.data(), ob.data(), ob.size() * sizeof(float)), 0) << where << " step " << s << " layer " << l;
+                if (tol < 0) {
+                    ASSERT_EQ(memcmp(out.data(), ob.data(), ob.size() * sizeof(float)), 0) << where << " step " << s << " layer " << l;
+                } else {
+                    for (size_t i = 0; i < ob.size(); ++i) ASSERT_NEAR(out[i], ob[i], tol) << where << " step " << s;
+                }
             }
         }
     }
@@ -129,6 +134,29 @@ void expect_same(const kvp_cache *a, const kvp_cache *b, const std::string &wher
         EXPECT_EQ(memcmp(&la, &lb, sizeof la), 0) << where << " layer stats " << l;
     }
     EXPECT_EQ(internals(a), internals(b)) << where;
+}
+
+// Kept positions per layer/head and the integer counters (not the float fields).
+void expect_same_structure(const kvp_cache *a, const kvp_cache *b, const std::string &where) {
+    const kvp_model &m = a->cfg.model;
+    for (uint32_t l = 0; l < m.n_layers; ++l)
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+            std::vector<int32_t> pa(4096), pb(4096);
+            uint32_t na = 0, nb = 0;
+            ASSERT_EQ(kvp_layer_positions(a, l, h, pa.data(), 4096, &na), KVP_OK);
+            ASSERT_EQ(kvp_layer_positions(b, l, h, pb.data(), 4096, &nb), KVP_OK);
+            pa.resize(na);
+            pb.resize(nb);
+            EXPECT_EQ(pa, pb) << where << " layer " << l << " head " << h;
+        }
+    kvp_stats sa, sb;
+    sa.struct_size = sb.struct_size = sizeof sa;
+    ASSERT_EQ(kvp_get_stats(a, &sa), KVP_OK);
+    ASSERT_EQ(kvp_get_stats(b, &sb), KVP_OK);
+    EXPECT_EQ(sa.live_bytes, sb.live_bytes) << where;
+    EXPECT_EQ(sa.tokens_seen, sb.tokens_seen) << where;
+    EXPECT_EQ(sa.prune_events, sb.prune_events) << where;
+    EXPECT_EQ(sa.tokens_evicted, sb.tokens_evicted) << where;
 }
 
 TEST(State, RoundTripContinuesBitForBit) {
@@ -170,7 +198,9 @@ TEST(State, SizeFollowsTheLiveBytes) {
     ref::Cache a(m, "policy=full capacity=4096");
     Feeder f(m, 3);
     size_t empty = kvp_state_size(a.c);
-    f.prompt(a.c, 1000);
+    f.gen(1000);
+    for (uint32_t l = 0; l < m.n_layers; ++l)
+        ASSERT_EQ(kvp_append(a.c, l, 1000, nullptr, f.k.data(), f.v.data()), KVP_OK);
     kvp_stats st;
     st.struct_size = sizeof st;
     ASSERT_EQ(kvp_get_stats(a.c, &st), KVP_OK);
@@ -271,9 +301,12 @@ TEST(State, BadBuffersLeaveTheCacheUnchanged) {
     EXPECT_TRUE(save(b.c) == st);
 }
 
-// Committed states written on x86-64: they load here and continue like the live sequence, and
-// this platform's save of the same sequence is the same bytes (the portability check: CI's cross
-// stage runs this on aarch64 and armhf).
+// Committed states written on x86-64: they load here and continue like the live sequence (the
+// portability check of the format: CI's cross stage runs this on aarch64 and armhf). Where the
+// kernels give x86-64's bits (aarch64: tests/test_hash), this platform's save of the same sequence
+// is the same bytes and the continuation is bit for bit; on armhf (32-bit, SIMDe's portable path,
+// another libm) the computed floats (rotated keys, scores, sparsity) differ in the last bits, so
+// there the kept positions and integer counters must be equal and the outputs within 1e-4.
 struct Portable {
     const char *file, *spec;
 };
@@ -308,12 +341,24 @@ TEST(State, CommittedStatesArePortable) {
         while ((n = fread(buf, 1, sizeof buf, in)) > 0) file.insert(file.end(), buf, buf + n);
         fclose(in);
         ASSERT_EQ(kvp_state_load(loaded.c, file.data(), file.size()), KVP_OK) << p.file << ": " << kvp_last_error(loaded.c);
-        size_t first = 32;  // after the checksum
-        while (first < mine.size() && first < file.size() && mine[first] == file[first]) ++first;
-        EXPECT_TRUE(mine == file) << p.file << " (first difference at byte " << first << " of " << mine.size() << ")" << ": this platform's save differs from the committed x86-64 bytes";
-        expect_same(live.c, loaded.c, p.file);
+#if defined(__x86_64__) || defined(__aarch64__)
+        const bool same_bits = true;
+#else
+        const bool same_bits = false;
+#endif
         Feeder f2(m, 78);
-        f2.decodes(live.c, loaded.c, 30, p.file);
+        if (same_bits) {
+            size_t first = 32;  // after the checksum
+            while (first < mine.size() && first < file.size() && mine[first] == file[first]) ++first;
+            EXPECT_TRUE(mine == file) << p.file << " (first difference at byte " << first << " of " << mine.size()
+                                      << "): this platform's save differs from the committed x86-64 bytes";
+            expect_same(live.c, loaded.c, p.file);
+            f2.decodes(live.c, loaded.c, 30, p.file);
+        } else {
+            expect_same_structure(live.c, loaded.c, p.file);
+            f2.decodes(live.c, loaded.c, 30, p.file, 1e-4f);
+            expect_same_structure(live.c, loaded.c, std::string(p.file) + " continued");
+        }
     }
 }
 
