@@ -120,6 +120,8 @@ constexpr Key kKeys[] = {
             "benchmarks/tests: 0 = decide laziness by attention; else bit l makes layer l lazy, the others not (random-layer baseline; n_layers <= 32)"),
     KVP_U32(max_draft, 0, 0, kMaxDraft, kAll,
             "speculative decoding: draft tokens in flight per layer between kvp_draft_begin and kvp_draft_commit; 0 = no drafts"),
+    KVP_F32(attn_scale, 0.0, 0.0, 1.0, kAll,
+            "attention logit scale: logits = q.k * attn_scale (Gemma: 1/sqrt(query_pre_attn_scalar)); 0 = 1/sqrt(head_dim)"),
 };
 
 #undef KVP_U32

@@ -13,6 +13,8 @@ constexpr char kMagic8[8] = {'K', 'V', 'P', 'S', 'T', 'A', 'T', 'E'};
 constexpr size_t kHeaderFixed = 40;
 constexpr uint32_t kConfigWords = uint32_t((sizeof(kvp_config) - sizeof(uint32_t)) / sizeof(uint32_t));
 static_assert(sizeof(kvp_config) % sizeof(uint32_t) == 0, "kvp_config is made of 32-bit fields");
+// The first kvp_config a state was written with (up to max_draft, issue 21): fewer words are not a state.
+constexpr uint32_t kConfigFirstWords = uint32_t(offsetof(kvp_config, max_draft) / sizeof(uint32_t));
 
 bool host_little_endian() {
     const uint32_t x = 1;
@@ -428,11 +430,39 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
         m.s("the state's checksum does not match (corrupted)");
         return KVP_ERR_ARG;
     }
+    // A state from a library whose kvp_config had fewer fields (keys are appended, never moved) is
+    // read with those fields at their defaults; one with more fields comes from a newer library.
     const uint32_t words = uint32_t(get_le(in + 32, 4));
-    if (words != kConfigWords || size < kHeaderFixed + size_t(words) * 4) {
-        m.s("the state's kvp_config has ").u(words).s(" fields after struct_size; this library's has ").u(kConfigWords)
-            .s(" (a state from another library version)");
+    if (words > kConfigWords || words < kConfigFirstWords || size < kHeaderFixed + size_t(words) * 4) {
+        m.s("the state's kvp_config has ").u(words).s(" fields after struct_size; this library reads ").u(kConfigFirstWords)
+            .s("..").u(kConfigWords).s(" (a state from a newer library version, or not a state)");
         return KVP_ERR_UNSUPPORTED;
+    }
+    for (uint32_t i = words; i < kConfigWords; ++i) {
+        const size_t off = 4 + 4 * size_t(i);
+        kvp_key_info k;
+        k.struct_size = sizeof k;
+        bool is_default = true;
+        for (uint32_t j = 0; j < config_key_count(); ++j) {
+            if (!config_key_info(j, &k) || k.config_size - 4 != off) continue;
+            const char *field = reinterpret_cast<const char *>(&c->cfg) + off;
+            if (k.type == KVP_KEY_FLOAT) {
+                float f;
+                memcpy(&f, field, 4);
+                is_default = double(f) == double(float(k.default_value));
+            } else {
+                uint32_t u;
+                memcpy(&u, field, 4);
+                is_default = double(u) == k.default_value;
+            }
+            break;
+        }
+        if (!is_default) {
+            m.s("the state predates key ");
+            config_word_name(off, m);
+            m.s(", which this cache sets to a value other than its default");
+            return KVP_ERR_CONFIG;
+        }
     }
     const size_t threads_off = offsetof(kvp_config, threads) - 4;
     for (uint32_t i = 0; i < words; ++i) {

@@ -228,6 +228,8 @@ typedef struct kvp_config {
     /* appended in 0.2 (issue 21): speculative decoding */
     uint32_t max_draft;          /* max_draft=N: draft tokens in flight per layer between kvp_draft_begin and
                                     kvp_draft_commit (the arena reserves their rows); 0 (default) = no drafts */
+    float    attn_scale;         /* attn_scale=x: the logit scale q.k * x (Gemma: 1/sqrt(query_pre_attn_scalar));
+                                    0 (default) = 1/sqrt(head_dim) */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
