@@ -122,6 +122,7 @@ constexpr Key kKeys[] = {
             "speculative decoding: draft tokens in flight per layer between kvp_draft_begin and kvp_draft_commit; 0 = no drafts"),
     KVP_F32(attn_scale, 0.0, 0.0, 1.0, kAll,
             "attention logit scale: logits = q.k * attn_scale (Gemma: 1/sqrt(query_pre_attn_scalar)); 0 = 1/sqrt(head_dim)"),
+    KVP_F32(logit_softcap, 0.0, 0.0, 1e6, kAll, "attention logit soft-capping: logits = c * tanh(logits / c) (Gemma 2: 50); 0 = off"),
 };
 
 #undef KVP_U32
@@ -589,6 +590,10 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
             "without RoPE): kvprune cannot re-rotate keys it did not rotate; use positions=original, or give the "
             "RoPE parameters (rope, rope_dim, rope_theta) and pass q/k before RoPE");
         return KVP_ERR_CONFIG;
+    }
+    if (c.logit_softcap > 0.0f && c.score == KVP_SCORE_FIXED) {
+        m.s("logit_softcap is not implemented for score=fixed (fixed-point scores have no tanh); use score=float");
+        return KVP_ERR_UNSUPPORTED;
     }
     return KVP_OK;
 }

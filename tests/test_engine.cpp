@@ -54,7 +54,7 @@ TEST(Engine, PreRotatedInputsRefuseRealign) {
 }
 
 // Double reference: attention of token t's query heads over tokens 0..t with logit scale `scale`.
-std::vector<double> reference(const kvp_model &m, const ref::Inputs &in, uint32_t t, double scale) {
+std::vector<double> reference(const kvp_model &m, const ref::Inputs &in, uint32_t t, double scale, double cap = 0) {
     const uint32_t hd = m.head_dim, G = m.n_q_heads / m.n_kv_heads;
     std::vector<double> out(size_t(m.n_q_heads) * hd, 0.0);
     for (uint32_t h = 0; h < m.n_q_heads; ++h) {
@@ -69,6 +69,7 @@ std::vector<double> reference(const kvp_model &m, const ref::Inputs &in, uint32_
             double d = 0;
             for (uint32_t i = 0; i < hd; ++i) d += qr[i] * kk[i];
             lg[j] = d * scale;
+            if (cap > 0) lg[j] = cap * tanh(lg[j] / cap);
             mx = std::max(mx, lg[j]);
         }
         double sum = 0;
@@ -136,6 +137,55 @@ TEST(Engine, AttnScaleFormattedAndFixed) {
         EXPECT_LT(worst, strstr(spec, "q8") || strstr(spec, "q4") ? 2e-2 : 1e-4) << spec;
         (void)x;
     }
+}
+
+// logit_softcap: c * tanh(logit / c) before the softmax, in every kernel variant (prefill and
+// decode) and with formatted storage, against the double reference; score=fixed refuses it.
+TEST(Engine, LogitSoftcapInEveryKernelVariant) {
+    const kvp_model m = ref::model(1, 8, 2, 64, KVP_ROPE_NEOX);
+    const uint32_t T = 300;
+    ref::Inputs in(m, T, 23, 3.0f);  // large logits: the cap matters
+    const double cap = 5.0, scale = 1.0 / 8.0;
+    struct Case {
+        const char *kern, *dtype;
+        double tol;
+    };
+    const Case cases[] = {{"scalar", "f32", 2e-5}, {"simde", "f32", 2e-5}, {"avx2", "f32", 2e-5}, {"avx512", "f32", 2e-5},
+                          {nullptr, "f16", 3e-3},  {nullptr, "q8", 3e-2}};
+    for (const Case &cs : cases) {
+        if (cs.kern) setenv("KVP_KERNEL", cs.kern, 1);
+        ref::Cache c(m, std::string("policy=full capacity=320 logit_softcap=5 quant_group=16 kv_dtype=") + cs.dtype);
+        ASSERT_TRUE(c.c);
+        std::vector<float> out(size_t(m.n_q_heads) * m.head_dim), pre(size_t(40) * m.n_q_heads * m.head_dim);
+        ASSERT_EQ(kvp_prefill(c.c, 0, 40, nullptr, in.qt(0), in.kt(0), in.vt(0), pre.data(), nullptr), KVP_OK);
+        double worst = 0, apart = 0;
+        for (uint32_t t = 0; t < 40; t += 3) {
+            const std::vector<double> r = reference(m, in, t, scale, cap);
+            for (size_t i = 0; i < r.size(); ++i) worst = std::max(worst, fabs(r[i] - pre[size_t(t) * r.size() + i]));
+        }
+        for (uint32_t t = 40; t < T; ++t) {
+            ASSERT_EQ(kvp_decode(c.c, 0, in.qt(t), in.kt(t), in.vt(t), out.data()), KVP_OK);
+            if (t % 41 && t != T - 1) continue;
+            const std::vector<double> r = reference(m, in, t, scale, cap), u = reference(m, in, t, scale);
+            for (size_t i = 0; i < r.size(); ++i) {
+                worst = std::max(worst, fabs(r[i] - out[i]));
+                apart = std::max(apart, fabs(u[i] - out[i]));
+            }
+        }
+        EXPECT_LT(worst, cs.tol) << (cs.kern ? cs.kern : "") << " " << cs.dtype;
+        EXPECT_GT(apart, 1e-2) << "the cap changes the outputs";
+        unsetenv("KVP_KERNEL");
+    }
+    // an observing policy runs with it; fixed-point scores refuse it
+    ref::Cache h(m, "policy=h2o budget=64 recent=8 capacity=80 logit_softcap=5");
+    ASSERT_TRUE(h.c);
+    std::vector<float> o(size_t(T) * m.n_q_heads * m.head_dim);
+    ASSERT_EQ(kvp_prefill(h.c, 0, 70, nullptr, in.qt(0), in.kt(0), in.vt(0), o.data(), nullptr), KVP_OK);
+    kvp_config cfg;
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    char err[256];
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=h2o logit_softcap=50 score=fixed", err, sizeof err), KVP_ERR_UNSUPPORTED);
+    EXPECT_NE(strstr(err, "score=fixed"), nullptr) << err;
 }
 
 }  // namespace

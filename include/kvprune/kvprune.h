@@ -230,6 +230,8 @@ typedef struct kvp_config {
                                     kvp_draft_commit (the arena reserves their rows); 0 (default) = no drafts */
     float    attn_scale;         /* attn_scale=x: the logit scale q.k * x (Gemma: 1/sqrt(query_pre_attn_scalar));
                                     0 (default) = 1/sqrt(head_dim) */
+    float    logit_softcap;      /* logit_softcap=c: logits become c * tanh(logit / c) before the softmax (Gemma 2's
+                                    attention soft-capping); 0 (default) = off */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
