@@ -239,9 +239,11 @@ void visit(kvp_cache *c, Ar &ar) {
                 ar.require(bid < p.nblocks, "a store's block table names a block beyond the pool");
                 if (ar.loading()) slot = bid;
             }
+            uint32_t pconv = 0;  // formatted: pinned tokens converted (the buffer's value when reading)
             if (fp) {  // formatted store: conversion state, channel lists
                 FmtStore &fs = fmt_store(*c->fmt, real);
-                uint32_t selected = fs.selected, pconv = fs.pconv;
+                uint32_t selected = fs.selected;
+                pconv = fs.pconv;
                 uint64_t baa = fs.bytes_after_append;
                 ar.u(selected);
                 ar.u(pconv);
@@ -257,7 +259,6 @@ void visit(kvp_cache *c, Ar &ar) {
             // metadata; formatted storage: converted slots' rows and scales, converted blocks'
             // key grids, the residual tokens' side rows.
             const uint32_t hd = md.head_dim;
-            const uint32_t pconv = fp ? fmt_store(*c->fmt, real).pconv : 0;
             const uint32_t vend = hs.roff + hs.count, vres = vend - hs.nres;
             auto rows = [&](float *base, uint32_t s0, uint32_t n) {  // n rows at slot s0 (row stride p.stride)
                 if (hd == p.stride) ar.bytes(base + size_t(s0) * p.stride, size_t(n) * hd * sizeof(float));

@@ -23,6 +23,8 @@ const char *const kSpecs[] = {
     "policy=full capacity=200",
     "policy=window window=40 capacity=48",
     "policy=streaming sinks=4 window=40 compress_every=4 slack=6 max_drop=3 capacity=60",
+    // sinks filling a quantization group: converted pinned tokens (pconv > 0), loaded into a fresh cache too
+    "policy=streaming sinks=16 window=40 compress_every=4 capacity=80",
     "policy=h2o budget=48 recent=8 capacity=64",
     "policy=h2o budget=48 recent=8 capacity=64 total_capacity=100 score=fixed",
     "policy=snapkv budget=40 obs_window=8 capacity=60 recent=4 prefill_stage=64",
