@@ -1,6 +1,8 @@
 // State save/load (issue 21): the whole mutable state of a cache into caller memory and back.
 //
 // Format (version 1, little-endian throughout, independent of pointer size and struct layout):
+// One layout on every target (a state moves between x86-64, aarch64 and armhf); the values in it
+// are what this platform's kernels computed.
 //   0  "KVPSTATE"                8 bytes
 //   8  u32 format version (1)   12  u32 library version (kvp_version of the writer)
 //  16  u64 total bytes          24  u64 checksum of bytes [32, total) (state.cpp checksum64)

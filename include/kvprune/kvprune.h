@@ -526,9 +526,10 @@ size_t kvp_state_size(const kvp_cache *c);
 
 /**
  * Writes the cache's whole state into caller memory buf[0..size) (no allocation): a versioned,
- * checksummed, little-endian format, the same bytes on x86-64, aarch64 and armhf, that
- * kvp_state_load reads into a cache of the same configuration (thread count aside), which then
- * continues bit-identically to this one. *written (when not NULL) receives the state's size.
+ * checksummed, little-endian format with one layout on x86-64, aarch64 and armhf (a state
+ * written on one loads on the others), that kvp_state_load reads into a cache of the same
+ * configuration (thread count aside), which then continues bit-identically to this one on the
+ * same platform and kernel variant (across platforms the kernels may round differently). *written (when not NULL) receives the state's size.
  * Returns KVP_ERR_ARG for NULL c/buf or a handle that is not a live cache (KVP_ERR_STATE for a
  * destroyed or busy one), KVP_ERR_BUFFER when size < kvp_state_size (*written is set to the size
  * needed, buf is untouched), KVP_ERR_STATE while a draft is open, KVP_ERR_UNSUPPORTED on a
