@@ -8,6 +8,8 @@
 #include "arena.h"
 #include "cache.h"
 #include "config.h"
+#include "draft.h"
+#include "state.h"
 #include "kvprune/kvprune.h"
 #include "msg.h"
 
@@ -180,10 +182,12 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     if (n == 0) { m.s("n_tokens must be >= 1"); return KVP_ERR_ARG; }
     if (!k || !v) { m.s("k and v must not be NULL"); return KVP_ERR_ARG; }
     // The room first: a chunk that cannot fit is refused before any of the caller's n tokens of
-    // positions, q, k or v are read (n may be far larger than the buffers, e.g. 0x7fffffff).
-    kvp_status st = kvp::cache_room_check(c, layer, n, prefill && q, m);  // q: read (see kvp_prefill)
+    // positions, q, k or v are read (n may be far larger than the buffers, e.g. 0x7fffffff). With a
+    // draft open the room is the draft area's and the commit's (draft.h).
+    kvp_status st = kvp::draft_open(c) ? kvp::draft_check(c, layer, n, q, m)
+                                       : kvp::cache_room_check(c, layer, n, prefill && q, m);  // q: read (see kvp_prefill)
     if (st != KVP_OK) return st;
-    const int64_t next = c->layers[layer].next_pos;
+    const int64_t next = kvp::draft_next_pos(c, layer);  // draft tokens included (draft.h)
     if (positions) {
         for (uint32_t i = 0; i < n; ++i) {
             const int64_t prev = i ? int64_t(positions[i - 1]) : next - 1;
@@ -405,8 +409,13 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
                                                                           c->layers[layer].geom.lp.obs_extra ||
                                                                           c->layers[layer].geom.lp.staged_prefill)));
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, reads_q ? q : nullptr, k, v, out, true, m);
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, kvp::draft_open(c) || reads_q ? q : nullptr, k, v, out, true, m);
     if (st != KVP_OK) return fail(c, st, m);
+    if (kvp::draft_open(c)) {  // a draft call: appends and attends only (draft.h)
+        if (sel) { sel->n = 0; sel->selected = 0; }
+        kvp::draft_step(c, layer, n_tokens, positions, q, k, v, out, false);
+        return KVP_OK;
+    }
     // A call that may make a selection (asl) needs room for it before anything changes.
     const kvp::Policy &pol = *c->policy;
     const uint32_t need = pol.selection_size ? pol.selection_size(c, layer, n_tokens, q != nullptr) : 0;
@@ -443,6 +452,10 @@ kvp_status kvp_decode(kvp_cache *h, uint32_t layer, const float *q, const float 
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
     kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, out, false, m);
     if (st != KVP_OK) return fail(c, st, m);
+    if (kvp::draft_open(c)) {  // draft.h
+        kvp::draft_step(c, layer, 1, nullptr, q, k, v, out, true);
+        return KVP_OK;
+    }
     kvp::cache_step(c, layer, 1, nullptr, q, k, v, out, kvp::StepMode::kDecode);
     return KVP_OK;
 }
@@ -454,6 +467,7 @@ kvp_status kvp_append(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int
     kvp_cache *c = g.get();
     char buf[256];
     Msg m(buf, sizeof buf);
+    if (kvp::draft_open(c)) { m.s("a draft is open: kvp_append is refused until kvp_draft_commit (draft with kvp_prefill)"); return fail(c, KVP_ERR_STATE, m); }
     kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, nullptr, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, nullptr, k, v, nullptr, kvp::StepMode::kAppend);
@@ -585,6 +599,60 @@ int kvp_config_key_used(const kvp_config *cfg, const char *name) {
     kvp_config full;
     if (!name || kvp::config_load(cfg, &full, m) != KVP_OK) return -1;
     return kvp::config_key_used(full, name);
+}
+
+}  // extern "C"
+
+// ---- speculative decoding (issue 21, src/draft.h) ----
+extern "C" {
+
+kvp_status kvp_draft_begin(kvp_cache *h) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char buf[192];
+    Msg m(buf, sizeof buf);
+    const kvp_status st = kvp::draft_begin(g.get(), m);
+    return st == KVP_OK ? st : fail(g.get(), st, m);
+}
+
+kvp_status kvp_draft_commit(kvp_cache *h, uint32_t accepted) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char buf[192];
+    Msg m(buf, sizeof buf);
+    const kvp_status st = kvp::draft_commit(g.get(), accepted, m);
+    return st == KVP_OK ? st : fail(g.get(), st, m);
+}
+
+}  // extern "C"
+
+// ---- state save/load (issue 21, src/state.h) ----
+extern "C" {
+
+size_t kvp_state_size(const kvp_cache *h) {
+    Guard g(h);
+    if (!g.ok()) return 0;
+    return kvp::state_size(g.get());
+}
+
+kvp_status kvp_state_save(const kvp_cache *h, void *buf, size_t size, size_t *written) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char b[192];
+    Msg m(b, sizeof b);
+    if (!buf) { m.s("buf must not be NULL"); return fail_const(g.get(), KVP_ERR_ARG, m); }
+    const kvp_status st = kvp::state_save(g.get(), buf, size, written, m);
+    return st == KVP_OK ? st : fail_const(g.get(), st, m);
+}
+
+kvp_status kvp_state_load(kvp_cache *h, const void *buf, size_t size) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char b[256];
+    Msg m(b, sizeof b);
+    if (!buf) { m.s("buf must not be NULL"); return fail(g.get(), KVP_ERR_ARG, m); }
+    const kvp_status st = kvp::state_load(g.get(), buf, size, m);
+    return st == KVP_OK ? st : fail(g.get(), st, m);
 }
 
 }  // extern "C"

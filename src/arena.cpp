@@ -66,6 +66,10 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (b > pol_scratch) pol_scratch = b;
     }
     if (staged) max_runs += 1;  // the staged tokens' run
+    // Draft tokens (draft.h): their run(s) after the store's (a pinned part and a body part).
+    const uint32_t draft = cfg.max_draft;
+    if (draft) max_runs += 2;
+    const uint32_t extra_keys = p->stage > draft ? p->stage : draft;  // never both in one call
     const bool fixed = cfg.score == KVP_SCORE_FIXED && any_scoring;  // position-based policies score nothing
     p->kq_stride = fixed ? uint32_t(align_up(m.head_dim, kAlign / sizeof(int16_t))) : 0;
     p->sum_cap = sum_cap;
@@ -82,7 +86,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     if (nblocks * cfg.block > 0xffffffffu) { if (why) *why = "a pool needs more than 2^32-1 slots per KV head"; return false; }
     if (p->shared && nblocks && sum_blocks > UINT64_MAX / nblocks) { if (why) *why = "the pool's home ranges overflow"; return false; }
     p->nblocks = uint32_t(nblocks);
-    p->logit_ld = uint32_t(z.al16(uint64_t(max_cap) + p->stage));
+    p->logit_ld = uint32_t(z.al16(uint64_t(max_cap) + extra_keys));
     FmtPlan fp;
     if (!fmt_plan(cfg, p->stride, p->block, p->nblocks, max_cap, max_pin, kTileTokens * G, p->stage, &fp)) z.ok = false;
     if (fp.on) max_runs += 8;  // runs also split where the rows are (store_fmt.h)
@@ -130,7 +134,9 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->threads_bytes = z.al(pool_bytes(cfg.threads));
     off = z.add(off, p->threads_bytes);
 
-    const size_t slots = z.add(z.mul(p->nblocks, p->block), p->stage);
+    // The last `draft` slots of a pool hold the rows of one layer's draft tokens during a draft
+    // call (draft.h), after the staging slots.
+    const size_t slots = z.add(z.add(z.mul(p->nblocks, p->block), p->stage), draft);
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));
     p->data_v = rows;
     p->data_pos = fp.on ? fp.end : z.mul(rows, 2);
@@ -151,6 +157,14 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_pstate = off;
     off = z.add(off, z.al(p->pstate_bytes));
 
+    // Draft region (arena.h draft_offset): the header, per layer the draft tokens' positions and
+    // q/k/v as given, then (formatted storage) the draft rows of one layer's KV heads.
+    if (draft) {
+        size_t bytes = z.add(draft_header_bytes(cfg), z.mul(draft_layer_bytes(cfg, z), L));
+        if (fp.on) bytes = z.add(bytes, z.mul(z.mul(2, H), z.al(z.mul(z.mul(draft, p->stride), sizeof(float)))));
+        off = z.add(off, bytes);
+    }
+
     p->off_memos = off;
     off = z.add(off, z.al(z.mul(sizeof(RopeMemo), cfg.threads)));
 
@@ -158,7 +172,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     const size_t ld = p->logit_ld, st = p->stride, TR = size_t(kTileTokens) * G;
     p->memo_floats = rope_memo_floats(pairs);
     p->granule = decode_granule(p->stride);
-    p->max_chunks = decode_chunk_count(*p, max_cap);  // decode reads at most a layer's capacity
+    p->max_chunks = decode_chunk_count(*p, max_cap + draft);  // decode reads at most a layer's capacity (+ drafts)
     p->part_floats = z.add(z.al16(z.mul(3, G)), z.mul(G, st));
     const size_t dec = z.mul(G, ld);  // the group's logits; partials and query rows follow
     size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), 2 * z.al16(TR));

@@ -16,11 +16,15 @@
 //     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch, and with a
 //      staged policy f32 staging K/V rows [stage][stride] each, instead of K, V)
 //     score=fixed: kq [slots][kq_stride] i16, kexp [slots] i16
-//     (the last `stage` slots are the prompt staging area of staged policies, policy.h)
+//     (then `stage` slots: the prompt staging area of staged policies, policy.h; then `max_draft`
+//      slots: one layer's draft rows during a draft call, draft.h)
 //   [RoPE tables of a call's positions: 1 or 2 ranges of min(max_cap, kRopeCallTables)]   (rope.h;
 //                                                        none where the realign tables above exist)
 //   [ThreadPool + thread handles]                       threads > 1 with thread support only
 //   [policy state region]  Policy::state_bytes (layer-level policies: asl), if any
+//   [draft region]  max_draft > 0 only (draft.h, draft_offset): open flag and drafted counts [L], per
+//                   layer positions, q, k, v of its draft tokens; formatted storage: draft K/V rows
+//                   [H][2][max_draft][stride]
 //   RopeMemo x threads
 //   scratch x threads:   RoPE tables | runs | attention work floats | decode partials (per
 //                        split-K chunk) | decode query rows | policy scratch | fixed-point work |
@@ -133,6 +137,19 @@ struct ArenaPlan {
     size_t off_fmt, scr_fmt;
     size_t total;
 };
+
+// The draft region (draft.h; max_draft > 0 only) follows the policy state region: derived, so the
+// plan (part of the cache object) does not grow. Per layer: positions [D] i32, q [D][n_q_heads*hd],
+// k and v [D][n_kv_heads*hd] f32, each part 64-aligned, after a header of the open flag and the
+// layers' draft counts (u32 x (1 + n_layers)).
+inline size_t draft_offset(const ArenaPlan &p) { return p.off_pstate + align_up(p.pstate_bytes, kAlign); }
+inline size_t draft_header_bytes(const kvp_config &cfg) { return align_up(sizeof(uint32_t) * (size_t(cfg.model.n_layers) + 1), kAlign); }
+inline size_t draft_layer_bytes(const kvp_config &cfg, Sz &z) {
+    const size_t D = cfg.max_draft, nq = size_t(cfg.model.n_q_heads) * cfg.model.head_dim,
+                 nkv = size_t(cfg.model.n_kv_heads) * cfg.model.head_dim;
+    return z.add(z.add(z.al(z.mul(D, sizeof(int32_t))), z.al(z.mul(z.mul(D, nq), sizeof(float)))),
+                 z.mul(2, z.al(z.mul(z.mul(D, nkv), sizeof(float)))));
+}
 
 // Plans the arena of a config that passed the range and policy checks; false when a size
 // overflows size_t (or the pool is smaller than the layers' reservations: *why is set then).

@@ -6,6 +6,18 @@
 #include "kernels/score_fixed.h"
 
 namespace kvp {
+
+// logit_softcap (issue 21): logits x of `rows` rows of n keys (row stride ld) become
+// c * tanh(x / c), right after their qk and before any mask, on every path and kernel variant
+// (one scalar pass: the same bits whichever variant computed the logits). Off when c == 0.
+static void softcap(const kvp_cache *c, float *lg, uint32_t rows, uint32_t n, size_t ld) {
+    const float cap = c->cfg.logit_softcap;
+    if (!(cap > 0.0f)) return;
+    for (uint32_t r = 0; r < rows; ++r) {
+        float *x = lg + r * ld;
+        for (uint32_t j = 0; j < n; ++j) x[j] = cap * tanhf(x[j] / cap);
+    }
+}
 namespace {
 
 constexpr size_t kR16 = kAlign / sizeof(float);
@@ -132,6 +144,7 @@ void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, in
         }
         if (a.fmt) fmt_qk(a, run, s0, s1, qr, st, G, logits + s0, ld);
         else K.qk(qr, st, G, a.pool->k_row(slot_at(run, s0)), st, s1 - s0, hd, c->scale, logits + s0, ld);
+        softcap(c, logits + s0, G, s1 - s0, ld);
     }
     for (uint32_t g = 0; g < G; ++g) {
         float *row = logits + g * ld + j0;
@@ -248,6 +261,7 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const
                 rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
                 if (a.fmt) fmt_qk(a, run, j0, j1, qt, st, rows, lg + (j0 - kb0), KB);
                 else K.qk(qt, st, rows, a.pool->k_row(slot_at(run, j0)), st, j1 - j0, hd, c->scale, lg + (j0 - kb0), KB);
+                softcap(c, lg + (j0 - kb0), rows, j1 - j0, KB);
             }
             if (kb1 - 1 > first_q) {  // causal mask: key j visible to query token t iff j <= L0+i0+t
                 for (uint32_t t = 0; t < tq; ++t) {
@@ -322,6 +336,7 @@ const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, co
             rotate_tile(a, qp, q, tok_stride, i0, tq, run.delta, &cur, qt);
             if (a.fmt) fmt_qk(a, run, run.logical, j1, qt, st, rows, lgf + run.logical, ld);
             else K.qk(qt, st, rows, a.pool->k_row(run.slot), st, j1 - run.logical, hd, c->scale, lgf + run.logical, ld);
+            softcap(c, lgf + run.logical, rows, j1 - run.logical, ld);
         }
         for (uint32_t t = 0; t < tq; ++t) {
             for (uint32_t g = 0; g < G; ++g) {

@@ -8,6 +8,7 @@
 
 #include "attention.h"
 #include "config.h"
+#include "draft.h"
 #include "kernels/score_fixed.h"
 
 #if !defined(KVP_NO_HEAP)
@@ -529,7 +530,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     c->group = m.n_q_heads / m.n_kv_heads;
 
     c->positions = config_positions(cfg);
-    c->scale = float(1.0 / sqrt(double(m.head_dim)));
+    c->scale = cfg.attn_scale > 0.0f ? cfg.attn_scale : float(1.0 / sqrt(double(m.head_dim)));  // issue 21: attn_scale
     c->kern = kern::attn_f32_best();
     c->skern = kern::score_f32_best();
     c->vkern = kern::vec_f32_best();
@@ -543,7 +544,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         double *ff = reinterpret_cast<double *>(base + plan.off_fixed_freqs);
         fixed::rope_freqs(m.rope_theta, c->rope.pairs, ff);
         c->fixed_freqs = ff;
-        c->fixed_K = fixed::logit_scale(m.head_dim);
+        c->fixed_K = cfg.attn_scale > 0.0f ? fixed::logit_scale_of(cfg.attn_scale) : fixed::logit_scale(m.head_dim);
         int16_t *ft = reinterpret_cast<int16_t *>(base + plan.off_fixed_rope);
         for (uint32_t pos = 0; pos < plan.fixed_rope_n; ++pos)
             fixed::rope_table(ff, c->rope.pairs, pos, ft + size_t(pos) * 2 * c->rope.pairs);
@@ -695,6 +696,7 @@ void cache_reset(kvp_cache *c) {
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
     c->live_bytes = c->peak_bytes = 0;
     if (c->policy->reset) c->policy->reset(c);
+    draft_reset(c);
 }
 
 namespace {

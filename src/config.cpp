@@ -125,6 +125,11 @@ constexpr Key kKeys[] = {
             "tokens per quantization group and per full-precision residual (kv_dtype f16/q8/q4, ThinK); the storage block then"),
     KVP_U32(lazy_force, 0, 0, 4294967295.0, P(SIMLAYERKV),
             "benchmarks/tests: 0 = decide laziness by attention; else bit l makes layer l lazy, the others not (random-layer baseline; n_layers <= 32)"),
+    KVP_U32(max_draft, 0, 0, kMaxDraft, kAll,
+            "speculative decoding: draft tokens in flight per layer between kvp_draft_begin and kvp_draft_commit; 0 = no drafts"),
+    KVP_F32(attn_scale, 0.0, 0.0, 1.0, kAll,
+            "attention logit scale: logits = q.k * attn_scale (Gemma: 1/sqrt(query_pre_attn_scalar)); 0 = 1/sqrt(head_dim)"),
+    KVP_F32(logit_softcap, 0.0, 0.0, 1e6, kAll, "attention logit soft-capping: logits = c * tanh(logits / c) (Gemma 2: 50); 0 = off"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -711,6 +716,8 @@ kvp_positions config_positions(const kvp_config &c) {
     return policy_of(c).default_positions;
 }
 
+kvp_status check_engine_rules(const kvp_config &c, Msg &m);  // issue 21 (end of this file)
+
 kvp_status config_check(const kvp_config &c, Msg &m) {
     if (c.struct_size != sizeof(kvp_config)) {  // internal: callers pass a config_load()ed copy
         m.s("cfg->struct_size=").u(c.struct_size).s(", expected ").u(sizeof(kvp_config)).s(": use kvp_config_default");
@@ -735,6 +742,7 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
             .s(" (or 4294967295 = floor(n_layers/3))");
         return KVP_ERR_CONFIG;
     }
+    if ((st = check_engine_rules(c, m)) != KVP_OK) return st;  // issue 21 (end of this file)
     const Policy &pol = policy_of(c);
     if (pol.check && (st = pol.check(c, m)) != KVP_OK) return st;
     for (uint32_t l = 0; l < c.model.n_layers; ++l) {
@@ -799,6 +807,24 @@ int config_key_used(const kvp_config &c, const char *name) {
         if (tp < KVP_POLICY_THINK && ((k->policies >> tp) & 1u)) return 1;
     }
     return 0;
+}
+
+// ---- issue 21: rules for engines ----
+
+// Pre-rotated inputs: with rope=none the caller rotates q and k itself, so the library cannot
+// re-rotate a kept key to a new position; positions=realign would silently realign nothing.
+kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
+    if (c.model.rope == KVP_ROPE_NONE && c.positions == KVP_POS_REALIGN) {
+        m.s("positions=realign needs the library to rotate keys, but rope=none (q and k arrive pre-rotated or "
+            "without RoPE): kvprune cannot re-rotate keys it did not rotate; use positions=original, or give the "
+            "RoPE parameters (rope, rope_dim, rope_theta) and pass q/k before RoPE");
+        return KVP_ERR_CONFIG;
+    }
+    if (c.logit_softcap > 0.0f && c.score == KVP_SCORE_FIXED) {
+        m.s("logit_softcap is not implemented for score=fixed (fixed-point scores have no tanh); use score=float");
+        return KVP_ERR_UNSUPPORTED;
+    }
+    return KVP_OK;
 }
 
 }  // namespace kvp

@@ -49,5 +49,6 @@ constexpr uint32_t kMaxThreads = 256;
 constexpr uint32_t kMaxCapacity = 1u << 28;
 constexpr uint32_t kFullDefaultCapacity = 2048;
 constexpr uint32_t kMaxBlock = 4096;
+constexpr uint32_t kMaxDraft = 4096;  // max_draft (issue 21)
 
 }  // namespace kvp

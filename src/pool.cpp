@@ -42,7 +42,7 @@ void BlockPool::reset() {
         held[l] = 0;
         deficit += min_blocks[l];
     }
-    for (uint32_t b = 0; b < nblocks; ++b) dead[b] = 0;
+    for (uint32_t b = 0; b < nblocks; ++b) dead[b] = bseq[b] = 0;  // bseq too: a saved state (state.h) is a function of the calls
     nfree = nblocks;
 }
 

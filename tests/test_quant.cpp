@@ -139,6 +139,7 @@ TEST(QuantStore, ThinkAttentionEqualsAttentionOverStoredValues) {
                                 ref::model(1, 2, 1, 24, KVP_ROPE_NONE)};
     for (const kvp_model &m : models) {
         for (const PolicyCase &pc : kPolicies) {
+            if (m.rope == KVP_ROPE_NONE && strstr(pc.keys, "positions=realign")) continue;  // refused (issue 21)
             for (const char *dt : {"f32", "f16", "q8", "q4"}) {
                 const std::string keys = std::string(pc.keys).replace(0, 7, "token_policy=");
                 const std::string spec = "policy=think " + keys + " kv_dtype=" + dt +

@@ -235,6 +235,13 @@ typedef struct kvp_config {
                                     attention; else bit l makes layer l lazy and every other layer not
                                     lazy at the same decision points (the paper's random-layer
                                     baseline; needs n_layers <= 32) */
+    /* appended in 0.2 (issue 21): speculative decoding */
+    uint32_t max_draft;          /* max_draft=N: draft tokens in flight per layer between kvp_draft_begin and
+                                    kvp_draft_commit (the arena reserves their rows); 0 (default) = no drafts */
+    float    attn_scale;         /* attn_scale=x: the logit scale q.k * x (Gemma: 1/sqrt(query_pre_attn_scalar));
+                                    0 (default) = 1/sqrt(head_dim) */
+    float    logit_softcap;      /* logit_softcap=c: logits become c * tanh(logit / c) before the softmax (Gemma 2's
+                                    attention soft-capping); 0 (default) = off */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -521,6 +528,73 @@ kvp_status kvp_get_layer_stats(const kvp_cache *c, uint32_t layer, kvp_layer_sta
  * have no cache: see kvp_create_ex.
  */
 const char *kvp_last_error(const kvp_cache *c);
+
+/* ---- Speculative decoding: draft tokens that can be taken back (issue 21) ---- */
+
+/**
+ * Opens a draft (speculative decoding). Until kvp_draft_commit, kvp_prefill and kvp_decode on
+ * any layer only append draft tokens and attend: each call's queries attend causally over what
+ * the layer keeps plus the layer's draft tokens so far (the verification pass), and nothing is
+ * pruned, scored or observed: the kept state (tokens, scores, policy state, counters) does not
+ * change. A layer takes at most `max_draft` draft tokens in all; positions continue after the
+ * layer's drafts (positions as in kvp_prefill; kvp_layer_len counts kept tokens only). kvp_prefill
+ * needs q while a draft is open (the commit replays the accepted tokens with it), and refuses a
+ * call whose tokens the layer could not take as one prefill at commit (KVP_ERR_FULL), or that
+ * may make an ASL selection (KVP_ERR_UNSUPPORTED); kvp_append is refused (KVP_ERR_STATE).
+ * Returns KVP_ERR_ARG/KVP_ERR_STATE for a handle that is not a live cache (as kvp_reset),
+ * KVP_ERR_CONFIG when the cache was created with max_draft=0, KVP_ERR_STATE when a draft is
+ * already open. On failure nothing changes. kvp_reset closes an open draft (its tokens dropped).
+ */
+kvp_status kvp_draft_begin(kvp_cache *c);
+
+/**
+ * Closes the draft: keeps the first `accepted` draft tokens of every layer and drops the rest,
+ * leaving the cache in exactly the state one kvp_prefill per layer of those `accepted` tokens
+ * (the same q, k, v and positions; nothing when accepted is 0) would have left it in from the
+ * state at kvp_draft_begin: the same kept tokens, scores, policy state and counters. Costs the
+ * dropped rows (none are copied) plus that prefill without its outputs (appends, and the
+ * observation of policies that observe the prompt).
+ * Returns KVP_ERR_ARG/KVP_ERR_STATE for a handle that is not a live cache, KVP_ERR_STATE when
+ * no draft is open, KVP_ERR_ARG when `accepted` exceeds the draft tokens of some layer (the
+ * message names the layer; layers may hold more than `accepted`, never fewer), KVP_ERR_FULL when a
+ * shared pool (total_capacity) cannot take the accepted tokens in every layer in turn. On
+ * failure nothing changes and the draft stays open (commit fewer tokens, or 0).
+ */
+kvp_status kvp_draft_commit(kvp_cache *c, uint32_t accepted);
+
+/* ---- State save/load (issue 21) ---- */
+
+/**
+ * Bytes kvp_state_save writes for the cache's current state: the blocks in use (whole blocks of
+ * K/V rows and their metadata), per-layer and per-pool bookkeeping and the policy's state, not
+ * the arena. 0 for NULL, a handle that is not a live cache, or a busy cache.
+ */
+size_t kvp_state_size(const kvp_cache *c);
+
+/**
+ * Writes the cache's whole state into caller memory buf[0..size) (no allocation): a versioned,
+ * checksummed, little-endian format with one layout on x86-64, aarch64 and armhf (a state
+ * written on one loads on the others), that kvp_state_load reads into a cache of the same
+ * configuration (thread count aside), which then continues bit-identically to this one on the
+ * same platform and kernel variant (across platforms the kernels may round differently). *written (when not NULL) receives the state's size.
+ * Returns KVP_ERR_ARG for NULL c/buf or a handle that is not a live cache (KVP_ERR_STATE for a
+ * destroyed or busy one), KVP_ERR_BUFFER when size < kvp_state_size (*written is set to the size
+ * needed, buf is untouched), KVP_ERR_STATE while a draft is open, KVP_ERR_UNSUPPORTED on a
+ * big-endian host. The cache is never changed.
+ */
+kvp_status kvp_state_save(const kvp_cache *c, void *buf, size_t size, size_t *written);
+
+/**
+ * Replaces the cache's state with a state kvp_state_save wrote (a new sequence of the same
+ * configuration; whatever the cache held is dropped). Everything is checked before anything
+ * changes: KVP_ERR_ARG for NULL c/buf, a buffer that is not a state (magic), whose size is not
+ * the state's (truncated, or trailing bytes), whose checksum does not match (corrupted) or whose
+ * contents are inconsistent; KVP_ERR_UNSUPPORTED for a state format or kvp_config layout this
+ * library cannot read (the message names the writer's version); KVP_ERR_CONFIG for a state saved
+ * from another configuration, geometry or kv_dtype (the message names the first differing key;
+ * `threads` may differ); KVP_ERR_STATE while a draft is open. On failure the cache is unchanged.
+ */
+kvp_status kvp_state_load(kvp_cache *c, const void *buf, size_t size);
 
 /* ---- Configuration keys: the library's own table (names, types, defaults, ranges, policies) ---- */
 

@@ -94,6 +94,15 @@ public:
         return kvp_append(handle_, layer, n, pos, k, v);
     }
     kvp_status reset() { return kvp_reset(handle_); }
+    // Speculative decoding (kvp_draft_begin / kvp_draft_commit).
+    kvp_status draft_begin() { return kvp_draft_begin(handle_); }
+    kvp_status draft_commit(uint32_t accepted) { return kvp_draft_commit(handle_, accepted); }
+    // State save/load (kvp_state_size / kvp_state_save / kvp_state_load), caller memory.
+    size_t state_size() const { return kvp_state_size(handle_); }
+    kvp_status state_save(void *buf, size_t size, size_t *written = nullptr) const {
+        return kvp_state_save(handle_, buf, size, written);
+    }
+    kvp_status state_load(const void *buf, size_t size) { return kvp_state_load(handle_, buf, size); }
     uint32_t layer_len(uint32_t layer) const { return kvp_layer_len(handle_, layer); }
     kvp_status stats(kvp_stats *s) const {
         s->struct_size = sizeof *s;

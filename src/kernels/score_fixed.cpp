@@ -184,6 +184,7 @@ void rotate(kvp_rope_style style, uint32_t pairs, const int16_t *cs, const int16
 
 
 int64_t logit_scale(uint32_t hd) { return int64_t(floor(1048576.0 * kLog2e / sqrt(double(hd)) + 0.5)); }
+int64_t logit_scale_of(float s) { return int64_t(floor(1048576.0 * kLog2e * double(s) + 0.5)); }
 
 
 

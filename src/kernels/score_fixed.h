@@ -64,6 +64,8 @@ inline int64_t dot(const int16_t *a, const int16_t *b, uint32_t hd) {
 }
 // K = round(2^20 * log2(e) / sqrt(hd)).
 int64_t logit_scale(uint32_t hd);
+// The same for a given logit scale s in (0, 1] (attn_scale): round(2^20 * log2(e) * s) < 2^21.
+int64_t logit_scale_of(float s);
 // floor(x / 2^k) for k in [0, 62], without the implementation-defined shift of negative values.
 inline int64_t floor_shr(int64_t x, int k) { return x >= 0 ? x >> k : ~((~x) >> k); }
 // y = d * K * 2^(e - 4), floored, saturated to +-kLogitMax (e = e_q + e_k).

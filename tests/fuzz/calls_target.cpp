@@ -508,13 +508,85 @@ struct Sequence {
                            (unsigned long long)s.tokens_seen, (unsigned long long)seen0);
                 break;
             }
+            case 5: draft_call(); break;
             default: room_call(); break;
         }
+    }
+
+    // Speculative decoding (kvp_draft_begin/commit, max_draft=kMaxDraft): bad-order calls change
+    // nothing; draft prefills/decodes change nothing kept; after a commit of `acc` tokens the cache
+    // equals the twin after a prefill of those tokens per layer.
+    static constexpr uint32_t kMaxDraft = 4;
+    void draft_call() {
+        const uint32_t L = m.n_layers;
+        const View before = observe(a, m, "before a draft");
+        auto unchanged = [&](kvp_status st, kvp_status want, const char *what) {
+            KVPF_CHECK(st == want, "%s: status %d, want %d (%s)", what, int(st), int(want), kvp_last_error(a));
+            const char *e = kvp_last_error(a), *s0 = kvp_status_str(st);
+            KVPF_CHECK(strncmp(e, s0, strlen(s0)) == 0, "%s: message '%s'", what, e);
+            KVPF_CHECK(observe(a, m, what) == before, "%s changed the cache", what);
+        };
+        if (b.pick(3) == 0) unchanged(kvp_draft_commit(a, b.pick(3)), KVP_ERR_STATE, "commit without begin");
+        KVPF_CHECK(kvp_draft_begin(a) == KVP_OK, "draft_begin: %s", kvp_last_error(a));
+        if (b.pick(4) == 0) unchanged(kvp_draft_begin(a), KVP_ERR_STATE, "begin twice");
+        std::vector<std::vector<float>> dq(L), dk(L), dv(L);
+        std::vector<uint32_t> nd(L, 0);
+        const size_t rq = size_t(m.n_q_heads) * m.head_dim, rkv = size_t(m.n_kv_heads) * m.head_dim;
+        for (uint32_t round = 0, rounds = 1 + b.pick(4); round < rounds; ++round) {
+            const bool by_decode = b.pick(2);
+            const uint32_t n = by_decode ? 1 : 1 + b.pick(kMaxDraft + 1);  // up to one more than fits
+            fill(n, b.u16(), 1.0f, true);
+            for (uint32_t l = 0; l < L; ++l) {
+                const bool with_out = by_decode || b.pick(2);
+                kvp_status st = by_decode ? kvp_decode(a, l, q.data(), k.data(), v.data(), oa.data())
+                                          : kvp_prefill(a, l, n, nullptr, q.data(), k.data(), v.data(),
+                                                        with_out ? oa.data() : nullptr, nullptr);
+                if (stats) ++stats->calls;
+                if (st != KVP_OK) {
+                    KVPF_CHECK(st == KVP_ERR_FULL || st == KVP_ERR_UNSUPPORTED, "draft call: status %d (%s)", int(st),
+                               kvp_last_error(a));
+                    if (stats) ++stats->calls_failed;
+                } else {
+                    if (stats) ++stats->calls_ok;
+                    if (with_out)
+                        for (size_t i = 0; i < size_t(n) * rq; ++i)
+                            KVPF_CHECK(isfinite(oa[i]), "draft output %zu is %g", i, double(oa[i]));
+                    dq[l].insert(dq[l].end(), q.begin(), q.begin() + long(n * rq));
+                    dk[l].insert(dk[l].end(), k.begin(), k.begin() + long(n * rkv));
+                    dv[l].insert(dv[l].end(), v.begin(), v.begin() + long(n * rkv));
+                    nd[l] += n;
+                    KVPF_CHECK(nd[l] <= kMaxDraft, "layer %u took %u draft tokens, max_draft=%u", l, nd[l], kMaxDraft);
+                }
+                KVPF_CHECK(observe(a, m, "during a draft") == before, "a draft call changed the kept state");
+            }
+        }
+        if (b.pick(2) == 0) unchanged(kvp_append(a, 0, 1, nullptr, k.data(), v.data()), KVP_ERR_STATE, "append in a draft");
+        uint32_t lo = kMaxDraft;
+        for (uint32_t l = 0; l < L; ++l) lo = nd[l] < lo ? nd[l] : lo;
+        if (b.pick(3) == 0) unchanged(kvp_draft_commit(a, lo + 1 + b.pick(3)), KVP_ERR_ARG, "accepted above drafted");
+        uint32_t acc = b.pick(lo + 1);
+        kvp_status st = kvp_draft_commit(a, acc);
+        if (st == KVP_ERR_FULL) {  // a shared pool that cannot take acc tokens in every layer in turn
+            unchanged(st, KVP_ERR_FULL, "commit refused");
+            acc = 0;
+            st = kvp_draft_commit(a, 0);
+        }
+        KVPF_CHECK(st == KVP_OK, "commit %u: %s", acc, kvp_last_error(a));
+        if (stats) ++stats->drafts, stats->drafts_accepted += acc > 0;
+        for (uint32_t l = 0; l < L && acc; ++l) {
+            const kvp_status s2 =
+                kvp_prefill(t, l, acc, nullptr, dq[l].data(), dk[l].data(), dv[l].data(), nullptr, nullptr);
+            KVPF_CHECK(s2 == KVP_OK, "the twin refused the accepted %u tokens of layer %u: %s", acc, l, kvp_last_error(t));
+            last_pos[l] += acc;
+            if (l == 0) seen0 += acc;
+        }
+        KVPF_CHECK(observe(a, m, "cache") == observe(t, m, "twin"), "cache and twin differ after a commit of %u", acc);
     }
 
     void run() {
         if (!setup()) return;
         if (stats) ++stats->sequences;
+        cfg.max_draft = kMaxDraft;  // draft_call (no byte spent: the corpus keeps its meaning)
         const size_t bytes = kvp_arena_size(&cfg);
         KVPF_CHECK(bytes > 0, "kvp_arena_size is 0 for a config kvp_config_apply accepted");
         if (bytes > (8u << 20)) return;

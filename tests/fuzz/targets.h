@@ -16,6 +16,7 @@ struct CallStats {
     uint64_t sequences = 0, configs_rejected = 0, calls = 0, calls_ok = 0, calls_failed = 0, bad_inputs = 0;
     uint64_t selections = 0;  // prefills that returned an ASL selection (equal to the twin's)
     uint64_t policy_runs[16] = {};
+    uint64_t drafts = 0, drafts_accepted = 0;  // kvp_draft_commit calls that succeeded, and of them with accepted > 0
 };
 
 // Config strings: kvp_config_apply on a default config (model from the first bytes), then

@@ -67,8 +67,11 @@ TEST(FuzzCalls, SeededSequences) {
     for (uint32_t i = 0; i < kvpfuzz::calls_policy_count(); ++i)
         if (st.policy_runs[i]) printf("  policy %s: %llu sequences\n", kvpfuzz::calls_policy_name(i), (unsigned long long)st.policy_runs[i]);
     printf("ASL selections returned (equal to the twin's): %llu\n", (unsigned long long)st.selections);
+    printf("drafts committed (equal to the twin's prefill of the accepted tokens): %llu, %llu with accepted > 0\n",
+           (unsigned long long)st.drafts, (unsigned long long)st.drafts_accepted);
     EXPECT_GT(st.sequences, uint64_t(n / 4));
     EXPECT_GT(st.selections, 0u);
+    EXPECT_GT(st.drafts_accepted, 0u);
     EXPECT_GT(st.calls_failed, 0u);
     EXPECT_GT(st.calls_ok, st.calls_failed);
     for (const char *p : {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe", "think", "simlayerkv",
