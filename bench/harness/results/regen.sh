@@ -12,5 +12,5 @@ for f in budgets-256 budgets-1024 budget-sweep longctx policies-25 policies-50 p
 done
 "$K" plot --in bench/harness/results/budget-sweep.json --out bench/harness/results/budget-sweep.png
 "$K" plot --in bench/harness/results/longctx.json --out bench/harness/results/longctx.png
-cmake -DSRC="$PWD" -DCLI="$K" "-DDOCS=README.md;docs/harness.md;docs/ports.md" -DFIX=ON -P tests/doc_blocks.cmake
+cmake -DSRC="$PWD" -DCLI="$K" "-DDOCS=README.md;docs/harness.md;docs/ports.md;docs/c-api.md;docs/config.md" -DFIX=ON -P tests/doc_blocks.cmake
 git status --short bench/harness/results README.md docs
