@@ -1,6 +1,7 @@
 /* An engine's attention step through kvprune (C99): a long prompt prefilled in chunks that fit
- * (kvp_prefill_room), then one decode call per generated token and layer. fake_qkv stands in for
- * your model's pre-RoPE projections of the layer input; `out` goes on to your o-proj and FFN. */
+ * (kvp_prefill_room), a speculative draft verified and partly accepted, the state saved, one decode
+ * call per generated token and layer, the state restored. fake_qkv stands in for your model's
+ * pre-RoPE projections of the layer input; `out` goes on to your o-proj and FFN. */
 #include <kvprune/kvprune.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,10 +19,11 @@ int main(void) {
     kvp_model model = {LAYERS, NQ, NKV, HD, KVP_ROPE_NEOX, 0, 10000.0f};
     kvp_config cfg;
     kvp_cache *c = NULL;
-    char err[256], *raw, *arena;
-    unsigned done = 0, n, t, l;
+    char err[256], *raw, *arena, *state;
+    unsigned done = 0, n, t, l, kept;
+    size_t size;
     if (kvp_config_default(&cfg, &model) != KVP_OK) return 1; /* a bad geometry */
-    if (kvp_config_apply(&cfg, "policy=h2o budget=96 capacity=160", err, sizeof err) != KVP_OK ||
+    if (kvp_config_apply(&cfg, "policy=h2o budget=96 capacity=160 max_draft=4", err, sizeof err) != KVP_OK ||
         !(raw = malloc(kvp_arena_size(&cfg) + 63))) return fprintf(stderr, "config: %s\n", err), 1;
     arena = raw + (64 - (size_t)raw % 64) % 64; /* the one allocation: 64-byte aligned, exact size */
     if (kvp_create_ex(&cfg, arena, kvp_arena_size(&cfg), &c, err, sizeof err) != KVP_OK)
@@ -37,8 +39,15 @@ int main(void) {
         }
         done += n;
     }
-    /* TODO(issue 16): rollback (kvp_draft_begin/kvp_draft_commit) and state save/load
-     * (kvp_state_save/kvp_state_load) are added to this listing here. */
+    if (kvp_draft_begin(c) != KVP_OK) return fail(c, "draft"); /* 4 draft tokens, verified in one batch */
+    for (l = 0; l < LAYERS; ++l) {
+        fake_qkv(4);
+        if (kvp_prefill(c, l, 4, NULL, q, k, v, out, NULL) != KVP_OK) return fail(c, "verify");
+    }
+    if (kvp_draft_commit(c, 2) != KVP_OK) return fail(c, "commit"); /* 2 accepted: the rest leave no trace */
+    size = kvp_state_size(c); /* save the session (close to its live bytes), restore it below */
+    if (!(state = malloc(size)) || kvp_state_save(c, state, size, &size) != KVP_OK) return fail(c, "save");
+    kept = kvp_layer_len(c, 0);
     for (t = 0; t < GEN; ++t) /* decode: one token, every layer in order */
         for (l = 0; l < LAYERS; ++l) {
             fake_qkv(1);
@@ -47,7 +56,10 @@ int main(void) {
     printf("engine: %u prompt + %u generated tokens, layer 0 keeps %u (h2o budget 96)\n", PROMPT, GEN,
            kvp_layer_len(c, 0));
     for (l = 0, n = 0; l < LAYERS; ++l) n += kvp_layer_len(c, l) == 96; /* every layer holds its budget */
+    if (kvp_state_load(c, state, size) != KVP_OK) return fail(c, "load"); /* back to the saved state */
+    n += kvp_layer_len(c, 0) == kept;
     kvp_destroy(c);
+    free(state);
     free(raw);
-    return n == LAYERS ? 0 : 1;
+    return n == LAYERS + 1 ? 0 : 1;
 }
