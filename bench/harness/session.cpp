@@ -207,6 +207,33 @@ void Session::ensure_rows(int n) {
     sel_idx_.assign((size_t)n, 0);
 }
 
+bool Session::snapshot(std::vector<char> *buf, std::string *err) const {
+    const size_t head = sizeof fed_ + sizeof sel_layer_;
+    const size_t n = kvp_state_size(cache_);
+    buf->resize(head + n);
+    std::memcpy(buf->data(), &fed_, sizeof fed_);
+    std::memcpy(buf->data() + sizeof fed_, &sel_layer_, sizeof sel_layer_);
+    size_t written = 0;
+    const kvp_status st = kvp_state_save(cache_, buf->data() + head, n, &written);
+    if (st != KVP_OK || written != n) {
+        *err = std::string("kvp_state_save: ") + kvp_last_error(cache_);
+        return false;
+    }
+    return true;
+}
+
+bool Session::restore(const std::vector<char> &buf, std::string *err) {
+    const size_t head = sizeof fed_ + sizeof sel_layer_;
+    if (buf.size() < head) return *err = "restore: not a snapshot", false;
+    if (kvp_state_load(cache_, buf.data() + head, buf.size() - head) != KVP_OK) {
+        *err = std::string("kvp_state_load: ") + kvp_last_error(cache_);
+        return false;
+    }
+    std::memcpy(&fed_, buf.data(), sizeof fed_);
+    std::memcpy(&sel_layer_, buf.data() + sizeof fed_, sizeof sel_layer_);
+    return true;
+}
+
 kvp_stats Session::stats() const {
     kvp_stats s;
     std::memset(&s, 0, sizeof s);

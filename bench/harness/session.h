@@ -51,6 +51,11 @@ public:
     void set_threads(int n) { threads_ = n < 1 ? 1 : n; }
     int threads() const { return threads_; }
 
+    // The cache's state (kvp_state_save) and the session's counters, into *buf (resized); restore()
+    // puts them back, after which the session continues bit for bit as from the snapshot.
+    bool snapshot(std::vector<char> *buf, std::string *err) const;
+    bool restore(const std::vector<char> &buf, std::string *err);
+
     kvp_stats stats() const;
     // Largest resolved per-layer capacity (kvp_layer_capacity), in token slots.
     uint32_t max_layer_capacity() const;

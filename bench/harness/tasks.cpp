@@ -288,6 +288,9 @@ bool run_task_cell(Session &s, const TaskPrompt &p, bool aware, TaskResult *r, s
     const auto t0 = clk::now();
     if (!feed_prompt(s, p, aware, lg.data(), err)) return false;
     const auto t1 = clk::now();
+    std::vector<char> snap;  // the state after the prompt: a greedy run that leaves the answer restarts here
+    if (!s.snapshot(&snap, err)) return false;
+    std::vector<float> lg0 = lg;
     // Teacher-forced pass: the answer's NLL and the greedy choice at every step given the true prefix.
     const std::vector<int32_t> ans = bytes_of(p.answer);
     double nll = 0;
@@ -301,9 +304,11 @@ bool run_task_cell(Session &s, const TaskPrompt &p, bool aware, TaskResult *r, s
     const kvp_stats st = s.stats();
     std::string gen = p.answer;
     if (!greedy_is_answer) {
-        // Greedy decoding left the answer somewhere: run it free (same prompt, same cache state).
+        // Greedy decoding left the answer somewhere: run it free from the state after the prompt
+        // (kvp_state_load continues bit for bit as the cache would have; the replays check it).
         gen.clear();
-        if (!s.reset(err) || !feed_prompt(s, p, aware, lg.data(), err)) return false;
+        if (!s.restore(snap, err)) return false;
+        lg = lg0;
         for (size_t j = 0; j < ans.size(); j++) {
             const int t = argmax(lg.data(), V);
             gen += (char)t;
