@@ -762,3 +762,83 @@ func (c *Cache) LastError() string {
 	runtime.KeepAlive(c)
 	return m
 }
+
+// DraftBegin opens a draft (speculative decoding, kvp_draft_begin; needs max_draft > 0): until
+// DraftCommit, Prefill and Decode only append draft tokens and attend.
+func (c *Cache) DraftBegin() error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	s := C.kvp_draft_begin(c.c)
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
+// DraftCommit keeps the first accepted draft tokens of every layer and drops the rest
+// (kvp_draft_commit), leaving the cache as one prefill of exactly those tokens would have. No
+// open draft is ErrState; more than a layer drafted is ErrArg (the draft stays open).
+func (c *Cache) DraftCommit(accepted int) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	a, err := u32("accepted", accepted)
+	if err != nil {
+		return newError(ErrArg, "accepted=%d does not fit uint32", accepted)
+	}
+	s := C.kvp_draft_commit(c.c, a)
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
+// StateSize is the bytes StateSave writes now (kvp_state_size); 0 for a closed cache.
+func (c *Cache) StateSize() int {
+	if c.lock() != nil {
+		return 0
+	}
+	defer c.mu.Unlock()
+	n := int(C.kvp_state_size(c.c))
+	runtime.KeepAlive(c)
+	return n
+}
+
+// StateSave writes the cache's state into buf (kvp_state_save; the library allocates nothing) and
+// returns the bytes written: the state is buf[:n]. A too small buf is ErrBuffer with buf
+// untouched; an open draft is ErrState. The cache is never changed.
+func (c *Cache) StateSave(buf []byte) (int, error) {
+	if err := c.lock(); err != nil {
+		return 0, err
+	}
+	defer c.mu.Unlock()
+	var one [1]byte
+	p := unsafe.Pointer(&one[0]) // an empty buf: a valid pointer with size 0 (ErrBuffer, not ErrArg)
+	if len(buf) > 0 {
+		p = unsafe.Pointer(&buf[0])
+	}
+	var written C.size_t
+	s := C.kvp_state_save(c.c, p, C.size_t(len(buf)), &written)
+	runtime.KeepAlive(c)
+	if err := c.status(s); err != nil {
+		return 0, err
+	}
+	return int(written), nil
+}
+
+// StateLoad replaces the cache's state with one StateSave wrote from a cache of the same
+// configuration (kvp_state_load). A truncated, corrupted or foreign state is an error and the
+// cache is unchanged.
+func (c *Cache) StateLoad(buf []byte) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	var one [1]byte
+	p := unsafe.Pointer(&one[0])
+	if len(buf) > 0 {
+		p = unsafe.Pointer(&buf[0])
+	}
+	s := C.kvp_state_load(c.c, p, C.size_t(len(buf)))
+	runtime.KeepAlive(c)
+	return c.status(s)
+}

@@ -81,6 +81,7 @@ class _Config(ctypes.Structure):
         ("evict_threshold", _u32), ("prefill_stage", _u32),
         ("token_policy", _enum), ("quant_group", _u32),
         ("lazy_force", _u32),
+        ("max_draft", _u32), ("attn_scale", _f32), ("logit_softcap", _f32),  # issue 21
     ]
 
 
@@ -144,6 +145,11 @@ def _declare(lib):
         "kvp_get_stats": (_u32, [_CP, ctypes.POINTER(_Stats)]),
         "kvp_get_layer_stats": (_u32, [_CP, _u32, ctypes.POINTER(_LayerStats)]),
         "kvp_last_error": (ctypes.c_char_p, [_CP]),
+        "kvp_draft_begin": (_u32, [_CP]),
+        "kvp_draft_commit": (_u32, [_CP, _u32]),
+        "kvp_state_size": (ctypes.c_size_t, [_CP]),
+        "kvp_state_save": (_u32, [_CP, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
+        "kvp_state_load": (_u32, [_CP, ctypes.c_void_p, ctypes.c_size_t]),
         "kvp_config_key_count": (_u32, []),
         "kvp_config_key": (_u32, [_u32, ctypes.POINTER(_KeyInfo)]),
         "kvp_config_key_used": (ctypes.c_int, [ctypes.POINTER(_Config), ctypes.c_char_p]),
@@ -718,6 +724,89 @@ class Cache:
     def reset(self):
         with self._lock:
             self._check(self._lib.kvp_reset(self._h()))
+
+    # -- speculative decoding (issue 21) --
+    def draft_begin(self):
+        """kvp_draft_begin: opens a draft (needs max_draft > 0). Until draft_commit, prefill and
+        decode only append draft tokens and attend."""
+        with self._lock:
+            self._check(self._lib.kvp_draft_begin(self._h()))
+
+    def draft_commit(self, accepted):
+        """kvp_draft_commit: keeps the first ``accepted`` draft tokens of every layer, drops the
+        rest, leaving the cache as one prefill of exactly those tokens would have. No open draft is
+        ERR_STATE; more than a layer drafted (or not a uint32) is ERR_ARG, the draft stays open."""
+        if isinstance(accepted, bool) or not isinstance(accepted, int) or not 0 <= accepted <= _U32_MAX:
+            raise _arg_error("accepted %r is not an integer in 0..%d" % (accepted, _U32_MAX))
+        with self._lock:
+            self._check(self._lib.kvp_draft_commit(self._h(), accepted))
+
+    # -- state save/load (issue 21) --
+    def state_size(self):
+        """kvp_state_size: bytes state_save writes now (0 while the cache cannot be saved)."""
+        with self._lock:
+            return self._lib.kvp_state_size(self._h())
+
+    def state_save(self, buf=None):
+        """kvp_state_save (the library allocates nothing). With ``buf`` (a writable bytes-like
+        object: bytearray, memoryview, numpy array) the state is written into it and the byte count
+        is returned (the state is buf[:n]); a too small buf is ERR_BUFFER with buf untouched. With
+        no buf, returns the state as new ``bytes``. An open draft is ERR_STATE. The cache is never
+        changed."""
+        if buf is None:
+            with self._lock:
+                n = self._lib.kvp_state_size(self._h())
+                out = bytearray(max(n, 1))
+                written = ctypes.c_size_t(0)
+                raw = (ctypes.c_char * len(out)).from_buffer(out)
+                self._check(self._lib.kvp_state_save(self._h(), ctypes.addressof(raw), n, ctypes.byref(written)))
+                del raw
+            return bytes(out[:written.value])
+        try:
+            mv = memoryview(buf).cast("B")
+        except TypeError:
+            raise _arg_error("buf must be a contiguous bytes-like object, got %s" % type(buf).__name__)
+        if mv.readonly:
+            raise _arg_error("buf is read-only")
+        size = mv.nbytes
+        raw = (ctypes.c_char * max(size, 1)).from_buffer(mv) if size else (ctypes.c_char * 1)()
+        written = ctypes.c_size_t(0)
+        try:
+            with self._lock:
+                self._check(self._lib.kvp_state_save(self._h(), ctypes.addressof(raw), size, ctypes.byref(written)))
+        finally:
+            del raw
+            mv.release()
+        return written.value
+
+    def state_load(self, buf):
+        """kvp_state_load: replaces the cache's state with one state_save wrote from a cache of the
+        same configuration (``buf`` any bytes-like object). A truncated, corrupted or foreign state
+        is an error (ERR_ARG, ERR_CONFIG, ERR_UNSUPPORTED) and the cache is unchanged."""
+        if isinstance(buf, bytes):
+            keep = buf
+            size = len(buf)
+            ptr = ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p) if size else None
+        else:
+            try:
+                mv = memoryview(buf).cast("B")
+            except TypeError:
+                raise _arg_error("buf must be a contiguous bytes-like object, got %s" % type(buf).__name__)
+            keep = bytes(mv) if mv.readonly else mv
+            size = len(keep)
+            ptr = None
+            if size:
+                if isinstance(keep, bytes):
+                    ptr = ctypes.cast(ctypes.c_char_p(keep), ctypes.c_void_p)
+                else:
+                    raw = (ctypes.c_char * size).from_buffer(keep)
+                    ptr = ctypes.addressof(raw)
+        if ptr is None:
+            one = (ctypes.c_char * 1)()  # an empty buffer: a valid pointer, size 0 (ERR_ARG: not a state)
+            ptr = ctypes.addressof(one)
+        with self._lock:
+            self._check(self._lib.kvp_state_load(self._h(), ptr, size))
+        del keep
 
     def last_error(self):
         """Message of the last failed library call on this cache ("" if none)."""

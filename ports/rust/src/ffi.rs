@@ -119,6 +119,10 @@ pub struct kvp_config {
     pub quant_group: u32,
     // appended for issue 9: simlayerkv's forced lazy layers (bit mask)
     pub lazy_force: u32,
+    // appended for issue 21: speculative decoding, attention scale, logit soft-capping
+    pub max_draft: u32,
+    pub attn_scale: f32,
+    pub logit_softcap: f32,
 }
 
 #[repr(C)]
@@ -248,5 +252,10 @@ extern "C" {
     pub fn kvp_last_error(c: *const kvp_cache) -> *const c_char;
     pub fn kvp_config_key_count() -> u32;
     pub fn kvp_config_key(index: u32, info: *mut kvp_key_info) -> kvp_status;
+    pub fn kvp_draft_begin(c: *mut kvp_cache) -> kvp_status;
+    pub fn kvp_draft_commit(c: *mut kvp_cache, accepted: u32) -> kvp_status;
+    pub fn kvp_state_size(c: *const kvp_cache) -> usize;
+    pub fn kvp_state_save(c: *const kvp_cache, buf: *mut u8, size: usize, written: *mut usize) -> kvp_status;
+    pub fn kvp_state_load(c: *mut kvp_cache, buf: *const u8, size: usize) -> kvp_status;
     pub fn kvp_config_key_used(cfg: *const kvp_config, name: *const c_char) -> std::os::raw::c_int;
 }

@@ -743,6 +743,44 @@ impl Cache {
         let s = unsafe { ffi::kvp_reset(self.handle.as_ptr()) };
         self.check(s)
     }
+
+    /// `kvp_draft_begin`: opens a draft (speculative decoding; needs `max_draft` > 0). Until
+    /// [`Cache::draft_commit`], prefill and decode only append draft tokens and attend.
+    pub fn draft_begin(&mut self) -> Result<()> {
+        let s = unsafe { ffi::kvp_draft_begin(self.handle.as_ptr()) };
+        self.check(s)
+    }
+
+    /// `kvp_draft_commit`: keeps the first `accepted` draft tokens of every layer, drops the
+    /// rest, and leaves the cache as one prefill of exactly those tokens would have. No draft
+    /// open is [`Status::State`]; more than a layer drafted is [`Status::Arg`] (draft stays open).
+    pub fn draft_commit(&mut self, accepted: u32) -> Result<()> {
+        let s = unsafe { ffi::kvp_draft_commit(self.handle.as_ptr(), accepted) };
+        self.check(s)
+    }
+
+    /// `kvp_state_size`: bytes [`Cache::state_save`] writes now (0 while the cache cannot be saved).
+    pub fn state_size(&self) -> usize {
+        unsafe { ffi::kvp_state_size(self.handle.as_ptr()) }
+    }
+
+    /// `kvp_state_save` into the caller's `buf` (the library allocates nothing); returns the bytes
+    /// written (the state is `buf[..n]`). A too small `buf` is a [`Status::Buffer`] error with
+    /// `buf` untouched; an open draft is [`Status::State`]. The cache is never changed.
+    pub fn state_save(&self, buf: &mut [u8]) -> Result<usize> {
+        let mut written = 0usize;
+        let s = unsafe { ffi::kvp_state_save(self.handle.as_ptr(), buf.as_mut_ptr(), buf.len(), &mut written) };
+        self.check(s)?;
+        Ok(written)
+    }
+
+    /// `kvp_state_load`: replaces this cache's state with one [`Cache::state_save`] wrote from a
+    /// cache of the same configuration. A truncated, corrupted or foreign state is an error and
+    /// the cache is unchanged.
+    pub fn state_load(&mut self, buf: &[u8]) -> Result<()> {
+        let s = unsafe { ffi::kvp_state_load(self.handle.as_ptr(), buf.as_ptr(), buf.len()) };
+        self.check(s)
+    }
 }
 
 impl Drop for Cache {

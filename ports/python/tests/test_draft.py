@@ -1,0 +1,165 @@
+"""Issue 21 through the Python binding: draft rollback against a twin, state save/load, errors."""
+import array
+import os
+import struct
+import sys
+import unittest
+
+try:  # the installed package (pip install ./ports/python), else the source tree's
+    import kvprune  # noqa: E402
+except ImportError:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    import kvprune  # noqa: E402
+from kvprune import KvpError  # noqa: E402
+
+MODEL = kvprune.Model(2, 4, 2, 16, rope=kvprune.ROPE_NEOX)
+NQ, NKV, HD = 4, 2, 16
+SPEC = "policy=streaming sinks=2 window=6 capacity=32 max_draft=4"
+
+
+class Rng:
+    """xorshift64: multiples of 2^-9 in [-1, 1), identical everywhere."""
+
+    def __init__(self, seed):
+        self.s = seed
+
+    def next(self):
+        x = self.s
+        x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 7
+        x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
+        self.s = x
+        return ((x >> 54) - 512) / 512.0
+
+    def vec(self, n):
+        return array.array("f", [self.next() for _ in range(n)])
+
+
+def toks(r, n):
+    return r.vec(n * NQ * HD), r.vec(n * NKV * HD), r.vec(n * NKV * HD)
+
+
+def head(t, n):
+    return t[0][:n * NQ * HD], t[1][:n * NKV * HD], t[2][:n * NKV * HD]
+
+
+def prefill_all(c, t):
+    for layer in range(2):
+        c.prefill(layer, *t, out=None)
+
+
+def decode_bits(c, seed):
+    r = Rng(seed)
+    bits = []
+    for layer in range(2):
+        out = c.decode(layer, *toks(r, 1))
+        bits += struct.unpack("%dI" % len(out), out.tobytes())
+    return bits
+
+
+def kept(c):
+    return [(c.layer_len(l), c.layer_positions(l, h)) for l in range(2) for h in range(NKV)]
+
+
+class DraftTest(unittest.TestCase):
+    def test_config_fields(self):
+        cfg = kvprune.Config(MODEL, SPEC)
+        self.assertEqual(cfg.get("max_draft"), 4)
+        cfg.set("attn_scale", 0.0625)
+        cfg.set("logit_softcap", 50)
+        self.assertEqual((cfg.get("attn_scale"), cfg.get("logit_softcap")), (0.0625, 50.0))
+        with self.assertRaises(KvpError) as e:
+            cfg.set("attn_scale", 2)
+        self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
+        self.assertEqual(cfg.get("attn_scale"), 0.0625)
+
+    def test_commit_equals_twin(self):
+        r = Rng(0x2B7E1516)
+        prompt, draft = toks(r, 9), toks(r, 3)
+        with kvprune.Cache(MODEL, SPEC) as c, kvprune.Cache(MODEL, SPEC) as twin:
+            prefill_all(c, prompt)
+            prefill_all(twin, prompt)
+            c.draft_begin()
+            for layer in range(2):
+                c.prefill(layer, *draft)
+            c.draft_commit(2)
+            prefill_all(twin, head(draft, 2))
+            self.assertEqual(kept(c), kept(twin))
+            self.assertEqual(c.stats(), twin.stats())
+            self.assertEqual(decode_bits(c, 77), decode_bits(twin, 77))
+            self.assertEqual(kept(c), kept(twin))
+
+    def test_save_load_continues(self):
+        r = Rng(0x9E3779B9)
+        with kvprune.Cache(MODEL, SPEC) as c, kvprune.Cache(MODEL, SPEC) as fresh:
+            prefill_all(c, toks(r, 11))
+            decode_bits(c, 5)
+            n = c.state_size()
+            self.assertGreater(n, 0)
+            small = bytearray(b"\xa5" * (n - 1))
+            with self.assertRaises(KvpError) as e:
+                c.state_save(small)
+            self.assertEqual(e.exception.status, kvprune.ERR_BUFFER)
+            self.assertEqual(small, bytearray(b"\xa5" * (n - 1)))
+            buf = bytearray(n + 8)
+            self.assertEqual(c.state_save(buf), n)
+            saved = c.state_save()
+            self.assertEqual(bytes(buf[:n]), saved)
+            fresh.state_load(saved)
+            self.assertEqual(kept(fresh), kept(c))
+            self.assertEqual(fresh.state_save(), saved)
+            for step in range(3):
+                self.assertEqual(decode_bits(fresh, 100 + step), decode_bits(c, 100 + step))
+            self.assertEqual(kept(fresh), kept(c))
+            # a bytearray and a memoryview load the same way
+            fresh.state_load(bytearray(saved))
+            fresh.state_load(memoryview(saved))
+
+    def test_errors_leave_cache_unchanged(self):
+        r = Rng(0x12345678)
+        with kvprune.Cache(MODEL, SPEC) as c, kvprune.Cache(MODEL, SPEC) as other:
+            prefill_all(c, toks(r, 5))
+            before = c.state_save()
+
+            def status(fn, *a):
+                with self.assertRaises(KvpError) as e:
+                    fn(*a)
+                return e.exception.status
+
+            with self.assertRaises(KvpError) as e:
+                c.draft_commit(0)
+            self.assertEqual(e.exception.status, kvprune.ERR_STATE)
+            self.assertTrue(str(e.exception).startswith("KVP_ERR_STATE"), str(e.exception))
+            self.assertEqual(c.state_save(), before)
+            self.assertEqual(status(c.draft_commit, -1), kvprune.ERR_ARG)
+            self.assertEqual(status(c.draft_commit, 1.5), kvprune.ERR_ARG)
+
+            c.draft_begin()
+            self.assertEqual(status(c.draft_begin), kvprune.ERR_STATE)
+            prefill_all(c, toks(r, 2))
+            self.assertEqual(status(c.draft_commit, 3), kvprune.ERR_ARG)
+            self.assertEqual(status(c.state_save, bytearray(2 * len(before) + 4096)), kvprune.ERR_STATE)
+            self.assertEqual(status(c.state_load, before), kvprune.ERR_STATE)
+            c.draft_commit(0)
+            self.assertEqual(c.state_save(), before)
+
+            prefill_all(other, toks(r, 3))
+            other_before = other.state_save()
+            self.assertEqual(status(other.state_load, before[:-1]), kvprune.ERR_ARG)
+            self.assertEqual(status(other.state_load, before[:16]), kvprune.ERR_ARG)
+            self.assertEqual(status(other.state_load, b""), kvprune.ERR_ARG)
+            bad = bytearray(before)
+            bad[len(bad) // 2] ^= 1
+            self.assertEqual(status(other.state_load, bad), kvprune.ERR_ARG)
+            self.assertEqual(status(other.state_save, b"\0" * 4096), kvprune.ERR_ARG)  # read-only
+            self.assertEqual(other.state_save(), other_before)
+
+        with kvprune.Cache(MODEL, "policy=streaming sinks=2 window=6 capacity=32") as nodraft:
+            self.assertEqual(status(nodraft.state_load, before), kvprune.ERR_CONFIG)
+            self.assertEqual(status(nodraft.draft_begin), kvprune.ERR_CONFIG)
+            self.assertEqual(nodraft.layer_len(0), 0)
+        self.assertEqual(status(nodraft.draft_begin), kvprune.ERR_STATE)  # closed
+
+
+if __name__ == "__main__":
+    unittest.main()

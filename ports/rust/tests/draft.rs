@@ -1,0 +1,169 @@
+//! Issue 21 through the Rust binding: draft rollback against a twin, state save/load, errors.
+use kvprune::{Cache, Config, Model, Rope, Status};
+
+/// Deterministic inputs: multiples of 2^-9 in [-1, 1) from an integer PRNG.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 54) as i32 - 512) as f32 / 512.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.next()).collect()
+    }
+}
+
+const NQ: usize = 4;
+const NKV: usize = 2;
+const HD: usize = 16;
+const SPEC: &str = "policy=streaming sinks=2 window=6 capacity=32 max_draft=4";
+
+fn model() -> Model {
+    Model::new(2, NQ as u32, NKV as u32, HD as u32).rope(Rope::Neox, 0, 10000.0)
+}
+
+/// q, k, v of n tokens.
+fn tokens(r: &mut Rng, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (r.vec(n * NQ * HD), r.vec(n * NKV * HD), r.vec(n * NKV * HD))
+}
+
+fn prefill_all(c: &mut Cache, t: &(Vec<f32>, Vec<f32>, Vec<f32>)) {
+    for layer in 0..2 {
+        c.prefill(layer, &t.0, &t.1, &t.2, None, None).unwrap();
+    }
+}
+
+/// First `n` tokens of a token batch.
+fn head(t: &(Vec<f32>, Vec<f32>, Vec<f32>), n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    (t.0[..n * NQ * HD].to_vec(), t.1[..n * NKV * HD].to_vec(), t.2[..n * NKV * HD].to_vec())
+}
+
+/// Output bits of one decode step in every layer.
+fn decode_bits(c: &mut Cache, seed: u64) -> Vec<u32> {
+    let mut r = Rng(seed);
+    let mut bits = Vec::new();
+    for layer in 0..2 {
+        let (q, k, v) = tokens(&mut r, 1);
+        let mut out = vec![0f32; NQ * HD];
+        c.decode(layer, &q, &k, &v, &mut out).unwrap();
+        bits.extend(out.iter().map(|x| x.to_bits()));
+    }
+    bits
+}
+
+fn kept(c: &Cache) -> Vec<(u32, Vec<i32>)> {
+    let mut all = Vec::new();
+    for layer in 0..2 {
+        for h in 0..NKV as u32 {
+            all.push((c.layer_len(layer), c.layer_positions(layer, h).unwrap()));
+        }
+    }
+    all
+}
+
+fn state(c: &Cache) -> Vec<u8> {
+    let mut buf = vec![0u8; c.state_size()];
+    let n = c.state_save(&mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+#[test]
+fn draft_commit_equals_a_twin_that_prefilled_the_accepted_tokens() {
+    let cfg = Config::from_spec(&model(), SPEC).unwrap();
+    assert_eq!(cfg.get("max_draft").unwrap(), 4.0);
+    let mut r = Rng(0x2b7e_1516);
+    let prompt = tokens(&mut r, 9);
+    let draft = tokens(&mut r, 3);
+    let (mut c, mut twin) = (Cache::new(&cfg).unwrap(), Cache::new(&cfg).unwrap());
+    prefill_all(&mut c, &prompt);
+    prefill_all(&mut twin, &prompt);
+
+    c.draft_begin().unwrap();
+    for layer in 0..2 {
+        let mut out = vec![0f32; 3 * NQ * HD];
+        c.prefill(layer, &draft.0, &draft.1, &draft.2, None, Some(&mut out)).unwrap();
+    }
+    c.draft_commit(2).unwrap();
+    prefill_all(&mut twin, &head(&draft, 2));
+
+    assert_eq!(kept(&c), kept(&twin));
+    assert_eq!(c.stats().unwrap(), twin.stats().unwrap());
+    assert_eq!(decode_bits(&mut c, 77), decode_bits(&mut twin, 77));
+    assert_eq!(kept(&c), kept(&twin));
+}
+
+#[test]
+fn state_save_load_continues_bit_identically() {
+    let cfg = Config::from_spec(&model(), SPEC).unwrap();
+    let mut r = Rng(0x9e37_79b9);
+    let mut c = Cache::new(&cfg).unwrap();
+    prefill_all(&mut c, &tokens(&mut r, 11));
+    decode_bits(&mut c, 5);
+    let n = c.state_size();
+    assert!(n > 0);
+    // A too small buffer: KVP_ERR_BUFFER, the buffer untouched.
+    let mut small = vec![0xa5u8; n - 1];
+    assert_eq!(c.state_save(&mut small).unwrap_err().status, Status::Buffer);
+    assert!(small.iter().all(|&b| b == 0xa5));
+    let saved = state(&c);
+    assert_eq!(saved.len(), n);
+
+    let mut fresh = Cache::new(&cfg).unwrap();
+    fresh.state_load(&saved).unwrap();
+    assert_eq!(kept(&fresh), kept(&c));
+    assert_eq!(state(&fresh), saved);
+    for step in 0..3 {
+        assert_eq!(decode_bits(&mut fresh, 100 + step), decode_bits(&mut c, 100 + step), "step {}", step);
+    }
+    assert_eq!(kept(&fresh), kept(&c));
+}
+
+#[test]
+fn draft_and_state_errors_leave_the_cache_unchanged() {
+    let cfg = Config::from_spec(&model(), SPEC).unwrap();
+    let mut r = Rng(0x1234_5678);
+    let mut c = Cache::new(&cfg).unwrap();
+    prefill_all(&mut c, &tokens(&mut r, 5));
+    let before = state(&c);
+
+    // Commit without begin: KVP_ERR_STATE, with the library's message.
+    let e = c.draft_commit(0).unwrap_err();
+    assert_eq!(e.status, Status::State);
+    assert!(e.message.starts_with("KVP_ERR_STATE"), "{}", e.message);
+    assert_eq!(state(&c), before);
+
+    // Begin twice: KVP_ERR_STATE; accepted above the drafted count: KVP_ERR_ARG, draft stays open.
+    c.draft_begin().unwrap();
+    assert_eq!(c.draft_begin().unwrap_err().status, Status::State);
+    let d = tokens(&mut r, 2);
+    prefill_all(&mut c, &d);
+    assert_eq!(c.draft_commit(3).unwrap_err().status, Status::Arg);
+    // Save and load refuse an open draft.
+    let mut buf = vec![0u8; before.len() * 2 + 4096];
+    assert_eq!(c.state_save(&mut buf).unwrap_err().status, Status::State);
+    assert_eq!(c.state_load(&before).unwrap_err().status, Status::State);
+    c.draft_commit(0).unwrap();
+    assert_eq!(state(&c), before, "commit(0) restores the state at begin");
+
+    // A truncated or corrupted state: an error, the target unchanged.
+    let mut other = Cache::new(&cfg).unwrap();
+    prefill_all(&mut other, &tokens(&mut r, 3));
+    let other_before = state(&other);
+    let e = other.state_load(&before[..before.len() - 1]).unwrap_err();
+    assert_eq!(e.status, Status::Arg, "{}", e);
+    assert_eq!(other.state_load(&before[..16]).unwrap_err().status, Status::Arg);
+    let mut bad = before.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 1;
+    assert_eq!(other.state_load(&bad).unwrap_err().status, Status::Arg);
+    assert_eq!(state(&other), other_before);
+
+    // A state of another configuration: KVP_ERR_CONFIG; a cache without max_draft: no drafts.
+    let mut nodraft = Cache::from_spec(&model(), "policy=streaming sinks=2 window=6 capacity=32").unwrap();
+    assert_eq!(nodraft.state_load(&before).unwrap_err().status, Status::Config);
+    assert_eq!(nodraft.draft_begin().unwrap_err().status, Status::Config);
+    assert_eq!(nodraft.layer_len(0), 0);
+}
