@@ -47,7 +47,9 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
     char magic[4];
     if (fsize >= 4 && std::fread(magic, 4, 1, f) == 1 && std::memcmp(magic, "GGUF", 4) == 0) {
         std::fclose(f);
-        return load_gguf(path, out, err);
+        if (!load_gguf(path, out, err)) return false;
+        set_live_rows(out);
+        return true;
     }
     std::rewind(f);
     out->context_length = 0;
@@ -145,7 +147,43 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
     out->rms_final = take(n_rms_final);
     take(n_freq);  // legacy RoPE tables, unused (kvprune applies RoPE itself)
     out->wcls = c.shared_classifier ? out->tok_emb : take(n_cls);
+    set_live_rows(out);
     return true;
+}
+
+namespace {
+// The rows of W[out][in] with a nonzero weight; empty when that is every row.
+std::vector<int32_t> live_rows_of(const float *W, int out, int in) {
+    std::vector<int32_t> rows;
+    if (!W) return rows;
+    for (int o = 0; o < out; o++) {
+        const float *w = W + (size_t)o * in;
+        bool any = false;
+        for (int i = 0; i < in && !any; i++) any = w[i] != 0.0f;
+        if (any) rows.push_back(o);
+    }
+    if ((int)rows.size() == out) rows.clear();
+    return rows;
+}
+}  // namespace
+
+void set_live_rows(Checkpoint *ck) {
+    const ModelConfig &c = ck->cfg;
+    const int L = c.n_layers, D = c.dim, QD = c.q_dim(), KVD = c.kv_dim(), HD = c.hidden_dim;
+    // k = 0..6 as the forward pass numbers them: wq, wk, wv, wo, w1, w2, w3.
+    const struct { const float *W; int out, in; } kinds[7] = {{ck->wq, QD, D}, {ck->wk, KVD, D}, {ck->wv, KVD, D},
+                                                              {ck->wo, D, QD}, {ck->w1, HD, D}, {ck->w2, D, HD},
+                                                              {ck->w3, HD, D}};
+    ck->live_rows.assign((size_t)7 * L, {});
+    bool any = false;
+    for (int k = 0; k < 7; k++)
+        for (int l = 0; l < L; l++) {
+            const float *W = kinds[k].W ? kinds[k].W + (size_t)l * kinds[k].out * kinds[k].in : nullptr;
+            ck->live_rows[(size_t)k * L + l] = live_rows_of(W, kinds[k].out, kinds[k].in);
+            any = any || !ck->live_rows[(size_t)k * L + l].empty();
+        }
+    if (!any) ck->live_rows.clear();
+    ck->live_rows_cls = live_rows_of(ck->wcls, c.vocab, D);
 }
 
 }  // namespace kvh

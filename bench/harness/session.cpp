@@ -29,8 +29,13 @@ inline float dot(const float *a, const float *b, int n) {
 // sums (one 8-float vector, multiply then add: the harness is compiled with -ffp-contract=off so
 // no FMA merges them), its reduction tree and its tail. Tokens go in blocks of about 256 KiB of x
 // (L2-resident while the rows of W pass over them); R rows x T tokens share each load.
-void matmul_plain(float *out, const float *x, const float *W, int n, int in_dim, int out_dim) {
-    for (int o = 0; o < out_dim; o++) {
+// `rows` (nrows of them, ascending) lists the rows of W that hold a nonzero weight; the others give
+// +0 for finite x (every product +-0, their sum +0), written without reading W. rows == nullptr:
+// every row.
+void matmul_plain(float *out, const float *x, const float *W, int n, int in_dim, int out_dim, const int32_t *rows,
+                  int nrows) {
+    for (int j = 0; j < nrows; j++) {
+        const int o = rows ? rows[j] : j;
         const float *w = W + (size_t)o * in_dim;
         for (int t = 0; t < n; t++) out[(size_t)t * out_dim + o] = dot(w, x + (size_t)t * in_dim, in_dim);
     }
@@ -41,14 +46,17 @@ typedef float v8f __attribute__((vector_size(32)));
 
 template <int R, int T>
 inline __attribute__((always_inline)) void matmul_tiled(float *out, const float *x, const float *W, int n, int in,
-                                                        int od) {
+                                                        int od, const int32_t *rows, int nrows) {
     const int n8 = in / 8 * 8;
     const int tb = std::max(T, (int)((256u << 10) / (sizeof(float) * (size_t)std::max(in, 1)))) / T * T;
+    auto row = [rows](int j) { return rows ? rows[j] : j; };
     for (int t0 = 0; t0 < n; t0 += tb) {
         const int t1 = std::min(n, t0 + tb);
-        int o = 0;
-        for (; o + R <= od; o += R) {
-            const float *w = W + (size_t)o * in;
+        int j = 0;
+        for (; j + R <= nrows; j += R) {
+            const float *w[R];
+            int o[R];
+            for (int r = 0; r < R; r++) w[r] = W + (size_t)(o[r] = row(j + r)) * in;
             int t = t0;
             for (; t + T <= t1; t += T) {
                 const float *xt = x + (size_t)t * in;
@@ -57,7 +65,7 @@ inline __attribute__((always_inline)) void matmul_tiled(float *out, const float 
                     for (int k = 0; k < T; k++) acc[r][k] = v8f{};
                 for (int i = 0; i < n8; i += 8) {
                     v8f u[R];
-                    for (int r = 0; r < R; r++) __builtin_memcpy(&u[r], w + (size_t)r * in + i, sizeof(v8f));
+                    for (int r = 0; r < R; r++) __builtin_memcpy(&u[r], w[r] + i, sizeof(v8f));
                     for (int k = 0; k < T; k++) {
                         v8f y;
                         __builtin_memcpy(&y, xt + (size_t)k * in + i, sizeof y);
@@ -69,38 +77,49 @@ inline __attribute__((always_inline)) void matmul_tiled(float *out, const float 
                         float s[8];
                         __builtin_memcpy(s, &acc[r][k], sizeof s);
                         float v = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-                        const float *wr = w + (size_t)r * in, *xk = xt + (size_t)k * in;
-                        for (int i = n8; i < in; i++) v += wr[i] * xk[i];
-                        out[(size_t)(t + k) * od + o + r] = v;
+                        const float *xk = xt + (size_t)k * in;
+                        for (int i = n8; i < in; i++) v += w[r][i] * xk[i];
+                        out[(size_t)(t + k) * od + o[r]] = v;
                     }
             }
             for (; t < t1; t++)
-                for (int r = 0; r < R; r++) out[(size_t)t * od + o + r] = dot(w + (size_t)r * in, x + (size_t)t * in, in);
+                for (int r = 0; r < R; r++) out[(size_t)t * od + o[r]] = dot(w[r], x + (size_t)t * in, in);
         }
-        for (; o < od; o++)
+        for (; j < nrows; j++) {
+            const int o = row(j);
             for (int t = t0; t < t1; t++) out[(size_t)t * od + o] = dot(W + (size_t)o * in, x + (size_t)t * in, in);
+        }
     }
 }
 
-__attribute__((target("avx2"))) void matmul_avx2(float *out, const float *x, const float *W, int n, int in, int od) {
-    matmul_tiled<2, 4>(out, x, W, n, in, od);  // 8 accumulators + 2 rows + 1 token of 16 registers
+__attribute__((target("avx2"))) void matmul_avx2(float *out, const float *x, const float *W, int n, int in, int od,
+                                                  const int32_t *rows, int nrows) {
+    matmul_tiled<2, 4>(out, x, W, n, in, od, rows, nrows);  // 8 accumulators + 2 rows + 1 token of 16 registers
 }
 __attribute__((target("avx512f,avx512vl"))) void matmul_avx512(float *out, const float *x, const float *W, int n, int in,
-                                                               int od) {
-    matmul_tiled<4, 4>(out, x, W, n, in, od);  // 16 accumulators of 32 registers
+                                                               int od, const int32_t *rows, int nrows) {
+    matmul_tiled<4, 4>(out, x, W, n, in, od, rows, nrows);  // 16 accumulators of 32 registers
 }
 
-using MatmulFn = void (*)(float *, const float *, const float *, int, int, int);
+using MatmulFn = void (*)(float *, const float *, const float *, int, int, int, const int32_t *, int);
 MatmulFn pick_matmul() {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return matmul_avx512;
     if (__builtin_cpu_supports("avx2")) return matmul_avx2;
     return matmul_plain;
 }
-const MatmulFn matmul = pick_matmul();
+const MatmulFn matmul_pick = pick_matmul();
 #else
-const auto matmul = matmul_plain;
+const auto matmul_pick = matmul_plain;
 #endif
+
+// out = x W^T over every row (live == nullptr or empty: all rows hold weights), or over the rows
+// `live` lists, the others set to +0 (Checkpoint::live_rows: a constructed model's zero rows).
+void matmul(float *out, const float *x, const float *W, int n, int in, int od, const std::vector<int32_t> *live = nullptr) {
+    if (!live || live->empty()) return matmul_pick(out, x, W, n, in, od, nullptr, od);
+    if ((int)live->size() < od) std::memset(out, 0, sizeof(float) * (size_t)n * (size_t)od);
+    matmul_pick(out, x, W, n, in, od, live->data(), (int)live->size());
+}
 
 void rmsnorm(float *o, const float *x, const float *w, int n, int dim, float eps) {
     for (int t = 0; t < n; t++) {
@@ -307,7 +326,8 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
     // (W is the f32 base of kind k; null when the file's matrices of that kind are mapped.)
     auto mm = [&](float *out, const float *x, const float *W, int k, int l, int rows, int in, int outd) {
         if (!w.qmat.empty() && w.qmat[(size_t)k * L + l]) matmul_q(out, x, w.qmat[(size_t)k * L + l], rows, in, outd, threads_);
-        else matmul(out, x, W + (size_t)l * outd * in, rows, in, outd);
+        else matmul(out, x, W + (size_t)l * outd * in, rows, in, outd,
+                    w.live_rows.empty() ? nullptr : &w.live_rows[(size_t)k * L + l]);
     };
     for (int t = 0; t < n; t++) {
         if (w.qemb) dequantize(w.qemb.type, w.qemb.data + (uint64_t)tokens[t] * w.qemb.row_bytes, &x_[(size_t)t * D], (uint64_t)D);
@@ -395,7 +415,7 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
         int first = all_logits ? 0 : cur - 1;
         rmsnorm(xb_.data(), x_.data() + (size_t)first * D, w.rms_final, cur - first, D, eps);
         if (w.qcls) matmul_q(logits, xb_.data(), w.qcls, cur - first, D, c.vocab, threads_);
-        else matmul(logits, xb_.data(), w.wcls, cur - first, D, c.vocab);
+        else matmul(logits, xb_.data(), w.wcls, cur - first, D, c.vocab, &w.live_rows_cls);
     }
     return true;
 }
