@@ -463,11 +463,12 @@ std::string display_name(const Args &a, const char *key, const char *def) {
     return a.has(key) ? a.get(key) : std::string(def);
 }
 
-int finish_eval(const Args &a, std::vector<EvalResult> &all, const std::string &failures) {
+// Writes --json / --csv (when there are rows), then one "error:" line per failure (exit 1).
+int finish_outputs(const Args &a, const std::string &json, const std::string &csv, const std::string &failures) {
     std::string err;
-    if (!all.empty()) {
-        if (a.has("json") && !write_file(a.get("json"), to_json(all), &err)) return error("eval", err);
-        if (a.has("csv") && !write_file(a.get("csv"), to_csv(all), &err)) return error("eval", err);
+    if (!json.empty()) {
+        if (a.has("json") && !write_file(a.get("json"), json, &err)) return error("eval", err);
+        if (a.has("csv") && !write_file(a.get("csv"), csv, &err)) return error("eval", err);
     }
     if (!failures.empty()) {
         std::istringstream is(failures);
@@ -476,6 +477,10 @@ int finish_eval(const Args &a, std::vector<EvalResult> &all, const std::string &
         return 1;
     }
     return 0;
+}
+
+int finish_eval(const Args &a, std::vector<EvalResult> &all, const std::string &failures) {
+    return all.empty() ? finish_outputs(a, "", "", failures) : finish_outputs(a, to_json(all), to_csv(all), failures);
 }
 
 int cmd_task_replay(const Args &a, const std::string &in, const std::string &json);
@@ -596,16 +601,7 @@ struct TaskBar {
 };
 
 int finish_task(const Args &a, const std::vector<TaskResult> &rows, const std::string &failures) {
-    std::string err;
-    if (a.has("json") && !write_file(a.get("json"), tasks_to_json(rows), &err)) return error("eval", err);
-    if (a.has("csv") && !write_file(a.get("csv"), tasks_to_csv(rows), &err)) return error("eval", err);
-    if (!failures.empty()) {
-        std::istringstream is(failures);
-        std::string line;
-        while (std::getline(is, line)) std::fprintf(stderr, "kvprune eval: error: %s\n", line.c_str());
-        return 1;
-    }
-    return 0;
+    return finish_outputs(a, tasks_to_json(rows), tasks_to_csv(rows), failures);
 }
 
 int default_threads() {
