@@ -65,8 +65,8 @@ struct Checkpoint {
     std::vector<QView> qmat;
     QView qcls, qemb;
     std::shared_ptr<const void> keep;  // the mapping qmat/qcls point into
-    // f32 matrices with rows that are all zero (constructed models: induction6 has 4.5x more zero
-    // than nonzero weight rows): live_rows[k * n_layers + l] (k = 0..6 as qmat) lists the rows with a
+    // f32 matrices with rows that are all zero (constructed models: 1224 of induction6's 7968 weight
+    // rows hold a nonzero weight, 22% of its matmul work): live_rows[k * n_layers + l] (k = 0..6 as qmat) lists the rows with a
     // nonzero weight, ascending; an empty list means every row (nothing to skip). The harness matmul
     // computes only those rows and writes +0 for the others, which is what their dot products give
     // for finite inputs (bit for bit). Filled by load_checkpoint (set_live_rows).
