@@ -267,13 +267,14 @@ std::string policy_family(const std::string &spec) {
     std::istringstream is(spec);
     std::string kv;
     while (is >> kv) {
-        const std::string k = kv.substr(0, kv.find('='));
+        const size_t eq = kv.find('=');
+        const std::string k = kv.substr(0, eq), v = eq == std::string::npos ? std::string() : kv.substr(eq + 1);
         if (k == "policy") {
-            policy = kv.substr(7);
+            policy = v;
             continue;
         }
         if (k == "positions") {
-            positions = kv.substr(10);
+            positions = v;
             continue;
         }
         bool along = false;

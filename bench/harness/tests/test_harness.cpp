@@ -366,6 +366,7 @@ TEST(HarnessOutput, JsonRoundTripAndFields) {
     // Specs that differ in anything but their budget are series of their own (issue 22, item 12).
     EXPECT_EQ(policy_family("policy=h2o budget=64 kv_dtype=q4"), "h2o kv_dtype=q4");
     EXPECT_EQ(policy_family("policy=h2o budget=128"), "h2o");
+    EXPECT_EQ(policy_family("policy positions budget"), "") << "keys without '=' (fuzzer input) do not throw";
     EXPECT_EQ(policy_family("policy=think token_policy=h2o budget=64 key_channel_ratio=0.4"), "think token_policy=h2o");
     std::string script = gnuplot_script({r}, "/tmp/x.png");
     EXPECT_NE(script.find("'streaming \"q\" sinks=4'"), std::string::npos) << script;
