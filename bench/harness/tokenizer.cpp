@@ -1,6 +1,7 @@
 #include "tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 
@@ -207,9 +208,12 @@ bool Tokenizer::build(Kind kind, const std::string &pre, std::vector<std::string
     for (size_t i = 0; i < t->pieces_.size(); i++) {
         const std::string &p = t->pieces_[i];
         t->ids_.emplace(p, (int32_t)i);
-        unsigned b;
-        if (kind == kSpm && p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>' && std::sscanf(p.c_str() + 3, "%2x", &b) == 1)
-            t->byte_tok_[b] = (int32_t)i;
+        // "<0xHH>": two hex digits exactly (sscanf's %x would also take a sign: "<0x-1>" gave 0xffffffff)
+        auto hex = [](char ch) { return std::isxdigit((unsigned char)ch) != 0; };
+        if (kind == kSpm && p.size() == 6 && p.compare(0, 3, "<0x") == 0 && p[5] == '>' && hex(p[3]) && hex(p[4])) {
+            const unsigned b = (unsigned)std::stoul(p.substr(3, 2), nullptr, 16);
+            if (b < 256) t->byte_tok_[b] = (int32_t)i;
+        }
     }
     for (size_t r = 0; r < merges.size(); r++) t->merge_rank_.emplace(merges[r], (int32_t)r);
     *out = t;
