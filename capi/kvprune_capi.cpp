@@ -294,6 +294,11 @@ kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_
 
 kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out, char *err,
                          size_t err_len) {
+    return kvp_create_rope(cfg, nullptr, 0, arena, arena_len, out, err, err_len);
+}
+
+kvp_status kvp_create_rope(const kvp_config *cfg, const double *inv_freq, uint32_t n, void *arena, size_t arena_len,
+                           kvp_cache **out, char *err, size_t err_len) {
     char buf[320];
     Msg m(buf, sizeof buf);
     if (!cfg || !out) {
@@ -303,6 +308,7 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
     kvp_config full;
     kvp_status st = kvp::config_load(cfg, &full, m);
     if (st == KVP_OK) st = kvp::config_check(full, m);
+    if (st == KVP_OK) st = kvp::rope_table_check(full, inv_freq, n, m);  // issue 21
     if (st != KVP_OK) return report(st, m.c_str(), err, err_len);
     kvp::ArenaPlan p;
     if (!kvp::arena_plan(full, &p)) {
@@ -340,7 +346,7 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
         return report(KVP_ERR_STATE, m.c_str(), err, err_len);
     }
     int terr = 0;
-    kvp_cache *c = kvp::cache_init(full, p, arena, &terr);
+    kvp_cache *c = kvp::cache_init(full, p, arena, &terr, inv_freq);
     if (!c) {
 #if !KVP_NO_HEAP
         free(owned);
@@ -653,6 +659,59 @@ kvp_status kvp_state_load(kvp_cache *h, const void *buf, size_t size) {
     if (!buf) { m.s("buf must not be NULL"); return fail(g.get(), KVP_ERR_ARG, m); }
     const kvp_status st = kvp::state_load(g.get(), buf, size, m);
     return st == KVP_OK ? st : fail(g.get(), st, m);
+}
+
+}  // extern "C"
+
+// ---- RoPE frequencies from the caller (issue 21; src/rope.cpp) ----
+
+extern "C" {
+
+kvp_status kvp_rope_check(const kvp_config *cfg, const double *inv_freq, uint32_t n, char *err, size_t err_len) {
+    char buf[320];
+    Msg m(buf, sizeof buf);
+    if (!cfg) {
+        m.s("cfg must not be NULL");
+        return report(KVP_ERR_ARG, m.c_str(), err, err_len);
+    }
+    kvp_config full;
+    kvp_status st = kvp::config_load(cfg, &full, m);
+    if (st == KVP_OK) st = kvp::config_check(full, m);
+    if (st == KVP_OK) st = kvp::rope_table_check(full, inv_freq, n, m);
+    return report(st, m.c_str(), err, err_len);
+}
+
+kvp_status kvp_rope_freqs_linear(double *inv_freq, uint32_t n, double theta, double factor, char *err, size_t err_len) {
+    char buf[320];
+    Msg m(buf, sizeof buf);
+    return report(kvp::rope_freqs_linear(inv_freq, n, theta, factor, m), m.c_str(), err, err_len);
+}
+
+kvp_status kvp_rope_freqs_llama3(double *inv_freq, uint32_t n, double theta, double factor, double low_freq_factor,
+                                 double high_freq_factor, double original_max_position_embeddings, char *err,
+                                 size_t err_len) {
+    char buf[320];
+    Msg m(buf, sizeof buf);
+    return report(kvp::rope_freqs_llama3(inv_freq, n, theta, factor, low_freq_factor, high_freq_factor,
+                                         original_max_position_embeddings, m),
+                  m.c_str(), err, err_len);
+}
+
+kvp_status kvp_rope_freqs_yarn(double *inv_freq, uint32_t n, double theta, double factor,
+                               double original_max_position_embeddings, double beta_fast, double beta_slow,
+                               float *attn_factor, char *err, size_t err_len) {
+    char buf[320];
+    Msg m(buf, sizeof buf);
+    return report(kvp::rope_freqs_yarn(inv_freq, n, theta, factor, original_max_position_embeddings, beta_fast,
+                                       beta_slow, attn_factor, m),
+                  m.c_str(), err, err_len);
+}
+
+kvp_status kvp_rope_freqs_divided(double *inv_freq, uint32_t n, double theta, const float *divisors, char *err,
+                                  size_t err_len) {
+    char buf[320];
+    Msg m(buf, sizeof buf);
+    return report(kvp::rope_freqs_divided(inv_freq, n, theta, divisors, m), m.c_str(), err, err_len);
 }
 
 }  // extern "C"

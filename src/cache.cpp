@@ -517,7 +517,7 @@ void step_worker(void *arg, uint32_t tid) {
 // here at any size (a plain 2-thread read of main memory is no faster than a 1-thread one).
 const uint64_t kParallelWork = uint64_t(4) << 20;
 
-kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err) {
+kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err, const double *caller_freqs) {
     char *base = static_cast<char *>(arena);
     kvp_cache *c = new (base) kvp_cache;
     memset(c, 0, sizeof *c);
@@ -530,7 +530,10 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     c->group = m.n_q_heads / m.n_kv_heads;
 
     c->positions = config_positions(cfg);
-    c->scale = cfg.attn_scale > 0.0f ? cfg.attn_scale : float(1.0 / sqrt(double(m.head_dim)));  // issue 21: attn_scale
+    const double base_scale = cfg.attn_scale > 0.0f ? double(cfg.attn_scale) : 1.0 / sqrt(double(m.head_dim));  // issue 21: attn_scale
+    // issue 21: the RoPE attention factor a scales every logit by a^2 (docs/rope.md); a = 1 keeps the bits.
+    const double ra = double(cfg.rope_attn_factor);
+    c->scale = ra == 1.0 ? float(base_scale) : float(base_scale * ra * ra);
     c->kern = kern::attn_f32_best();
     c->skern = kern::score_f32_best();
     c->vkern = kern::vec_f32_best();
@@ -538,13 +541,24 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     double *freqs = reinterpret_cast<double *>(base + plan.off_freqs);
     c->rope.style = m.rope;
     c->rope.pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
-    rope_init_freqs(m, freqs, c->rope.pairs);
+    if (caller_freqs) {  // issue 21: the caller's table replaces theta's frequencies in every path
+        for (uint32_t i = 0; i < c->rope.pairs; ++i) freqs[i] = caller_freqs[i];
+        c->rope_fp = rope_table_fingerprint(freqs, c->rope.pairs);
+    } else {
+        rope_init_freqs(m, freqs, c->rope.pairs);
+    }
     c->rope.inv_freq = freqs;
     if (plan.kq_stride) {  // score=fixed with a scoring policy
         double *ff = reinterpret_cast<double *>(base + plan.off_fixed_freqs);
-        fixed::rope_freqs(m.rope_theta, c->rope.pairs, ff);
+        if (caller_freqs) {
+            for (uint32_t i = 0; i < c->rope.pairs; ++i) ff[i] = caller_freqs[i];
+        } else {
+            fixed::rope_freqs(m.rope_theta, c->rope.pairs, ff);
+        }
         c->fixed_freqs = ff;
-        c->fixed_K = cfg.attn_scale > 0.0f ? fixed::logit_scale_of(cfg.attn_scale) : fixed::logit_scale(m.head_dim);
+        c->fixed_K = ra != 1.0                ? fixed::logit_scale_of(float(base_scale * ra * ra))
+                     : cfg.attn_scale > 0.0f ? fixed::logit_scale_of(cfg.attn_scale)
+                                             : fixed::logit_scale(m.head_dim);
         int16_t *ft = reinterpret_cast<int16_t *>(base + plan.off_fixed_rope);
         for (uint32_t pos = 0; pos < plan.fixed_rope_n; ++pos)
             fixed::rope_table(ff, c->rope.pairs, pos, ft + size_t(pos) * 2 * c->rope.pairs);

@@ -64,6 +64,7 @@ struct kvp_cache {
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
+    uint32_t rope_fp;          // fingerprint of the caller's RoPE table (rope.h; 0: theta), checked by kvp_state_load
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
     char last_error[256];
@@ -109,7 +110,10 @@ double step_work(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, 
 // Builds a cache in `arena` (>= plan.total bytes, 64-aligned) for a checked config and starts
 // its worker threads. NULL when a thread could not be started (*thread_err = the
 // pthread_create error; nothing is left running).
-kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err);
+// caller_freqs: the caller's RoPE inverse frequencies (kvp_create_rope; rope_table_check passed),
+// copied into the arena; NULL = theta's.
+kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err,
+                      const double *caller_freqs = nullptr);
 // Stops the worker threads (kvp_destroy): joins them; no call may follow.
 void cache_stop(kvp_cache *c);
 void cache_reset(kvp_cache *c);

@@ -130,6 +130,8 @@ constexpr Key kKeys[] = {
     KVP_F32(attn_scale, 0.0, 0.0, 1.0, kAll,
             "attention logit scale: logits = q.k * attn_scale (Gemma: 1/sqrt(query_pre_attn_scalar)); 0 = 1/sqrt(head_dim)"),
     KVP_F32(logit_softcap, 0.0, 0.0, 1e6, kAll, "attention logit soft-capping: logits = c * tanh(logits / c) (Gemma 2: 50); 0 = off"),
+    KVP_F32(rope_attn_factor, 1.0, 1.0 / 64, 64.0, kAll,
+            "RoPE attention factor a (YaRN's mscale 0.1 ln(s) + 1, LongRoPE): logits = q.k * scale * a^2, as if q and k were both scaled by a; 1 = none"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -817,8 +819,17 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
     if (c.model.rope == KVP_ROPE_NONE && c.positions == KVP_POS_REALIGN) {
         m.s("positions=realign needs the library to rotate keys, but rope=none (q and k arrive pre-rotated or "
             "without RoPE): kvprune cannot re-rotate keys it did not rotate; use positions=original, or give the "
-            "RoPE parameters (rope, rope_dim, rope_theta) and pass q/k before RoPE");
+            "RoPE parameters (rope, rope_dim, rope_theta, or a frequency table: kvp_create_rope) and pass q/k before RoPE");
         return KVP_ERR_CONFIG;
+    }
+    if (c.score == KVP_SCORE_FIXED && c.rope_attn_factor != 1.0f) {  // fixed::logit_scale_of takes a scale <= 1
+        const double base = c.attn_scale > 0.0f ? double(c.attn_scale) : 1.0 / sqrt(double(c.model.head_dim));
+        const double eff = base * double(c.rope_attn_factor) * double(c.rope_attn_factor);
+        if (eff > 1.0) {
+            m.s("score=fixed needs the logit scale (attn_scale or 1/sqrt(head_dim)) times rope_attn_factor^2 <= 1, but it is ")
+                .f(eff).s(" (rope_attn_factor=").f(double(c.rope_attn_factor)).s(")");
+            return KVP_ERR_CONFIG;
+        }
     }
     if (c.logit_softcap > 0.0f && c.score == KVP_SCORE_FIXED) {
         m.s("logit_softcap is not implemented for score=fixed (fixed-point scores have no tanh); use score=float");

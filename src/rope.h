@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "kernels/vec_f32.h"
+#include "msg.h"
 #include "kvprune/kvprune.h"
 
 namespace kvp {
@@ -39,6 +40,23 @@ struct Rope {
 
 // Fills inv_freq[pairs] for model m.
 void rope_init_freqs(const kvp_model &m, double *inv_freq, uint32_t pairs);
+
+// ---- RoPE frequency tables from published scaling schemes (issue 21; kvprune.h, docs/rope.md) ----
+// Each fills inv_freq[n] (n = rope_dim/2 pairs) from theta^(-i/n), computed with the
+// deterministic double routines of score_fixed.h (the same bits on every IEEE-754 platform; with
+// factor 1 / divisors 1 exactly the table score=fixed derives from theta). On a bad parameter
+// they write the reason into m, return KVP_ERR_ARG/KVP_ERR_CONFIG and leave inv_freq untouched.
+kvp_status rope_freqs_linear(double *inv_freq, uint32_t n, double theta, double factor, Msg &m);
+kvp_status rope_freqs_llama3(double *inv_freq, uint32_t n, double theta, double factor, double low_freq_factor,
+                             double high_freq_factor, double original_max_pos, Msg &m);
+kvp_status rope_freqs_yarn(double *inv_freq, uint32_t n, double theta, double factor, double original_max_pos,
+                           double beta_fast, double beta_slow, float *attn_factor, Msg &m);
+kvp_status rope_freqs_divided(double *inv_freq, uint32_t n, double theta, const float *divisors, Msg &m);
+// A caller's table against a valid config: n == pairs, entries finite and > 0.
+kvp_status rope_table_check(const kvp_config &cfg, const double *inv_freq, uint32_t n, Msg &m);
+// Fingerprint of a caller's table for kvp_state_save/load: 0 = none (theta), else a nonzero
+// hash of the table's bits.
+uint32_t rope_table_fingerprint(const double *inv_freq, uint32_t n);
 
 // cs[2*i] = cos(pos*f_i), cs[2*i+1] = sin(pos*f_i) for i < pairs.
 void rope_table(const Rope &r, int64_t pos, float *cs);

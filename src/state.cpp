@@ -360,7 +360,7 @@ kvp_status state_save(const kvp_cache *c, void *buf, size_t size, size_t *writte
     put_le(o + 12, KVP_VERSION, 4);
     put_le(o + 16, need, 8);
     put_le(o + 32, kConfigWords, 4);
-    put_le(o + 36, 0, 4);
+    put_le(o + 36, c->rope_fp, 4);
     for (uint32_t i = 0; i < kConfigWords; ++i) {
         uint32_t w;
         memcpy(&w, reinterpret_cast<const char *>(&c->cfg) + 4 + 4 * size_t(i), 4);
@@ -430,6 +430,15 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
     if (state_checksum(in + 32, size - 32) != get_le(in + 24, 8)) {
         m.s("the state's checksum does not match (corrupted)");
         return KVP_ERR_ARG;
+    }
+    // The caller's RoPE table (kvp_create_rope) is part of the configuration: its fingerprint.
+    const uint32_t fp = uint32_t(get_le(in + 36, 4));
+    if (fp != c->rope_fp) {
+        m.s("the state was saved from a cache ").s(fp ? "with a caller RoPE frequency table" : "with theta's RoPE frequencies")
+            .s(" and this cache has ").s(c->rope_fp ? "a caller table" : "theta's frequencies");
+        if (fp && c->rope_fp) m.s(" (the tables differ: fingerprints ").u(fp).s(" and ").u(c->rope_fp).s(")");
+        m.s(" (kvp_create_rope)");
+        return KVP_ERR_CONFIG;
     }
     // A state from a library whose kvp_config had fewer fields (keys are appended, never moved) is
     // read with those fields at their defaults; one with more fields comes from a newer library.

@@ -6,7 +6,8 @@
 //   0  "KVPSTATE"                8 bytes
 //   8  u32 format version (1)   12  u32 library version (kvp_version of the writer)
 //  16  u64 total bytes          24  u64 checksum of bytes [32, total) (state.cpp checksum64)
-//  32  u32 config words W       36  u32 reserved (0)
+//  32  u32 config words W       36  u32 RoPE table fingerprint (rope.h rope_table_fingerprint;
+//      0 = theta's frequencies; states before issue 21's tables wrote 0 here)
 //  40  the writer's kvp_config after struct_size as W u32 words (model first, threads included
 //      but not compared: bits do not depend on the thread count)
 //  then the body, in this order (each field little-endian, fixed width):

@@ -242,6 +242,10 @@ typedef struct kvp_config {
                                     0 (default) = 1/sqrt(head_dim) */
     float    logit_softcap;      /* logit_softcap=c: logits become c * tanh(logit / c) before the softmax (Gemma 2's
                                     attention soft-capping); 0 (default) = off */
+    /* appended in 0.2 (issue 21): RoPE frequencies from the caller (kvp_create_rope) */
+    float    rope_attn_factor;   /* rope_attn_factor=a: RoPE attention factor (YaRN's mscale, LongRoPE's
+                                    attention factor): every logit is multiplied by a*a, as if q and k were
+                                    both scaled by a (docs/rope.md); 1 (default) = none */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -595,6 +599,88 @@ kvp_status kvp_state_save(const kvp_cache *c, void *buf, size_t size, size_t *wr
  * `threads` may differ); KVP_ERR_STATE while a draft is open. On failure the cache is unchanged.
  */
 kvp_status kvp_state_load(kvp_cache *c, const void *buf, size_t size);
+
+/* ---- RoPE frequencies from the caller (issue 21) ----
+ *
+ * By default pair i (i < rope_dim/2) of a RoPE model rotates by pos * theta^(-2i/rope_dim).
+ * Scaled RoPE variants (linear position interpolation, Llama 3.1's frequency factors, YaRN,
+ * LongRoPE) keep the rotation and change the per-pair inverse frequencies; YaRN and LongRoPE also
+ * scale the attention logits (kvp_config.rope_attn_factor). kvp_create_rope copies a caller's
+ * table of inverse frequencies into the arena at create; every path (float and fixed scoring,
+ * positions=realign, quantized keys, drafts) rotates with it instead of theta. The helpers below
+ * build the table of each published scheme (docs/rope.md gives the formulas). They compute with
+ * the library's deterministic double routines (+, -, *, /, floor: the same bits on every IEEE-754
+ * platform) and allocate nothing. "pairs" is rope_dim/2 (rope_dim 0 means head_dim).
+ */
+
+/**
+ * Checks a RoPE table against cfg (which must itself be valid, as kvp_config_check): inv_freq
+ * holds n entries, n == rope_dim/2, every entry finite and > 0; inv_freq NULL with n 0 means
+ * "no table" (theta). Returns KVP_OK, KVP_ERR_ARG (NULL cfg, inv_freq NULL with n > 0),
+ * KVP_ERR_CONFIG (cfg invalid, n != rope_dim/2, rope=KVP_ROPE_NONE with a table, an entry
+ * that is not finite or not > 0: the message names its index and value), with a message in err
+ * as kvp_config_check. Changes nothing.
+ */
+kvp_status kvp_rope_check(const kvp_config *cfg, const double *inv_freq, uint32_t n, char *err, size_t err_len);
+
+/**
+ * kvp_create_ex whose RoPE rotates pair i by pos * inv_freq[i] instead of theta's frequencies.
+ * The n entries are copied into the arena (the arena size is that of kvp_arena_size(cfg): the
+ * table takes the room theta's frequencies would); the caller's array may be freed after the
+ * call. inv_freq NULL with n 0 is exactly kvp_create_ex. The table is part of the cache's
+ * identity: kvp_state_load refuses a state saved with another table (or none). Returns what
+ * kvp_create_ex returns, and the statuses of kvp_rope_check for the table (checked first;
+ * nothing is created then). *out is set only on success.
+ */
+kvp_status kvp_create_rope(const kvp_config *cfg, const double *inv_freq, uint32_t n, void *arena,
+                           size_t arena_len, kvp_cache **out, char *err, size_t err_len);
+
+/**
+ * Linear scaling (position interpolation, Chen et al. 2023): inv_freq[i] = theta^(-i/n) / factor
+ * for i < n (n = pairs). Returns KVP_ERR_ARG for NULL inv_freq or n == 0, KVP_ERR_CONFIG for
+ * theta not finite or <= 1 or factor not finite or < 1 (the message in err names the
+ * parameter; err may be NULL). On failure inv_freq is untouched.
+ */
+kvp_status kvp_rope_freqs_linear(double *inv_freq, uint32_t n, double theta, double factor, char *err,
+                                 size_t err_len);
+
+/**
+ * Llama 3.1's frequency scaling (HF rope_type "llama3"). With base f_i = theta^(-i/n), wavelength
+ * w_i = 2*pi/f_i, L = original_max_position_embeddings: w_i < L/high_freq_factor keeps f_i,
+ * w_i > L/low_freq_factor gives f_i/factor, and in between s = (L/w_i - low_freq_factor) /
+ * (high_freq_factor - low_freq_factor) blends (1-s)*f_i/factor + s*f_i. Returns KVP_ERR_ARG for
+ * NULL inv_freq or n == 0, KVP_ERR_CONFIG for a parameter out of range (theta > 1, factor >= 1,
+ * 0 < low_freq_factor < high_freq_factor, original_max_position_embeddings >= 1, all finite).
+ * On failure inv_freq is untouched.
+ */
+kvp_status kvp_rope_freqs_llama3(double *inv_freq, uint32_t n, double theta, double factor, double low_freq_factor,
+                                 double high_freq_factor, double original_max_position_embeddings, char *err,
+                                 size_t err_len);
+
+/**
+ * YaRN (Peng et al. 2023; HF rope_type "yarn"): with f_i = theta^(-i/n), d = 2n, L =
+ * original_max_position_embeddings and c(r) = d * ln(L / (2*pi*r)) / (2 ln theta) (the pair whose
+ * wavelength fits r times into L), the ramp runs from lo = max(floor(c(beta_fast)), 0) to hi =
+ * min(ceil(c(beta_slow)), d-1) (hi = lo + 0.001 when equal): g_i = clamp((i - lo)/(hi - lo), 0, 1),
+ * inv_freq[i] = f_i/factor * g_i + f_i * (1 - g_i) (fast pairs keep f_i, slow ones interpolate).
+ * *attn_factor (when not NULL) receives the paper's attention factor 0.1 ln(factor) + 1 (1 for
+ * factor 1), for kvp_config.rope_attn_factor. Defaults of the published scheme: beta_fast 32,
+ * beta_slow 1. Returns KVP_ERR_ARG for NULL inv_freq or n == 0, KVP_ERR_CONFIG for a parameter out
+ * of range (theta > 1, factor >= 1, beta_fast > beta_slow > 0, original_max_position_embeddings
+ * >= 1, all finite). On failure inv_freq and *attn_factor are untouched.
+ */
+kvp_status kvp_rope_freqs_yarn(double *inv_freq, uint32_t n, double theta, double factor,
+                               double original_max_position_embeddings, double beta_fast, double beta_slow,
+                               float *attn_factor, char *err, size_t err_len);
+
+/**
+ * Per-pair divisors (a GGUF file's `rope_freqs` tensor, as llama.cpp stores Llama 3.1's scaling;
+ * LongRoPE's short/long factors): inv_freq[i] = theta^(-i/n) / divisors[i]. Returns KVP_ERR_ARG
+ * for NULL pointers or n == 0, KVP_ERR_CONFIG for theta not finite or <= 1 or a divisor not
+ * finite or <= 0 (the message names its index). On failure inv_freq is untouched.
+ */
+kvp_status kvp_rope_freqs_divided(double *inv_freq, uint32_t n, double theta, const float *divisors, char *err,
+                                  size_t err_len);
 
 /* ---- Configuration keys: the library's own table (names, types, defaults, ranges, policies) ---- */
 

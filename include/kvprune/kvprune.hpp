@@ -60,7 +60,11 @@ public:
     // Allocates an arena (the only allocation) and creates a cache for cfg in it. On success it
     // replaces the cache this object held; on failure the old cache is kept, unchanged, and
     // create_error() says why.
-    kvp_status create(const kvp_config &cfg) {
+    kvp_status create(const kvp_config &cfg) { return create(cfg, nullptr, 0); }
+    // create() whose RoPE uses the caller's inverse frequencies inv_freq[n_freqs] (rope_dim/2;
+    // kvp_create_rope: copied into the arena; nullptr/0 = theta's). Build the table with
+    // kvp_rope_freqs_linear/_llama3/_yarn/_divided.
+    kvp_status create(const kvp_config &cfg, const double *inv_freq, uint32_t n_freqs) {
         err_[0] = '\0';
         const size_t n = kvp_arena_size(&cfg);
         if (n == 0) {
@@ -73,7 +77,7 @@ public:
             return KVP_ERR_ARENA;
         }
         kvp_cache *c = nullptr;
-        const kvp_status st = kvp_create_ex(&cfg, mem, n, &c, err_, sizeof err_);
+        const kvp_status st = kvp_create_rope(&cfg, inv_freq, n_freqs, mem, n, &c, err_, sizeof err_);
         if (st != KVP_OK) {
             free(mem);
             return st;
