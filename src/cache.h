@@ -56,6 +56,7 @@ struct kvp_cache {
     int64_t fixed_K;           // score=fixed: logit scale (fixed::logit_scale)
     const int16_t *fixed_rope; // score=fixed: precomputed Q14 tables [fixed_rope_n][2*pairs] (realign)
     uint32_t fixed_rope_n;
+    uint32_t rope_fp;          // fingerprint of the caller's RoPE table (rope.h; 0: theta), checked by kvp_state_load
     kvp::ThreadPool *tpool;    // the worker threads (NULL: threads == 1 or no thread support)
     uint64_t par_work;         // work a call needs before a second thread joins (cache.cpp)
     uint32_t par_shift;        // back-off: the threshold is par_work << par_shift (cache.cpp)
@@ -64,7 +65,6 @@ struct kvp_cache {
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
-    uint32_t rope_fp;          // fingerprint of the caller's RoPE table (rope.h; 0: theta), checked by kvp_state_load
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
     char last_error[256];
