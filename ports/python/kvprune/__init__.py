@@ -41,6 +41,7 @@ from collections import namedtuple
 __all__ = [
     "KvpError", "Model", "Config", "Cache", "Stats", "LayerStats", "Selection", "KeyInfo", "version",
     "status_str", "config_keys", "build_shared_library", "load_library",
+    "rope_freqs_linear", "rope_freqs_llama3", "rope_freqs_yarn", "rope_freqs_divided",
 ]
 
 # ---- pinned C enums -------------------------------------------------------------------
@@ -82,6 +83,7 @@ class _Config(ctypes.Structure):
         ("token_policy", _enum), ("quant_group", _u32),
         ("lazy_force", _u32),
         ("max_draft", _u32), ("attn_scale", _f32), ("logit_softcap", _f32),  # issue 21
+        ("rope_attn_factor", _f32),  # issue 21: RoPE frequencies from the caller
     ]
 
 
@@ -110,6 +112,7 @@ class _Selection(ctypes.Structure):
 
 
 _FP = ctypes.POINTER(ctypes.c_float)
+_DP = ctypes.POINTER(ctypes.c_double)
 _IP = ctypes.POINTER(ctypes.c_int32)
 _CP = ctypes.c_void_p  # kvp_cache *
 
@@ -153,6 +156,17 @@ def _declare(lib):
         "kvp_config_key_count": (_u32, []),
         "kvp_config_key": (_u32, [_u32, ctypes.POINTER(_KeyInfo)]),
         "kvp_config_key_used": (ctypes.c_int, [ctypes.POINTER(_Config), ctypes.c_char_p]),
+        # issue 21: RoPE frequencies from the caller
+        "kvp_rope_check": (_u32, [ctypes.POINTER(_Config), _DP, _u32, ctypes.c_char_p, ctypes.c_size_t]),
+        "kvp_create_rope": (_u32, [ctypes.POINTER(_Config), _DP, _u32, ctypes.c_void_p, ctypes.c_size_t,
+                                   ctypes.POINTER(_CP), ctypes.c_char_p, ctypes.c_size_t]),
+        "kvp_rope_freqs_linear": (_u32, [_DP, _u32, ctypes.c_double, ctypes.c_double, ctypes.c_char_p,
+                                         ctypes.c_size_t]),
+        "kvp_rope_freqs_llama3": (_u32, [_DP, _u32, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                         ctypes.c_double, ctypes.c_double, ctypes.c_char_p, ctypes.c_size_t]),
+        "kvp_rope_freqs_yarn": (_u32, [_DP, _u32, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                       ctypes.c_double, ctypes.c_double, _FP, ctypes.c_char_p, ctypes.c_size_t]),
+        "kvp_rope_freqs_divided": (_u32, [_DP, _u32, ctypes.c_double, _FP, ctypes.c_char_p, ctypes.c_size_t]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -512,10 +526,57 @@ def _positions(p, n):
     return (ctypes.c_int32 * len(vals))(*vals)
 
 
+def _rope_table(freqs):
+    if freqs is None:
+        return None, 0
+    vals = [float(x) for x in freqs]
+    return (ctypes.c_double * len(vals))(*vals), len(vals)
+
+
+def _rope_call(fn, n, *args):
+    n = _uint32(n, "n")
+    if n == 0:
+        raise _arg_error("n (rope_dim/2 pairs) must be > 0")
+    out = (ctypes.c_double * n)()
+    err = ctypes.create_string_buffer(_ERR_LEN)
+    _check_buf(fn(out, n, *args, err, _ERR_LEN), err)
+    return list(out)
+
+
+def rope_freqs_linear(n, theta, factor):
+    """Linear RoPE scaling (position interpolation): n = rope_dim/2 inverse frequencies theta^(-i/n)/factor."""
+    return _rope_call(load_library().kvp_rope_freqs_linear, n, float(theta), float(factor))
+
+
+def rope_freqs_llama3(n, theta, factor, low_freq_factor, high_freq_factor, original_max_position_embeddings):
+    """Llama 3.1's RoPE frequencies (kvp_rope_freqs_llama3): a list of n = rope_dim/2 floats."""
+    return _rope_call(load_library().kvp_rope_freqs_llama3, n, float(theta), float(factor), float(low_freq_factor),
+                      float(high_freq_factor), float(original_max_position_embeddings))
+
+
+def rope_freqs_yarn(n, theta, factor, original_max_position_embeddings, beta_fast=32.0, beta_slow=1.0):
+    """YaRN (kvp_rope_freqs_yarn): (frequencies, attention factor); pass the factor as the config key
+    rope_attn_factor."""
+    a = ctypes.c_float(0.0)
+    f = _rope_call(load_library().kvp_rope_freqs_yarn, n, float(theta), float(factor),
+                   float(original_max_position_embeddings), float(beta_fast), float(beta_slow), ctypes.pointer(a))
+    return f, a.value
+
+
+def rope_freqs_divided(n, theta, divisors):
+    """theta^(-i/n) / divisors[i] (a GGUF rope_freqs tensor, LongRoPE factors)."""
+    d = [float(x) for x in divisors]
+    if len(d) != _uint32(n, "n"):
+        raise _arg_error("divisors has %d entries, expected n=%d" % (len(d), n))
+    return _rope_call(load_library().kvp_rope_freqs_divided, n, float(theta), (ctypes.c_float * len(d))(*d))
+
+
 class Cache:
     """A KV cache in its own 64-byte aligned arena. Calls on one Cache are serialised by a lock."""
 
-    def __init__(self, model, spec="", config=None):
+    def __init__(self, model, spec="", config=None, rope_freqs=None):
+        """rope_freqs: the RoPE inverse frequency of each rotated pair (rope_dim/2 floats, e.g. from
+        rope_freqs_yarn), copied into the arena (kvp_create_rope); None = the model's theta."""
         lib = load_library()
         cfg = config if config is not None else Config(model, spec)
         self.model = cfg.model
@@ -532,7 +593,9 @@ class Cache:
         self.arena_len = n
         h = _CP()
         err = ctypes.create_string_buffer(_ERR_LEN)
-        st = lib.kvp_create_ex(ctypes.byref(cfg._raw), ctypes.c_void_p(self._arena), n, ctypes.byref(h), err, _ERR_LEN)
+        tab, nt = _rope_table(rope_freqs)
+        st = lib.kvp_create_rope(ctypes.byref(cfg._raw), tab, nt, ctypes.c_void_p(self._arena), n, ctypes.byref(h),
+                                 err, _ERR_LEN)
         _check_buf(st, err)
         self._lib = lib
         self._handle = h
