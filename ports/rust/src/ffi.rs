@@ -123,6 +123,8 @@ pub struct kvp_config {
     pub max_draft: u32,
     pub attn_scale: f32,
     pub logit_softcap: f32,
+    // appended for issue 21: RoPE frequencies from the caller (the table goes to kvp_create_rope)
+    pub rope_attn_factor: f32,
 }
 
 #[repr(C)]
@@ -258,4 +260,50 @@ extern "C" {
     pub fn kvp_state_save(c: *const kvp_cache, buf: *mut u8, size: usize, written: *mut usize) -> kvp_status;
     pub fn kvp_state_load(c: *mut kvp_cache, buf: *const u8, size: usize) -> kvp_status;
     pub fn kvp_config_key_used(cfg: *const kvp_config, name: *const c_char) -> std::os::raw::c_int;
+    // issue 21: RoPE frequencies from the caller
+    pub fn kvp_rope_check(cfg: *const kvp_config, inv_freq: *const f64, n: u32, err: *mut c_char, err_len: usize)
+        -> kvp_status;
+    pub fn kvp_create_rope(
+        cfg: *const kvp_config,
+        inv_freq: *const f64,
+        n: u32,
+        arena: *mut u8,
+        arena_len: usize,
+        out: *mut *mut kvp_cache,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
+    pub fn kvp_rope_freqs_linear(inv_freq: *mut f64, n: u32, theta: f64, factor: f64, err: *mut c_char, err_len: usize)
+        -> kvp_status;
+    pub fn kvp_rope_freqs_llama3(
+        inv_freq: *mut f64,
+        n: u32,
+        theta: f64,
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
+    pub fn kvp_rope_freqs_yarn(
+        inv_freq: *mut f64,
+        n: u32,
+        theta: f64,
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attn_factor: *mut f32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
+    pub fn kvp_rope_freqs_divided(
+        inv_freq: *mut f64,
+        n: u32,
+        theta: f64,
+        divisors: *const f32,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
 }

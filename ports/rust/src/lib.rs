@@ -508,6 +508,21 @@ unsafe impl Send for Cache {}
 impl Cache {
     /// Allocates the exact arena (`kvp_arena_size`) and creates the cache in it.
     pub fn new(cfg: &Config) -> Result<Cache> {
+        Cache::with_rope_freqs(cfg, None)
+    }
+
+    /// `Cache::new` whose RoPE rotates pair i by `pos * inv_freq[i]` (rope_dim/2 entries, e.g. from
+    /// [`rope_freqs_yarn`]; copied into the arena by `kvp_create_rope`); `None` = the model's theta.
+    pub fn with_rope_freqs(cfg: &Config, inv_freq: Option<&[f64]>) -> Result<Cache> {
+        let (tab, nt) = match inv_freq {
+            Some(t) => {
+                if t.len() > u32::MAX as usize {
+                    return Err(Error::new(Status::Arg, "the RoPE table has more than 2^32-1 entries"));
+                }
+                (t.as_ptr(), t.len() as u32)
+            }
+            None => (ptr::null(), 0),
+        };
         let n = cfg.arena_size();
         if n == 0 {
             cfg.check()?;
@@ -517,7 +532,16 @@ impl Cache {
         let mut h: *mut ffi::kvp_cache = ptr::null_mut();
         let mut buf = [0u8; ERR_LEN];
         let s = unsafe {
-            ffi::kvp_create_ex(&cfg.raw, arena.ptr.as_ptr(), n, &mut h, buf.as_mut_ptr() as *mut c_char, ERR_LEN)
+            ffi::kvp_create_rope(
+                &cfg.raw,
+                tab,
+                nt,
+                arena.ptr.as_ptr(),
+                n,
+                &mut h,
+                buf.as_mut_ptr() as *mut c_char,
+                ERR_LEN,
+            )
         };
         check_with_buf(s, &buf)?;
         let handle = NonNull::new(h).ok_or_else(|| Error::new(Status::State, "kvp_create returned NULL"))?;
@@ -794,4 +818,72 @@ impl fmt::Debug for Cache {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache").field("model", &self.model).field("arena_len", &self.arena_len).finish()
     }
+}
+
+// ---- RoPE frequency tables (issue 21; kvprune.h kvp_rope_freqs_*) ----
+
+fn rope_table(n: u32, f: impl FnOnce(*mut f64, *mut c_char) -> ffi::kvp_status) -> Result<Vec<f64>> {
+    if n == 0 {
+        return Err(Error::new(Status::Arg, "n (rope_dim/2 pairs) must be > 0"));
+    }
+    let mut t = vec![0f64; n as usize];
+    let mut buf = [0u8; ERR_LEN];
+    let s = f(t.as_mut_ptr(), buf.as_mut_ptr() as *mut c_char);
+    check_with_buf(s, &buf)?;
+    Ok(t)
+}
+
+/// Linear RoPE scaling (position interpolation): `theta^(-i/n) / factor` for the n = rope_dim/2 pairs.
+pub fn rope_freqs_linear(n: u32, theta: f64, factor: f64) -> Result<Vec<f64>> {
+    rope_table(n, |t, e| unsafe { ffi::kvp_rope_freqs_linear(t, n, theta, factor, e, ERR_LEN) })
+}
+
+/// Llama 3.1's RoPE frequency scaling (`kvp_rope_freqs_llama3`).
+pub fn rope_freqs_llama3(
+    n: u32,
+    theta: f64,
+    factor: f64,
+    low_freq_factor: f64,
+    high_freq_factor: f64,
+    original_max_position_embeddings: f64,
+) -> Result<Vec<f64>> {
+    rope_table(n, |t, e| unsafe {
+        ffi::kvp_rope_freqs_llama3(
+            t,
+            n,
+            theta,
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+            e,
+            ERR_LEN,
+        )
+    })
+}
+
+/// YaRN (`kvp_rope_freqs_yarn`): the frequencies and the attention factor (set it as the config
+/// key `rope_attn_factor`). The published defaults are beta_fast 32, beta_slow 1.
+pub fn rope_freqs_yarn(
+    n: u32,
+    theta: f64,
+    factor: f64,
+    original_max_position_embeddings: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+) -> Result<(Vec<f64>, f32)> {
+    let mut a = 0f32;
+    let t = rope_table(n, |t, e| unsafe {
+        ffi::kvp_rope_freqs_yarn(t, n, theta, factor, original_max_position_embeddings, beta_fast, beta_slow, &mut a, e, ERR_LEN)
+    })?;
+    Ok((t, a))
+}
+
+/// `theta^(-i/n) / divisors[i]` (a GGUF `rope_freqs` tensor, LongRoPE factors); n = divisors.len().
+pub fn rope_freqs_divided(theta: f64, divisors: &[f32]) -> Result<Vec<f64>> {
+    if divisors.len() > u32::MAX as usize {
+        return Err(Error::new(Status::Arg, "more than 2^32-1 divisors"));
+    }
+    let n = divisors.len() as u32;
+    rope_table(n, |t, e| unsafe { ffi::kvp_rope_freqs_divided(t, n, theta, divisors.as_ptr(), e, ERR_LEN) })
 }
