@@ -407,6 +407,20 @@ func NewCache(m Model, spec string) (*Cache, error) {
 
 // NewCacheFromConfig allocates the exact arena and creates the cache in it.
 func NewCacheFromConfig(cfg *Config) (*Cache, error) {
+	return NewCacheRope(cfg, nil)
+}
+
+// NewCacheRope is NewCacheFromConfig whose RoPE rotates pair i by pos*invFreq[i] (rope_dim/2
+// entries, e.g. from RopeFreqsYarn; copied into the arena by kvp_create_rope). A nil or empty
+// invFreq means the model's theta.
+func NewCacheRope(cfg *Config, invFreq []float64) (*Cache, error) {
+	var tab *C.double
+	if len(invFreq) > math.MaxUint32 {
+		return nil, newError(ErrArg, "the RoPE table has more than 2^32-1 entries")
+	}
+	if len(invFreq) > 0 {
+		tab = (*C.double)(unsafe.Pointer(&invFreq[0]))
+	}
 	n := cfg.ArenaSize()
 	if n == 0 {
 		if err := cfg.Check(); err != nil {
@@ -420,7 +434,8 @@ func NewCacheFromConfig(cfg *Config) (*Cache, error) {
 	}
 	var h *C.kvp_cache
 	buf := make([]byte, errLen)
-	if s := C.kvp_create_ex(&cfg.raw, arena, C.size_t(n), &h, (*C.char)(unsafe.Pointer(&buf[0])), errLen); s != C.KVP_OK {
+	if s := C.kvp_create_rope(&cfg.raw, tab, C.uint32_t(len(invFreq)), arena, C.size_t(n), &h,
+		(*C.char)(unsafe.Pointer(&buf[0])), errLen); s != C.KVP_OK {
 		C.free(arena)
 		return nil, errFromBuf(s, buf)
 	}
@@ -841,4 +856,57 @@ func (c *Cache) StateLoad(buf []byte) error {
 	s := C.kvp_state_load(c.c, p, C.size_t(len(buf)))
 	runtime.KeepAlive(c)
 	return c.status(s)
+}
+
+// ---- RoPE frequency tables (issue 21; kvprune.h kvp_rope_freqs_*) ----
+
+func ropeTable(n uint32, f func(t *C.double, e *C.char) C.kvp_status) ([]float64, error) {
+	if n == 0 {
+		return nil, newError(ErrArg, "n (rope_dim/2 pairs) must be > 0")
+	}
+	t := make([]float64, n)
+	buf := make([]byte, errLen)
+	if s := f((*C.double)(unsafe.Pointer(&t[0])), (*C.char)(unsafe.Pointer(&buf[0]))); s != C.KVP_OK {
+		return nil, errFromBuf(s, buf)
+	}
+	return t, nil
+}
+
+// RopeFreqsLinear is linear RoPE scaling (position interpolation): theta^(-i/n)/factor for the
+// n = rope_dim/2 pairs.
+func RopeFreqsLinear(n uint32, theta, factor float64) ([]float64, error) {
+	return ropeTable(n, func(t *C.double, e *C.char) C.kvp_status {
+		return C.kvp_rope_freqs_linear(t, C.uint32_t(n), C.double(theta), C.double(factor), e, errLen)
+	})
+}
+
+// RopeFreqsLlama3 is Llama 3.1's RoPE frequency scaling (kvp_rope_freqs_llama3).
+func RopeFreqsLlama3(n uint32, theta, factor, lowFreqFactor, highFreqFactor, originalMaxPos float64) ([]float64, error) {
+	return ropeTable(n, func(t *C.double, e *C.char) C.kvp_status {
+		return C.kvp_rope_freqs_llama3(t, C.uint32_t(n), C.double(theta), C.double(factor), C.double(lowFreqFactor),
+			C.double(highFreqFactor), C.double(originalMaxPos), e, errLen)
+	})
+}
+
+// RopeFreqsYarn is YaRN (kvp_rope_freqs_yarn): the frequencies and the attention factor (set it
+// as the config key rope_attn_factor). The published defaults are betaFast 32, betaSlow 1.
+func RopeFreqsYarn(n uint32, theta, factor, originalMaxPos, betaFast, betaSlow float64) ([]float64, float32, error) {
+	var a C.float
+	t, err := ropeTable(n, func(t *C.double, e *C.char) C.kvp_status {
+		return C.kvp_rope_freqs_yarn(t, C.uint32_t(n), C.double(theta), C.double(factor), C.double(originalMaxPos),
+			C.double(betaFast), C.double(betaSlow), &a, e, errLen)
+	})
+	return t, float32(a), err
+}
+
+// RopeFreqsDivided is theta^(-i/n)/divisors[i] (a GGUF rope_freqs tensor, LongRoPE factors);
+// n = len(divisors).
+func RopeFreqsDivided(theta float64, divisors []float32) ([]float64, error) {
+	if len(divisors) > math.MaxUint32 {
+		return nil, newError(ErrArg, "more than 2^32-1 divisors")
+	}
+	n := uint32(len(divisors))
+	return ropeTable(n, func(t *C.double, e *C.char) C.kvp_status {
+		return C.kvp_rope_freqs_divided(t, C.uint32_t(n), C.double(theta), (*C.float)(unsafe.Pointer(&divisors[0])), e, errLen)
+	})
 }
