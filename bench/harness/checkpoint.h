@@ -33,6 +33,12 @@ struct ModelConfig {
     kvp_rope_style rope = KVP_ROPE_GPTJ;
     int rope_dim = 0;           // 0: the whole head
     float rope_theta = 10000.0f;
+    // Scaled RoPE (GGUF rope.scaling.type linear/yarn, llama3's rope_freqs tensor): the per-pair
+    // inverse frequencies kvp_create_rope takes (empty: theta's) and the attention factor
+    // (kvp_config.rope_attn_factor); rope_scaling names the scheme for `kvprune info`.
+    std::vector<double> rope_freqs;
+    float rope_attn_factor = 1.0f;
+    std::string rope_scaling = "none";
     float norm_eps = 1e-5f;
     int head_dim() const { return head_dim_override > 0 ? head_dim_override : dim / n_heads; }
     int q_dim() const { return n_heads * head_dim(); }

@@ -88,15 +88,70 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
     if (f.find(a + "rope.freq_base") && !f.get_float(a + "rope.freq_base", &theta)) return fail("rope.freq_base is not a float");
     if (!(theta > 1.0 && theta < 1e12)) return fail("rope.freq_base " + std::to_string(theta) + " is out of range");
     c.rope_theta = (float)theta;
-    std::string scaling;
-    if (f.get_str(a + "rope.scaling.type", &scaling) && scaling != "none")
-        return fail("RoPE scaling type '" + gguf_shown(scaling) + "' is not supported (kvprune applies plain RoPE; supported: none)");
-    double factor = 1.0;
-    if (f.get_float(a + "rope.scaling.factor", &factor) && factor != 1.0 && scaling != "none")
-        return fail("RoPE scaling factor " + std::to_string(factor) + " is not supported (kvprune applies plain RoPE)");
-    if (f.tensor("rope_freqs.weight"))
-        return fail("llama3-style RoPE frequency factors (tensor rope_freqs.weight) are not supported: kvprune's RoPE has "
-                    "one theta for every pair");
+    // Scaled RoPE (issue 20 item 5): kvprune takes a table of per-pair inverse frequencies
+    // (kvp_create_rope) and an attention factor. GGUF keys as llama.cpp writes them:
+    // rope.scaling.type none|linear|yarn (+ rope.scaling.factor, rope.scaling.original_context_length,
+    // rope.scaling.attn_factor, rope.scaling.yarn_beta_fast/_slow), the older rope.scale_linear,
+    // and Llama 3.1's scaling as the tensor rope_freqs.weight (a divisor per pair).
+    {
+        const uint32_t pairs = (uint32_t)(rd / 2);
+        std::string scaling = "none";
+        if (f.find(a + "rope.scaling.type") && !f.get_str(a + "rope.scaling.type", &scaling))
+            return fail("rope.scaling.type is not a string");
+        double factor = 1.0, lin = 1.0;
+        if (f.find(a + "rope.scaling.factor") && !f.get_float(a + "rope.scaling.factor", &factor))
+            return fail("rope.scaling.factor is not a float");
+        if (f.find(a + "rope.scale_linear") && !f.get_float(a + "rope.scale_linear", &lin))
+            return fail("rope.scale_linear is not a float");
+        if (scaling == "none" && lin != 1.0) {
+            scaling = "linear";
+            factor = lin;
+        }
+        auto opt_float = [&](const std::string &key, double def, double *v) {
+            *v = def;
+            return !f.find(a + key) || f.get_float(a + key, v);
+        };
+        char re[320] = "";
+        if (scaling == "linear" || scaling == "yarn") {
+            if (!(factor >= 1.0 && factor <= 1e6))
+                return fail("rope.scaling.factor " + std::to_string(factor) + " is out of range 1..1e6 (" + scaling + ")");
+            c.rope_freqs.resize(pairs);
+        }
+        if (scaling == "linear") {
+            if (kvp_rope_freqs_linear(c.rope_freqs.data(), pairs, theta, factor, re, sizeof re) != KVP_OK)
+                return fail(std::string("linear RoPE scaling: ") + re);
+        } else if (scaling == "yarn") {
+            int64_t orig = 0;
+            if (!f.get_int(a + "rope.scaling.original_context_length", &orig) || orig < 1 || orig > (1 << 24))
+                return fail("yarn RoPE scaling needs " + a + "rope.scaling.original_context_length (an integer 1..16777216)");
+            double bf, bs, af;
+            if (!opt_float("rope.scaling.yarn_beta_fast", 32.0, &bf) || !opt_float("rope.scaling.yarn_beta_slow", 1.0, &bs) ||
+                !opt_float("rope.scaling.attn_factor", 1.0, &af))
+                return fail("yarn RoPE scaling: yarn_beta_fast, yarn_beta_slow and attn_factor must be floats");
+            float mscale = 1.0f;
+            if (kvp_rope_freqs_yarn(c.rope_freqs.data(), pairs, theta, factor, (double)orig, bf, bs, &mscale, re, sizeof re) != KVP_OK)
+                return fail(std::string("yarn RoPE scaling: ") + re);
+            if (!(af > 0.0 && af < 64.0)) return fail("rope.scaling.attn_factor " + std::to_string(af) + " is out of range (0, 64)");
+            c.rope_attn_factor = (float)(af * (double)mscale);  // llama.cpp: attn_factor times YaRN's 0.1 ln(s) + 1
+        } else if (scaling != "none") {
+            return fail("RoPE scaling type '" + gguf_shown(scaling) + "' is not supported (supported: none, linear, yarn, and "
+                        "llama3-style rope_freqs.weight factors)");
+        }
+        if (const GgufTensor *rf = f.tensor("rope_freqs.weight")) {
+            if (scaling != "none")
+                return fail("rope_freqs.weight together with rope.scaling.type " + scaling + " is not supported (one of them)");
+            if (rf->type != GGML_F32 || rf->n_elems() != pairs)
+                return fail("tensor rope_freqs.weight must be f32 with rope.dimension_count/2 = " + std::to_string(pairs) +
+                            " elements (it has " + std::to_string(rf->n_elems()) + ", type " + ggml_type_name(rf->type) + ")");
+            std::vector<float> div(pairs);
+            std::memcpy(div.data(), rf->data, pairs * sizeof(float));
+            c.rope_freqs.resize(pairs);
+            if (kvp_rope_freqs_divided(c.rope_freqs.data(), pairs, theta, div.data(), re, sizeof re) != KVP_OK)
+                return fail(std::string("rope_freqs.weight: ") + re);
+            scaling = "llama3 (rope_freqs)";
+        }
+        c.rope_scaling = scaling;
+    }
     if (f.find(a + "attention.sliding_window"))
         return fail("sliding-window attention (" + a + "attention.sliding_window) is not supported");
     if (f.find(a + "attention.layer_norm_rms_epsilon") && !f.get_float(a + "attention.layer_norm_rms_epsilon", &eps))

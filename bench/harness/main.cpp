@@ -1083,6 +1083,9 @@ int cmd_info(int argc, char **argv) {
     std::printf("context        %lld\n", (long long)(ck.context_length ? ck.context_length : c.seq_len));
     std::printf("rope           %s, %d dims, theta %g\n", c.rope == KVP_ROPE_NEOX ? "neox (halves)" : "gptj (interleaved pairs)",
                 c.rope_dim ? c.rope_dim : c.head_dim(), (double)c.rope_theta);
+    if (c.rope_scaling != "none")
+        std::printf("rope scaling   %s (per-pair frequency table), attention factor %g\n", c.rope_scaling.c_str(),
+                    (double)c.rope_attn_factor);
     std::printf("rms eps        %g\n", (double)c.norm_eps);
     if (ck.bq) std::printf("extras         q/k/v biases\n");
     if (ck.q_norm) std::printf("extras         per-head q/k RMSNorm\n");

@@ -176,6 +176,9 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
     if (const char *e = std::getenv("KVPRUNE_THREADS")) set_threads(std::atoi(e));
     sel_layer_ = -1;
     if (!parse_policy(ck.cfg, spec, &cfg_, err)) return false;
+    // Scaled RoPE (GGUF): the model's attention factor unless the spec sets rope_attn_factor itself.
+    if (ck.cfg.rope_attn_factor != 1.0f && spec.find("rope_attn_factor") == std::string::npos)
+        cfg_.rope_attn_factor = ck.cfg.rope_attn_factor;
     size_t n = kvp_arena_size(&cfg_);
     if (n == 0) {
         *err = "kvp_arena_size returned 0 for '" + spec + "'";
@@ -188,7 +191,9 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
         return false;
     }
     char e[512] = {0};
-    kvp_status st = kvp_create_ex(&cfg_, arena_, arena_len_, &cache_, e, sizeof e);
+    const std::vector<double> &rf = ck.cfg.rope_freqs;  // empty: theta's frequencies
+    kvp_status st = kvp_create_rope(&cfg_, rf.empty() ? nullptr : rf.data(), (uint32_t)rf.size(), arena_, arena_len_,
+                                    &cache_, e, sizeof e);
     if (st != KVP_OK) {
         *err = std::string("kvp_create: ") + e;
         cache_ = nullptr;

@@ -504,6 +504,10 @@ struct Tiny {
     std::vector<float> on;
     std::vector<Mat> wq, wk, wv, wo, w1, w2, w3;  // HF row order
     std::vector<std::vector<float>> bq, bk, bv, qn, kn;
+    // Scaled RoPE (issue 20 item 5): the reference's per-pair inverse frequencies (empty:
+    // theta^(-2i/rope_dim)) and attention factor (logits times attn^2).
+    std::vector<double> inv_freq;
+    double attn = 1.0;
 };
 
 // mixed: the matrices cycle through every type (a Q4_K_M file mixes q4_K and q6_K with f32 norms;
@@ -645,7 +649,7 @@ std::vector<std::vector<double>> ref_forward(const Tiny &t, const std::vector<in
         const int half = t.rope_dim / 2;
         for (int h = 0; h < heads; h++)
             for (int i = 0; i < half; i++) {
-                const double ang = p * std::pow(t.theta, -2.0 * i / t.rope_dim);
+                const double ang = p * (t.inv_freq.empty() ? std::pow(t.theta, -2.0 * i / t.rope_dim) : t.inv_freq[(size_t)i]);
                 double &a = v[(size_t)(h * t.hd + i)], &b = v[(size_t)(h * t.hd + i + half)];
                 const double x = a, y = b;
                 a = x * std::cos(ang) - y * std::sin(ang);
@@ -683,7 +687,7 @@ std::vector<std::vector<double>> ref_forward(const Tiny &t, const std::vector<in
                 for (int j = 0; j <= p; j++) {
                     double d = 0;
                     for (int i = 0; i < t.hd; i++) d += Q[(size_t)p][(size_t)(h * t.hd + i)] * K[(size_t)j][(size_t)(kh * t.hd + i)];
-                    s[(size_t)j] = d / std::sqrt((double)t.hd);
+                    s[(size_t)j] = d / std::sqrt((double)t.hd) * t.attn * t.attn;
                     mx = std::max(mx, s[(size_t)j]);
                 }
                 double z = 0;
@@ -839,12 +843,36 @@ TEST(GgufModel, RefusalsNameWhatIsNotSupported) {
             w.str("general.architecture", "gemma2");
         }),
         "architecture 'gemma2' is not supported (supported: llama, qwen2, qwen3)");
-    has(refusal([](Writer &w) { w.str("llama.rope.scaling.type", "yarn"); }), "RoPE scaling type 'yarn' is not supported");
+    has(refusal([](Writer &w) { w.str("llama.rope.scaling.type", "longrope"); }),
+        "RoPE scaling type 'longrope' is not supported (supported: none, linear, yarn, and llama3-style rope_freqs.weight");
+    has(refusal([](Writer &w) {
+            w.str("llama.rope.scaling.type", "yarn");
+            w.f32("llama.rope.scaling.factor", 4.0f);
+        }),
+        "yarn RoPE scaling needs llama.rope.scaling.original_context_length");
+    has(refusal([](Writer &w) {
+            w.str("llama.rope.scaling.type", "linear");
+            w.f32("llama.rope.scaling.factor", 0.5f);
+        }),
+        "rope.scaling.factor 0.500000 is out of range 1..1e6 (linear)");
+    has(refusal([](Writer &w) {
+            std::vector<float> ff(16, 1.0f);
+            w.tensor_f32("rope_freqs.weight", {16}, ff.data(), 16);
+        }),
+        "tensor rope_freqs.weight must be f32 with rope.dimension_count/2 = 32 elements (it has 16");
+    has(refusal([](Writer &w) {
+            std::vector<float> ff(32, 1.0f);
+            ff[7] = 0.0f;
+            w.tensor_f32("rope_freqs.weight", {32}, ff.data(), 32);
+        }),
+        "rope_freqs.weight: KVP_ERR_CONFIG: invalid configuration: divisors[7]=0 must be finite and > 0");
     has(refusal([](Writer &w) {
             std::vector<float> ff(32, 1.0f);
             w.tensor_f32("rope_freqs.weight", {32}, ff.data(), 32);
+            w.str("llama.rope.scaling.type", "linear");
+            w.f32("llama.rope.scaling.factor", 2.0f);
         }),
-        "rope_freqs.weight");
+        "rope_freqs.weight together with rope.scaling.type linear is not supported");
     has(refusal([](Writer &w) { w.u32("llama.attention.sliding_window", 4096); }), "sliding-window");
     has(refusal([](Writer &w) { w.tensors[0].type = 13; }), "has type q5_K, not supported (supported: f32, f16, bf16");
     has(refusal([](Writer &w) { w.tensors.pop_back(); }), "missing tensor blk.1.ffn_up.weight");
@@ -1184,6 +1212,148 @@ TEST(GgufTokenizer, BytePairMergesAndRoundTrip) {
         auto tk = small_bpe(pre);
         EXPECT_EQ(tk->decode(tk->encode(text, false)), text) << pre;
     }
+}
+
+// ---- Scaled RoPE from the file's metadata (issue 20 item 5, issue 21 item 3) ----
+// Each file carries a scaling scheme; the reference forward rotates with a table computed here
+// from the scheme's published formulas (not through the library's helpers), so the harness's
+// mapping of the metadata to kvp_create_rope's table and rope_attn_factor is checked end to end.
+namespace scaled {
+
+const double kPi = 3.14159265358979323846;
+
+std::vector<double> base(const Tiny &t) {
+    std::vector<double> f((size_t)t.rope_dim / 2);
+    for (size_t i = 0; i < f.size(); i++) f[i] = std::pow(t.theta, -2.0 * (double)i / t.rope_dim);
+    return f;
+}
+
+// Llama 3.1: divisor per pair (1 for fast pairs, factor for slow ones, blended between).
+std::vector<float> llama3_divisors(const Tiny &t, double s, double lo, double hi, double L) {
+    std::vector<double> f = base(t);
+    std::vector<float> d(f.size());
+    for (size_t i = 0; i < f.size(); i++) {
+        const double wl = 2 * kPi / f[i];
+        double nf;
+        if (wl < L / hi) nf = f[i];
+        else if (wl > L / lo) nf = f[i] / s;
+        else {
+            const double sm = (L / wl - lo) / (hi - lo);
+            nf = (1 - sm) * f[i] / s + sm * f[i];
+        }
+        d[i] = (float)(f[i] / nf);
+    }
+    return d;
+}
+
+// YaRN: ramp over the pairs between the ones turning beta_fast and beta_slow times over L.
+std::vector<double> yarn(const Tiny &t, double s, double L, double bf, double bs) {
+    std::vector<double> f = base(t);
+    const double d = t.rope_dim;
+    auto at = [&](double r) { return d * std::log(L / (r * 2 * kPi)) / (2 * std::log(t.theta)); };
+    double lo = std::max(std::floor(at(bf)), 0.0), hi = std::min(std::ceil(at(bs)), d - 1);
+    if (lo == hi) hi += 0.001;
+    for (size_t i = 0; i < f.size(); i++) {
+        const double g = std::min(std::max(((double)i - lo) / (hi - lo), 0.0), 1.0);
+        f[i] = f[i] / s * g + f[i] * (1 - g);
+    }
+    return f;
+}
+
+// Loads t's file (with `meta` written into it), compares the harness's logits over toks with
+// the reference; returns the worst |difference| relative to the logit scale. `plain`: drop the
+// loaded table and attention factor before running (a harness that ignored the scaling).
+double run(const Tiny &t, void (*meta)(Writer &), const std::vector<float> *divisors, bool plain, Checkpoint *ck_out = nullptr) {
+    Writer w = tiny_writer(t);
+    if (meta) meta(w);
+    if (divisors) w.tensor_f32("rope_freqs.weight", {divisors->size()}, divisors->data(), divisors->size());
+    TmpFile f("scaled-" + t.arch + ".gguf");
+    EXPECT_TRUE(w.write(f.path));
+    Checkpoint ck;
+    std::string err;
+    EXPECT_TRUE(load_model(f.path, &ck, &err)) << err;
+    if (plain) {
+        ck.cfg.rope_freqs.clear();
+        ck.cfg.rope_attn_factor = 1.0f;
+    }
+    std::vector<int32_t> toks;
+    for (int i = 0; i < 40; i++) toks.push_back((int32_t)((i * 37 + 11) % t.V));
+    auto ref = ref_forward(t, toks);
+    Session s;
+    EXPECT_TRUE(s.init(ck, "policy=full capacity=64", &err)) << err;
+    const int n = (int)toks.size(), V = t.V;
+    std::vector<float> lg((size_t)n * V);
+    EXPECT_TRUE(s.prefill(toks.data(), n, lg.data(), true, &err)) << err;
+    double worst = 0, scale = 0;
+    for (int p = 0; p < n; p++)
+        for (int v = 0; v < V; v++) {
+            worst = std::max(worst, std::fabs(lg[(size_t)p * V + (size_t)v] - ref[(size_t)p][(size_t)v]));
+            scale = std::max(scale, std::fabs(ref[(size_t)p][(size_t)v]));
+        }
+    EXPECT_GT(scale, 0.1);
+    if (ck_out) *ck_out = std::move(ck);
+    return worst / scale;
+}
+
+}  // namespace scaled
+
+TEST(GgufModel, Llama3RopeFreqsTensorMatchesTheDoubleReference) {
+    Tiny t = make_tiny("llama", GGML_F32, true, 31);
+    // Llama 3.1's scheme at a tiny original context (64) so all three bands occur over 32 pairs
+    const std::vector<float> div = scaled::llama3_divisors(t, 8.0, 1.0, 4.0, 64.0);
+    EXPECT_EQ(div.front(), 1.0f);
+    EXPECT_EQ(div.back(), 8.0f);
+    t.inv_freq = scaled::base(t);
+    for (size_t i = 0; i < div.size(); i++) t.inv_freq[i] /= (double)div[i];
+    Checkpoint ck;
+    EXPECT_LT(scaled::run(t, nullptr, &div, false, &ck), 2e-4);
+    EXPECT_EQ(ck.cfg.rope_scaling, "llama3 (rope_freqs)");
+    EXPECT_EQ(ck.cfg.rope_freqs.size(), 32u);
+    EXPECT_GT(scaled::run(t, nullptr, &div, true), 1e-3) << "the test cannot fail: theta alone differs";
+}
+
+TEST(GgufModel, LinearScalingMatchesTheDoubleReference) {
+    Tiny t = make_tiny("qwen2", GGML_F32, true, 32);
+    t.inv_freq = scaled::base(t);
+    for (double &x : t.inv_freq) x /= 4.0;
+    auto meta = [](Writer &w) {
+        w.str("qwen2.rope.scaling.type", "linear");
+        w.f32("qwen2.rope.scaling.factor", 4.0f);
+    };
+    EXPECT_LT(scaled::run(t, meta, nullptr, false), 2e-4);
+    EXPECT_GT(scaled::run(t, meta, nullptr, true), 1e-3);
+    // the older key rope.scale_linear means the same
+    auto old = [](Writer &w) { w.f32("qwen2.rope.scale_linear", 4.0f); };
+    EXPECT_LT(scaled::run(t, old, nullptr, false), 2e-4);
+}
+
+TEST(GgufModel, YarnScalingAndAttentionFactorMatchTheDoubleReference) {
+    Tiny t = make_tiny("qwen3", GGML_F32, false, 33);
+    // original context 16: the ramp lies inside the 64 pairs of head_dim 128 at theta 1e6
+    t.inv_freq = scaled::yarn(t, 4.0, 16.0, 32.0, 1.0);
+    t.attn = 0.1 * std::log(4.0) + 1.0;
+    auto meta = [](Writer &w) {
+        w.str("qwen3.rope.scaling.type", "yarn");
+        w.f32("qwen3.rope.scaling.factor", 4.0f);
+        w.u32("qwen3.rope.scaling.original_context_length", 16);
+    };
+    Checkpoint ck;
+    EXPECT_LT(scaled::run(t, meta, nullptr, false, &ck), 2e-4);
+    EXPECT_NEAR(ck.cfg.rope_attn_factor, t.attn, 1e-6);
+    EXPECT_EQ(ck.cfg.rope_scaling, "yarn");
+    EXPECT_GT(scaled::run(t, meta, nullptr, true), 1e-3);
+    // explicit betas and llama.cpp's extra attention factor multiply in
+    t.inv_freq = scaled::yarn(t, 4.0, 16.0, 16.0, 2.0);
+    t.attn = 0.9 * (0.1 * std::log(4.0) + 1.0);
+    auto meta2 = [](Writer &w) {
+        w.str("qwen3.rope.scaling.type", "yarn");
+        w.f32("qwen3.rope.scaling.factor", 4.0f);
+        w.u32("qwen3.rope.scaling.original_context_length", 16);
+        w.f32("qwen3.rope.scaling.yarn_beta_fast", 16.0f);
+        w.f32("qwen3.rope.scaling.yarn_beta_slow", 2.0f);
+        w.f32("qwen3.rope.scaling.attn_factor", 0.9f);
+    };
+    EXPECT_LT(scaled::run(t, meta2, nullptr, false), 2e-4);
 }
 
 }  // namespace
