@@ -527,10 +527,25 @@ kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err, c
         *err = "config (" + spec + "): " + e;
         return nullptr;
     }
+    // KVP_BENCH_ROPE=yarn: a caller RoPE table (YaRN, factor 4, original context 4096) and its
+    // attention factor (issue 21: a decode with a table must cost what one without does).
+    std::vector<double> table;
+    if (const char *rt = std::getenv("KVP_BENCH_ROPE")) {
+        if (std::strcmp(rt, "yarn") == 0) {
+            table.resize(g.hd / 2);
+            float a = 1.0f;
+            if (kvp_rope_freqs_yarn(table.data(), g.hd / 2, 10000.0, 4.0, 4096.0, 32.0, 1.0, &a, e, sizeof e) != KVP_OK) {
+                *err = std::string("rope table: ") + e;
+                return nullptr;
+            }
+            cfg.rope_attn_factor = a;
+        }
+    }
     const size_t len = kvp_arena_size(&cfg);
     *arena = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
     kvp_cache *c = nullptr;
-    if (!*arena || kvp_create(&cfg, *arena, len, &c) != KVP_OK) {
+    if (!*arena || kvp_create_rope(&cfg, table.empty() ? nullptr : table.data(), (uint32_t)table.size(), *arena, len, &c,
+                                   e, sizeof e) != KVP_OK) {
         *err = "kvp_create (" + spec + ") failed";
         std::free(*arena);
         *arena = nullptr;
