@@ -593,11 +593,28 @@ struct Sequence {
         kvp_config tcfg = cfg;
         tcfg.threads = cfg.threads == 1 ? 2 : 1;  // the twin runs the other thread count
         if (b.pick(2)) cfg.threads = 2, tcfg.threads = 1;
+        char err[320];
+        // Caller RoPE tables (issue 21): models with an even layer count run with a YaRN table and its
+        // attention factor, in the cache and the twin (no byte spent: the corpus keeps its meaning).
+        std::vector<double> table;
+        const uint32_t pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
+        if (pairs && m.n_layers % 2 == 0) {
+            table.resize(pairs);
+            float af = 1.0f;
+            KVPF_CHECK(kvp_rope_freqs_yarn(table.data(), pairs, 10000.0, 4.0, 64.0, 32.0, 1.0, &af, err, sizeof err) == KVP_OK,
+                       "yarn table: %s", err);
+            kvp_config fc = cfg;
+            fc.rope_attn_factor = af;
+            if (kvp_config_check(&fc, nullptr, 0) == KVP_OK) cfg.rope_attn_factor = tcfg.rope_attn_factor = af;
+            KVPF_CHECK(kvp_rope_check(&cfg, table.data(), pairs, err, sizeof err) == KVP_OK, "rope check: %s", err);
+        }
         const size_t tbytes = kvp_arena_size(&tcfg);
         Arena aa(kvp_arena_size(&cfg)), ta(tbytes);
-        char err[320];
-        KVPF_CHECK(kvp_create_ex(&cfg, aa.p, kvp_arena_size(&cfg), &a, err, sizeof err) == KVP_OK, "create: %s", err);
-        KVPF_CHECK(kvp_create_ex(&tcfg, ta.p, tbytes, &t, err, sizeof err) == KVP_OK, "create twin: %s", err);
+        const double *tab = table.empty() ? nullptr : table.data();
+        KVPF_CHECK(kvp_create_rope(&cfg, tab, pairs && tab ? pairs : 0, aa.p, kvp_arena_size(&cfg), &a, err, sizeof err) == KVP_OK,
+                   "create: %s", err);
+        KVPF_CHECK(kvp_create_rope(&tcfg, tab, pairs && tab ? pairs : 0, ta.p, tbytes, &t, err, sizeof err) == KVP_OK,
+                   "create twin: %s", err);
         last_pos.assign(m.n_layers, -1);
         for (int i = 0; i < 400 && b.more(); ++i) {
             const uint32_t op = b.pick(16);
