@@ -284,6 +284,18 @@ TEST(RopeTable, AttnFactorKey) {
     EXPECT_EQ(kvp_config_apply(&cfg, "policy=h2o score=fixed rope_attn_factor=3", err, sizeof err), KVP_ERR_CONFIG);
     EXPECT_NE(strstr(err, "rope_attn_factor^2 <= 1"), nullptr) << err;
     EXPECT_EQ(kvp_config_apply(&cfg, "policy=h2o score=fixed rope_attn_factor=2", err, sizeof err), KVP_OK) << err;
+    // set in the struct directly: kvp_config_check and kvp_create judge it by the same range
+    for (float bad : {0.0f, -2.0f, float(NAN), float(INFINITY), 65.0f}) {
+        kvp_config c2;
+        ASSERT_EQ(kvp_config_default(&c2, &m), KVP_OK);
+        c2.rope_attn_factor = bad;
+        EXPECT_EQ(kvp_config_check(&c2, err, sizeof err), KVP_ERR_CONFIG) << bad;
+        EXPECT_NE(strstr(err, "rope_attn_factor"), nullptr) << err;
+        EXPECT_EQ(kvp_arena_size(&c2), 0u);
+        kvp_cache *c = nullptr;
+        EXPECT_EQ(kvp_create_rope(&c2, nullptr, 0, nullptr, 0, &c, err, sizeof err), KVP_ERR_CONFIG);
+        EXPECT_EQ(c, nullptr);
+    }
 }
 
 // Runs a prompt and decodes through caches a and b with the same inputs; b may be NULL.
