@@ -1125,7 +1125,8 @@ int run_crossover(int argc, char **argv) {
 // one thread, per repetition: qk (4 query rows per head), softmax (max + expsum of the 32 rows)
 // and pv; rest = decode ms - (qk + softmax + pv) / threads: the API's own work (RoPE of the new
 // row, append, the per-head driver and merge) and, with 2 threads, the wake-up, imbalance and
-// join of the worker pool.
+// join of the worker pool. `used`: the threads the library's rule gives the step on a quiet
+// machine (below kParallelWork = 4 Mi units of work, N < 1024 here, the caller runs alone).
 
 float read_plain_fn(const float *x, size_t n, size_t) { return read_block(x, n); }
 
@@ -1185,6 +1186,7 @@ struct RoofRow {
     double bytes, ms, gbps;
     double fma, read_plain, read_pf1k, read_pf4k, read, roof, f_roof, f_lo, f_hi, f_read;
     const char *limit;                        // "fma" or "read": the smaller side of the roof
+    int used;                                 // threads the library's rule gives this step (quiet machine)
     double qk_ms, sm_ms, pv_ms, rest_ms;      // parts (0 with --no-parts)
 };
 
@@ -1292,6 +1294,13 @@ bool roofline_row(uint32_t n, int threads, int reps, double secs, bool parts, Ro
         ok = false;
         *err = "window did not keep the layer at N tokens";
     }
+    // Below kParallelWork units of work the library runs a step on the calling thread alone
+    // (src/cache.cpp threads_for; on a busy machine its back-off can raise that threshold).
+#ifdef KVP_BENCH_POOL
+    row->used = threads > 1 && KVP_BENCH_WORK(c, 1, true) >= (double)kvp::kParallelWork ? threads : 1;
+#else
+    row->used = threads;
+#endif
     kvp_destroy(c);
     std::free(arena);
     if (!ok) return false;
@@ -1373,7 +1382,7 @@ int run_roofline(int argc, char **argv) {
     header.push_back("target: f_roof >= 0.85, roof = min(read GB/s, FMA GFLOPS / 2 flops per byte)");
     header.push_back("loadavg before: " + load_average());
     for (const std::string &h : header) std::printf("# %s\n", h.c_str());
-    std::printf("%6s %3s %8s %8s %7s %7s %7s %7s %7s %7s %7s %4s %6s %13s %6s %7s %7s %7s %7s\n", "N", "thr", "MB",
+    std::printf("%6s %3s %4s %8s %8s %7s %7s %7s %7s %7s %7s %7s %4s %6s %13s %6s %7s %7s %7s %7s\n", "N", "thr", "used", "MB",
                 "ms/step", "GB/s", "FMA", "plain", "pf1k", "pf4k", "read", "roof", "lim", "f_roof", "[min,max]",
                 "f_read", "qk_ms", "sm_ms", "pv_ms", "rest_ms");
     std::fflush(stdout);
@@ -1386,9 +1395,9 @@ int run_roofline(int argc, char **argv) {
                 std::fprintf(stderr, "N=%u threads=%d: %s\n", n, t, err.c_str());
                 return 1;
             }
-            std::printf("%6u %3d %8.1f %8.3f %7.2f %7.1f %7.2f %7.2f %7.2f %7.2f %7.2f %4s %6.3f [%5.3f,%5.3f] %6.3f "
+            std::printf("%6u %3d %4d %8.1f %8.3f %7.2f %7.1f %7.2f %7.2f %7.2f %7.2f %7.2f %4s %6.3f [%5.3f,%5.3f] %6.3f "
                         "%7.3f %7.3f %7.3f %7.3f\n",
-                        r.n, r.threads, r.bytes / 1e6, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf1k, r.read_pf4k,
+                        r.n, r.threads, r.used, r.bytes / 1e6, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf1k, r.read_pf4k,
                         r.read, r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms,
                         r.rest_ms);
             std::fflush(stdout);
@@ -1408,13 +1417,13 @@ int run_roofline(int argc, char **argv) {
             return 1;
         }
         for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
-        std::fprintf(f, "N,threads,bytes,ms_per_step,GBps,fma_GFLOPS,read_plain_GBps,read_pf1k_GBps,read_pf4k_GBps,"
+        std::fprintf(f, "N,threads,threads_used,bytes,ms_per_step,GBps,fma_GFLOPS,read_plain_GBps,read_pf1k_GBps,read_pf4k_GBps,"
                         "read_GBps,roof_GBps,limit,frac_roof,frac_roof_min,frac_roof_max,frac_read,qk_ms,softmax_ms,"
                         "pv_ms,rest_ms\n");
         for (const RoofRow &r : rows)
-            std::fprintf(f, "%u,%d,%.0f,%.4f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
+            std::fprintf(f, "%u,%d,%d,%.0f,%.4f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
                             "%.4f\n",
-                         r.n, r.threads, r.bytes, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf1k, r.read_pf4k, r.read,
+                         r.n, r.threads, r.used, r.bytes, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf1k, r.read_pf4k, r.read,
                          r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms, r.rest_ms);
         std::fclose(f);
         std::printf("# wrote %s\n", csv.c_str());
