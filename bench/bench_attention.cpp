@@ -1114,9 +1114,9 @@ int run_crossover(int argc, char **argv) {
 //   read    a plain read of the same bytes, split in contiguous parts over the threads, each
 //           thread looping over its part inside one parallel region (sustained bandwidth: the
 //           sweep's read woke the threads for every pass, which at 2 MB costs as much as the
-//           pass), three ways: `plain` (the sweep's loop, no software prefetch), `pf1k` and
-//           `pf4k` (four accumulators, each line prefetched into L2 1 KiB / 4 KiB ahead, as the
-//           kernels prefetch): read = the best of the three in that repetition
+//           pass), three ways: `plain` (the sweep's loop, no software prefetch), `pf4k` and
+//           `pf16k` (four accumulators, each line prefetched into L2 4 KiB / 16 KiB ahead; qk
+//           prefetches 32 K rows = 16 KiB ahead): read = the best of the three in that repetition
 //   decode  kvp_decode of one token, ms per step
 // then roof = min(read, fma / (flops / bytes)) and f_roof = (bytes / step) / roof; the table gives
 // medians over repetitions (f_roof: median of the per-repetition ratios, with min and max).
@@ -1184,7 +1184,7 @@ struct RoofRow {
     uint32_t n;
     int threads;
     double bytes, ms, gbps;
-    double fma, read_plain, read_pf1k, read_pf4k, read, roof, f_roof, f_lo, f_hi, f_read;
+    double fma, read_plain, read_pf16k, read_pf4k, read, roof, f_roof, f_lo, f_hi, f_read;
     const char *limit;                        // "fma" or "read": the smaller side of the roof
     int used;                                 // threads the library's rule gives this step (quiet machine)
     double qk_ms, sm_ms, pv_ms, rest_ms;      // parts (0 with --no-parts)
@@ -1261,7 +1261,7 @@ bool roofline_row(uint32_t n, int threads, int reps, double secs, bool parts, Ro
     for (int r = 0; ok && r < reps; ++r) {
         fma.push_back(fma_peak_gflops(threads, 0.03));
         rp.push_back(read_bw_fn(&read_plain_fn, buf.p, nf, threads, 0, secs * 0.5));
-        r1.push_back(read_bw_fn(pf_fn, buf.p, nf, threads, 1024, secs * 0.5));
+        r1.push_back(read_bw_fn(pf_fn, buf.p, nf, threads, 16384, secs * 0.5));
         r4.push_back(read_bw_fn(pf_fn, buf.p, nf, threads, 4096, secs * 0.5));
         const double best = std::max(rp.back(), std::max(r1.back(), r4.back()));
         rd.push_back(best);
@@ -1311,7 +1311,7 @@ bool roofline_row(uint32_t n, int threads, int reps, double secs, bool parts, Ro
     row->gbps = (double)bytes / (row->ms * 1e-3) / 1e9;
     row->fma = median(fma);
     row->read_plain = median(rp) / 1e9;
-    row->read_pf1k = median(r1) / 1e9;
+    row->read_pf16k = median(r1) / 1e9;
     row->read_pf4k = median(r4) / 1e9;
     row->read = median(rd) / 1e9;
     const double fma_gbps = row->fma / (g.flops(n) / (double)bytes);
@@ -1383,7 +1383,7 @@ int run_roofline(int argc, char **argv) {
     header.push_back("loadavg before: " + load_average());
     for (const std::string &h : header) std::printf("# %s\n", h.c_str());
     std::printf("%6s %3s %4s %8s %8s %7s %7s %7s %7s %7s %7s %7s %4s %6s %13s %6s %7s %7s %7s %7s\n", "N", "thr", "used", "MB",
-                "ms/step", "GB/s", "FMA", "plain", "pf1k", "pf4k", "read", "roof", "lim", "f_roof", "[min,max]",
+                "ms/step", "GB/s", "FMA", "plain", "pf4k", "pf16k", "read", "roof", "lim", "f_roof", "[min,max]",
                 "f_read", "qk_ms", "sm_ms", "pv_ms", "rest_ms");
     std::fflush(stdout);
     std::vector<RoofRow> rows;
@@ -1397,7 +1397,7 @@ int run_roofline(int argc, char **argv) {
             }
             std::printf("%6u %3d %4d %8.1f %8.3f %7.2f %7.1f %7.2f %7.2f %7.2f %7.2f %7.2f %4s %6.3f [%5.3f,%5.3f] %6.3f "
                         "%7.3f %7.3f %7.3f %7.3f\n",
-                        r.n, r.threads, r.used, r.bytes / 1e6, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf1k, r.read_pf4k,
+                        r.n, r.threads, r.used, r.bytes / 1e6, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf4k, r.read_pf16k,
                         r.read, r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms,
                         r.rest_ms);
             std::fflush(stdout);
@@ -1417,13 +1417,13 @@ int run_roofline(int argc, char **argv) {
             return 1;
         }
         for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
-        std::fprintf(f, "N,threads,threads_used,bytes,ms_per_step,GBps,fma_GFLOPS,read_plain_GBps,read_pf1k_GBps,read_pf4k_GBps,"
+        std::fprintf(f, "N,threads,threads_used,bytes,ms_per_step,GBps,fma_GFLOPS,read_plain_GBps,read_pf4k_GBps,read_pf16k_GBps,"
                         "read_GBps,roof_GBps,limit,frac_roof,frac_roof_min,frac_roof_max,frac_read,qk_ms,softmax_ms,"
                         "pv_ms,rest_ms\n");
         for (const RoofRow &r : rows)
             std::fprintf(f, "%u,%d,%d,%.0f,%.4f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
                             "%.4f\n",
-                         r.n, r.threads, r.used, r.bytes, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf1k, r.read_pf4k, r.read,
+                         r.n, r.threads, r.used, r.bytes, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf4k, r.read_pf16k, r.read,
                          r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms, r.rest_ms);
         std::fclose(f);
         std::printf("# wrote %s\n", csv.c_str());
