@@ -89,7 +89,8 @@ float tanh_approx(float x) {
 namespace {
 
 void softcap_scalar(float *x, uint32_t n, float cap) {
-    for (uint32_t i = 0; i < n; ++i) x[i] = cap * tanh_approx(x[i] / cap);
+    const float inv = 1.0f / cap;  // a multiply per logit instead of a divide (SIMD: 1 of 2 divides)
+    for (uint32_t i = 0; i < n; ++i) x[i] = cap * tanh_approx(x[i] * inv);
 }
 
 void qk_scalar(const float *q, size_t ldq, uint32_t rows, const float *k, size_t ldk, uint32_t n,
