@@ -16,6 +16,8 @@
 // Sweep mode (--sweep, see "sweep mode" below) prints one table of decode over N = 256..65536
 // and prefill against the FMA peak, and writes it as CSV for bench/results/. Crossover mode
 // (--crossover, see "thread crossover mode") measures when a second thread pays for itself.
+// Roofline mode (--roofline, see "roofline mode") puts decode beside the best read of the same
+// bytes and the FMA peak, per N and thread count, with the kernels' share of the step.
 //
 // The bandwidth runs are registered first; if a filter skips them, the attention benchmark
 // measures the bandwidth itself before its timed loop.
@@ -55,6 +57,7 @@
 #include <ctime>
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1112,6 +1115,337 @@ int run_crossover(int argc, char **argv) {
     return 0;
 }
 
+
+// ---- roofline mode --------------------------------------------------------------------------
+//
+// bench_attention --roofline [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2]
+//                            [--no-parts] [--label L] [--csv PATH]
+//
+// Issue 23 item 4: f32 decode (32 q / 8 kv heads, head_dim 128, policy=window window=N) against
+// roof = min(read bandwidth of a buffer of the same bytes, FMA peak / 2 flops per byte), N =
+// nmin..nmax in powers of 2, each thread count. Every repetition measures, back to back and with
+// the row's thread count (each for --time seconds after a warm-up):
+//   fma     the FMA peak: the register-only loop of isa.h at the kernel's ISA
+//   read    a plain read of the same bytes, split in contiguous parts over the threads, each
+//           thread looping over its part inside one parallel region (sustained bandwidth: the
+//           sweep's read woke the threads for every pass, which at 2 MB costs as much as the
+//           pass), three ways: `plain` (the sweep's loop, no software prefetch), `pf4k` and
+//           `pf16k` (four accumulators, each line prefetched into L2 4 KiB / 16 KiB ahead; qk
+//           prefetches 32 K rows = 16 KiB ahead): read = the best of the three in that repetition
+//   decode  kvp_decode of one token, ms per step
+// then roof = min(read, fma / (flops / bytes)) and f_roof = (bytes / step) / roof; the table gives
+// medians over repetitions (f_roof: median of the per-repetition ratios, with min and max).
+// "Where the rest goes" (unless --no-parts): the decode's kernels called directly (the library's
+// best variant) on buffers of the same layout (8 heads x N rows x 128 floats each for K and V),
+// one thread, per repetition: qk (4 query rows per head), softmax (max + expsum of the 32 rows)
+// and pv; rest = decode ms - (qk + softmax + pv) / threads: the API's own work (RoPE of the new
+// row, append, the per-head driver and merge) and, with 2 threads, the wake-up, imbalance and
+// join of the worker pool. `used`: the threads the library's rule gives the step on a quiet
+// machine (below kParallelWork = 4 Mi units of work, N < 1024 here, the caller runs alone).
+
+float read_plain_fn(const float *x, size_t n, size_t) { return read_block(x, n); }
+
+float (*read_pf_fn())(const float *, size_t, size_t) {
+    const std::string isa = kvp::kern::attn_f32_best()->name;
+#ifdef KVP_BENCH_AVX512
+    if (isa == "avx512") return &kvpbench::read_pf_avx512;
+#endif
+#ifdef KVP_BENCH_AVX2
+    if (isa == "avx2") return &kvpbench::read_pf_avx2;
+#endif
+    return &kvpbench::read_pf_simde;
+}
+
+// Bytes/s of fn over x[0..n) with `threads`: one parallel region in which every thread reads its
+// contiguous part (n / threads floats) again and again for about `secs` (at least 3 passes), so
+// the figure is the sustained bandwidth, not diluted by waking the threads per pass (at 2 MB a
+// pass takes ~25 us, about what a passive OpenMP wake-up costs). Bytes = all passes of all
+// threads, time = the region's wall time (one wake-up in thousands of passes at small N; the
+// first pass, which may miss the caches, in a handful at large N).
+double read_bw_fn(float (*fn)(const float *, size_t, size_t), const float *x, size_t n, int threads, size_t pf,
+                  double secs) {
+    const size_t part = n / (size_t)(threads > 0 ? threads : 1);
+    std::atomic<size_t> passes{0};
+    auto body = [&](int t) {
+        const float *p = x + (size_t)t * part;
+        const double start = now_s();
+        float s = 0.0f;
+        size_t k = 0;
+        do {
+            s += fn(p, part, pf);
+            ++k;
+        } while (k < 3 || now_s() - start < secs);
+        passes += k;
+        return s;
+    };
+    float sink = 0.0f;
+    const double t0 = now_s();
+    if (threads <= 1) {
+        sink = body(0);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+        sink += body(omp_get_thread_num());
+#else
+        for (int t = 0; t < threads; ++t) sink += body(t);
+#endif
+    }
+    const double t1 = now_s();
+    benchmark::DoNotOptimize(sink);
+    return (double)(passes.load() * part * sizeof(float)) / (t1 - t0);
+}
+
+struct RoofRow {
+    uint32_t n;
+    int threads;
+    double bytes, ms, gbps;
+    double fma, read_plain, read_pf16k, read_pf4k, read, roof, f_roof, f_lo, f_hi, f_read;
+    const char *limit;                        // "fma" or "read": the smaller side of the roof
+    int used;                                 // threads the library's rule gives this step (quiet machine)
+    double qk_ms, sm_ms, pv_ms, rest_ms;      // parts (0 with --no-parts)
+};
+
+// Seconds per call of f, for about `secs` after one warm-up call.
+template <class F>
+double time_per_call(F &&f, double secs) {
+    f();
+    size_t reps = 0;
+    const double t0 = now_s();
+    double t1 = t0;
+    while (reps < 2 || t1 - t0 < secs) {
+        f();
+        ++reps;
+        t1 = now_s();
+    }
+    return (t1 - t0) / (double)reps;
+}
+
+bool roofline_row(uint32_t n, int threads, int reps, double secs, bool parts, RoofRow *row, std::string *err) {
+    const SweepGeo &g = kMainGeo;
+    void *arena = nullptr;
+    kvp_cache *c = make_cache("policy=window window=" + std::to_string(n) + " threads=" + std::to_string(threads) +
+                                  " kv_dtype=f32",
+                              &arena, err, g);
+    if (!c) return false;
+    bool ok = append_random(c, n, err, g);
+    const size_t bytes = g.bytes(n);
+    const size_t nf = (bytes / sizeof(float) + kReadChunk - 1) / kReadChunk * kReadChunk;
+    AlignedBuf buf(nf);
+    for (size_t i = 0; i < nf; ++i) buf.p[i] = 1.0f;
+    std::vector<float> q((size_t)g.nq * g.hd), k((size_t)g.nkv * g.hd), v((size_t)g.nkv * g.hd),
+        out((size_t)g.nq * g.hd);
+    fill_random(q.data(), q.size(), 7);
+    fill_random(k.data(), k.size(), 8);
+    fill_random(v.data(), v.size(), 9);
+    // the kernels alone, on the decode's layout (n + 1 keys: the cached ones and the new one)
+    const kvp::kern::AttnF32 *K = kvp::kern::attn_f32_best();
+    const uint32_t nk = n + 1, rows = g.nq / g.nkv, d = g.hd;
+    const size_t ldl = (nk + 15) / 16 * 16;
+    std::unique_ptr<AlignedBuf> pk, pvb, lg, po;
+    if (parts) {
+        pk.reset(new AlignedBuf((size_t)g.nkv * nk * d));
+        pvb.reset(new AlignedBuf((size_t)g.nkv * nk * d));
+        lg.reset(new AlignedBuf((size_t)g.nq * ldl));
+        po.reset(new AlignedBuf((size_t)g.nq * d));
+        fill_random(pk->p, pk->n, 21);
+        fill_random(pvb->p, pvb->n, 22);
+    }
+    const float scale = 1.0f / std::sqrt((float)d);
+    auto qk_all = [&]() {
+        for (uint32_t h = 0; h < g.nkv; ++h)
+            K->qk(q.data() + (size_t)h * rows * d, d, rows, pk->p + (size_t)h * nk * d, d, nk, d, scale,
+                  lg->p + (size_t)h * rows * ldl, ldl);
+    };
+    auto sm_all = [&]() {
+        float s = 0.0f;
+        for (uint32_t r = 0; r < g.nq; ++r) {
+            float *l = lg->p + (size_t)r * ldl;
+            s += K->expsum(l, nk, K->max(l, nk), nullptr);
+        }
+        benchmark::DoNotOptimize(s);
+    };
+    auto pv_all = [&]() {
+        std::memset(po->p, 0, po->n * sizeof(float));
+        for (uint32_t h = 0; h < g.nkv; ++h)
+            K->pv(lg->p + (size_t)h * rows * ldl, ldl, rows, pvb->p + (size_t)h * nk * d, d, nk, d,
+                  po->p + (size_t)h * rows * d, d);
+        benchmark::DoNotOptimize(po->p[0]);
+    };
+    float (*pf_fn)(const float *, size_t, size_t) = read_pf_fn();
+    std::vector<double> ms, fma, rp, r1, r4, rd, fr, frd, qk_ms, sm_ms, pv_ms;
+    for (int r = 0; ok && r < reps; ++r) {
+        fma.push_back(fma_peak_gflops(threads, 0.03));
+        rp.push_back(read_bw_fn(&read_plain_fn, buf.p, nf, threads, 0, secs * 0.5));
+        r1.push_back(read_bw_fn(pf_fn, buf.p, nf, threads, 16384, secs * 0.5));
+        r4.push_back(read_bw_fn(pf_fn, buf.p, nf, threads, 4096, secs * 0.5));
+        const double best = std::max(rp.back(), std::max(r1.back(), r4.back()));
+        rd.push_back(best);
+        for (int w = 0; w < 2 && ok; ++w)
+            ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+        size_t steps = 0;
+        const double t0 = now_s();
+        double t1 = t0;
+        while (ok && (steps < 3 || t1 - t0 < secs)) {
+            ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+            benchmark::DoNotOptimize(out[0]);
+            ++steps;
+            t1 = now_s();
+        }
+        const double step_s = (t1 - t0) / (double)steps;
+        ms.push_back(step_s * 1e3);
+        const double roof = std::min(best, fma.back() * 1e9 / (g.flops(n) / (double)bytes));
+        fr.push_back((double)bytes / step_s / roof);
+        frd.push_back((double)bytes / step_s / best);
+        if (parts) {
+            qk_ms.push_back(time_per_call(qk_all, secs / 3) * 1e3);
+            // in place: after the first call the rows hold weights in (0, 1], and exp of those
+            // costs what exp of the logits costs (no special cases in the kernels' exp)
+            sm_ms.push_back(time_per_call(sm_all, secs / 3) * 1e3);
+            pv_ms.push_back(time_per_call(pv_all, secs / 3) * 1e3);
+        }
+    }
+    if (!ok && err->empty()) *err = std::string("kvp_decode: ") + kvp_last_error(c);
+    if (ok && kvp_layer_len(c, 0) != n) {
+        ok = false;
+        *err = "window did not keep the layer at N tokens";
+    }
+    // Below kParallelWork units of work the library runs a step on the calling thread alone
+    // (src/cache.cpp threads_for; on a busy machine its back-off can raise that threshold).
+#ifdef KVP_BENCH_POOL
+    row->used = threads > 1 && KVP_BENCH_WORK(c, 1, true) >= (double)kvp::kParallelWork ? threads : 1;
+#else
+    row->used = threads;
+#endif
+    kvp_destroy(c);
+    std::free(arena);
+    if (!ok) return false;
+    row->n = n;
+    row->threads = threads;
+    row->bytes = (double)bytes;
+    row->ms = median(ms);
+    row->gbps = (double)bytes / (row->ms * 1e-3) / 1e9;
+    row->fma = median(fma);
+    row->read_plain = median(rp) / 1e9;
+    row->read_pf16k = median(r1) / 1e9;
+    row->read_pf4k = median(r4) / 1e9;
+    row->read = median(rd) / 1e9;
+    const double fma_gbps = row->fma / (g.flops(n) / (double)bytes);
+    row->roof = std::min(row->read, fma_gbps);
+    row->limit = fma_gbps < row->read ? "fma" : "read";
+    row->f_roof = median(fr);
+    row->f_lo = *std::min_element(fr.begin(), fr.end());
+    row->f_hi = *std::max_element(fr.begin(), fr.end());
+    row->f_read = median(frd);
+    row->qk_ms = median(qk_ms);
+    row->sm_ms = median(sm_ms);
+    row->pv_ms = median(pv_ms);
+    row->rest_ms = parts ? row->ms - (row->qk_ms + row->sm_ms + row->pv_ms) / threads : 0.0;
+    return true;
+}
+
+int run_roofline(int argc, char **argv) {
+    int reps = 5;
+    double secs = 0.12;
+    uint32_t nmin = 256, nmax = 65536;
+    std::vector<int> threads{1, 2};
+    bool parts = true;
+    std::string label = "run", csv;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto next = [&]() -> std::string {
+            if (i + 1 >= argc) {
+                std::fprintf(stderr, "%s needs a value\n", a.c_str());
+                std::exit(2);
+            }
+            return argv[++i];
+        };
+        if (a == "--roofline") continue;
+        else if (a == "--reps") reps = std::atoi(next().c_str());
+        else if (a == "--time") secs = std::atof(next().c_str());
+        else if (a == "--nmin") nmin = (uint32_t)std::atol(next().c_str());
+        else if (a == "--nmax") nmax = (uint32_t)std::atol(next().c_str());
+        else if (a == "--threads") {
+            threads.clear();
+            for (const std::string &t : split(next(), ',')) threads.push_back(std::atoi(t.c_str()));
+        } else if (a == "--no-parts") parts = false;
+        else if (a == "--label") label = next();
+        else if (a == "--csv") csv = next();
+        else {
+            std::fprintf(stderr,
+                         "usage: %s --roofline [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2] "
+                         "[--no-parts] [--label L] [--csv PATH]\n",
+                         argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1 || nmin < 1 || nmax < nmin || threads.empty() || secs <= 0.0) {
+        std::fprintf(stderr, "bad roofline options\n");
+        return 2;
+    }
+    char date[64] = "";
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
+    std::vector<std::string> header;
+    header.push_back("label: " + label);
+    header.push_back("cpu: " + cpu_model());
+    header.push_back(std::string("date: ") + date);
+    header.push_back(std::string("kernel: ") + kvp::kern::attn_f32_best()->name);
+    const char *wait = std::getenv("OMP_WAIT_POLICY");
+    header.push_back(std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"));
+    header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128, f32; policy=window window=N");
+    header.push_back("reps: " + std::to_string(reps) + ", seconds per measurement: " + std::to_string(secs));
+    header.push_back("target: f_roof >= 0.85, roof = min(read GB/s, FMA GFLOPS / 2 flops per byte)");
+    header.push_back("loadavg before: " + load_average());
+    for (const std::string &h : header) std::printf("# %s\n", h.c_str());
+    std::printf("%6s %3s %4s %8s %8s %7s %7s %7s %7s %7s %7s %7s %4s %6s %13s %6s %7s %7s %7s %7s\n", "N", "thr", "used", "MB",
+                "ms/step", "GB/s", "FMA", "plain", "pf4k", "pf16k", "read", "roof", "lim", "f_roof", "[min,max]",
+                "f_read", "qk_ms", "sm_ms", "pv_ms", "rest_ms");
+    std::fflush(stdout);
+    std::vector<RoofRow> rows;
+    for (uint32_t n = nmin; n <= nmax; n *= 2) {
+        for (int t : threads) {
+            RoofRow r;
+            std::string err;
+            if (!roofline_row(n, t, reps, secs, parts, &r, &err)) {
+                std::fprintf(stderr, "N=%u threads=%d: %s\n", n, t, err.c_str());
+                return 1;
+            }
+            std::printf("%6u %3d %4d %8.1f %8.3f %7.2f %7.1f %7.2f %7.2f %7.2f %7.2f %7.2f %4s %6.3f [%5.3f,%5.3f] %6.3f "
+                        "%7.3f %7.3f %7.3f %7.3f\n",
+                        r.n, r.threads, r.used, r.bytes / 1e6, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf4k, r.read_pf16k,
+                        r.read, r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms,
+                        r.rest_ms);
+            std::fflush(stdout);
+            rows.push_back(r);
+        }
+        if (n > 0x7fffffffu) break;
+    }
+    header.push_back("loadavg after: " + load_average());
+    std::printf("# %s\n", header.back().c_str());
+    int below = 0;
+    for (const RoofRow &r : rows) below += r.f_roof < 0.85;
+    std::printf("# rows below f_roof 0.85: %d of %zu\n", below, rows.size());
+    if (!csv.empty()) {
+        std::FILE *f = std::fopen(csv.c_str(), "w");
+        if (!f) {
+            std::fprintf(stderr, "cannot write %s\n", csv.c_str());
+            return 1;
+        }
+        for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
+        std::fprintf(f, "N,threads,threads_used,bytes,ms_per_step,GBps,fma_GFLOPS,read_plain_GBps,read_pf4k_GBps,read_pf16k_GBps,"
+                        "read_GBps,roof_GBps,limit,frac_roof,frac_roof_min,frac_roof_max,frac_read,qk_ms,softmax_ms,"
+                        "pv_ms,rest_ms\n");
+        for (const RoofRow &r : rows)
+            std::fprintf(f, "%u,%d,%d,%.0f,%.4f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
+                            "%.4f\n",
+                         r.n, r.threads, r.used, r.bytes, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf4k, r.read_pf16k, r.read,
+                         r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms, r.rest_ms);
+        std::fclose(f);
+        std::printf("# wrote %s\n", csv.c_str());
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -1119,6 +1453,8 @@ int main(int argc, char **argv) {
         if (std::strcmp(argv[i], "--crossover") == 0) return run_crossover(argc, argv);
     for (int i = 1; i < argc; ++i)
         if (std::strcmp(argv[i], "--sweep") == 0) return run_sweep(argc, argv);
+    for (int i = 1; i < argc; ++i)
+        if (std::strcmp(argv[i], "--roofline") == 0) return run_roofline(argc, argv);
     const uint32_t sizes[] = {512, 4096, 32768};
     const int thread_counts[] = {1, 2};
     using kvp::kern::AttnF32;

@@ -14,6 +14,10 @@
 //   against). At the baseline ISA this loop is add-latency bound at cache-resident sizes (about
 //   27 GB/s on the 2-core EPYC VM where AVX2 reads 90-100 GB/s from L2/L3), which is why the
 //   read runs at the kernel's ISA.
+// read_pf_<isa>(x, n, pf): the same sum with four accumulators and, when pf > 0, a software
+//   prefetch (into L2, as the kernels do) of each 64-byte line pf bytes ahead: the roofline
+//   mode's read is the best of plain and prefetched reads, so that a kernel with software
+//   prefetch is not compared with a weaker read than the machine can do.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -25,13 +29,16 @@ const uint64_t kFmaFlopsPerIter = kFmaChains * 16;
 
 float fma_peak_simde(uint64_t iters);
 float read_simde(const float *x, size_t n);
+float read_pf_simde(const float *x, size_t n, size_t pf);
 #ifdef KVP_BENCH_AVX2
 float fma_peak_avx2(uint64_t iters);
 float read_avx2(const float *x, size_t n);
+float read_pf_avx2(const float *x, size_t n, size_t pf);
 #endif
 #ifdef KVP_BENCH_AVX512
 float fma_peak_avx512(uint64_t iters);
 float read_avx512(const float *x, size_t n);
+float read_pf_avx512(const float *x, size_t n, size_t pf);
 #endif
 
 }  // namespace kvpbench

@@ -9,14 +9,11 @@ namespace kvp {
 
 // logit_softcap (issue 21): logits x of `rows` rows of n keys (row stride ld) become
 // c * tanh(x / c), right after their qk and before any mask, on every path and kernel variant
-// (one scalar pass: the same bits whichever variant computed the logits). Off when c == 0.
+// (the kernel family's softcap: every variant gives the same bits, attn_f32.h). Off when c == 0.
 static void softcap(const kvp_cache *c, float *lg, uint32_t rows, uint32_t n, size_t ld) {
     const float cap = c->cfg.logit_softcap;
     if (!(cap > 0.0f)) return;
-    for (uint32_t r = 0; r < rows; ++r) {
-        float *x = lg + r * ld;
-        for (uint32_t j = 0; j < n; ++j) x[j] = cap * tanhf(x[j] / cap);
-    }
+    for (uint32_t r = 0; r < rows; ++r) c->kern->softcap(lg + r * ld, n, cap);
 }
 namespace {
 

@@ -532,6 +532,77 @@ TEST(Kernels, Avx512BitIdenticalToAvx2) {
     }
 }
 
+// ---- softcap ----------------------------------------------------------------------------
+
+// ulps between two floats of the same sign (both finite): the distance of their bit patterns.
+int64_t ulp_dist(float a, float b) {
+    int32_t ia, ib;
+    std::memcpy(&ia, &a, 4);
+    std::memcpy(&ib, &b, 4);
+    if (ia < 0) ia = INT32_MIN - ia;  // monotone map of the sign-magnitude pattern
+    if (ib < 0) ib = INT32_MIN - ib;
+    return ia > ib ? (int64_t)ia - ib : (int64_t)ib - ia;
+}
+
+// tanh_approx against tanh in double: at most 2 ulp of the float result (measured: 1 ulp at
+// worst over the grid below and 1M random points), +-1 for |x| >= 9.1, odd, 0 at 0.
+TEST(Kernels, TanhApproxBound) {
+    int64_t worst = 0;
+    float at = 0;
+    auto check = [&](float x) {
+        const float want = (float)std::tanh((double)x), got = kvp::kern::tanh_approx(x);
+        const int64_t u = ulp_dist(want, got);
+        if (u > worst) worst = u, at = x;
+        ASSERT_EQ(kvp::kern::tanh_approx(-x), -got) << x;  // odd, bit for bit
+    };
+    for (float x = 0.0f; x < 12.0f; x = std::nextafter(x + 1e-5f * x, 100.0f)) check(x);  // relative steps
+    Rng g(99);
+    for (int i = 0; i < 1000000; ++i) check(g.uniform(-10.0f, 10.0f));
+    for (float x : {1e-30f, 1e-8f, 0.6249999f, 0.625f, 0.6250001f, 9.0f, 9.1f, 50.0f, 1e30f}) check(x);
+    EXPECT_LE(worst, 2) << "worst at x=" << at;
+    EXPECT_EQ(kvp::kern::tanh_approx(9.1f), 1.0f);
+    EXPECT_EQ(kvp::kern::tanh_approx(1e30f), 1.0f);
+    EXPECT_EQ(kvp::kern::tanh_approx(0.0f), 0.0f);
+    EXPECT_TRUE(std::signbit(kvp::kern::tanh_approx(-0.0f)));
+}
+
+// softcap: every variant the scalar reference's bits (the same float ops lane by lane), for
+// lengths below, equal to and above the vector width, caps 1 / 5 / 30 / 50; the scalar
+// reference within 4 ulp of cap * tanh(x / cap) in double (measured: 3); large logits saturate at +-cap.
+TEST(Kernels, SoftcapMatchesScalarBitForBit) {
+    const AttnF32 *ref = kvp::kern::attn_f32_scalar();
+    ASSERT_NE(ref->softcap, nullptr);
+    std::vector<const AttnF32 *> all = simd_variants();
+    int64_t worst = 0;
+    for (float cap : {1.0f, 5.0f, 30.0f, 50.0f})
+        for (uint32_t n : {0u, 1u, 3u, 7u, 8u, 9u, 15u, 16u, 17u, 33u, 100u, 1000u}) {
+            Rng g(n * 7 + (uint32_t)cap);
+            std::vector<float> x(n + 1);
+            for (float &e : x) e = g.uniform(-4.0f * cap, 4.0f * cap);
+            if (n > 2) x[1] = 0.0f, x[2] = 1e6f;  // zero, far above the cap
+            x[n] = 12345.0f;                      // past the end: must stay
+            std::vector<float> want = x;
+            ref->softcap(want.data(), n, cap);
+            EXPECT_EQ(want[n], 12345.0f);
+            for (uint32_t i = 0; i < n; ++i) {
+                const float exact = (float)((double)cap * std::tanh((double)x[i] / (double)cap));
+                worst = std::max(worst, ulp_dist(exact, want[i]));
+                EXPECT_LE(std::fabs(want[i]), cap);
+            }
+            if (n > 2) {
+                EXPECT_EQ(want[1], 0.0f);
+                EXPECT_EQ(want[2], cap);
+            }
+            for (const AttnF32 *var : all) {
+                std::vector<float> got = x;
+                var->softcap(got.data(), n, cap);
+                ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+                    << var->name << " cap=" << cap << " n=" << n;
+            }
+        }
+    EXPECT_LE(worst, 4);
+}
+
 // ---- dispatch ---------------------------------------------------------------------------
 
 TEST(Kernels, Dispatch) {
@@ -565,6 +636,7 @@ TEST(Kernels, Dispatch) {
         EXPECT_NE(var->max, nullptr);
         EXPECT_NE(var->expsum, nullptr);
         EXPECT_NE(var->merge, nullptr);
+        EXPECT_NE(var->softcap, nullptr);
     }
 }
 

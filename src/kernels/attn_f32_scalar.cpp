@@ -56,7 +56,42 @@ float exp_approx(float x) {
     return y * p2;
 }
 
+// tanh: for |x| < 0.625, x + x^3 * P(x^2) (the minimax coefficients of Cephes' tanhf); above,
+// 1 - 2 / (e^(2|x|) + 1) with exp_approx, which has no cancellation there (tanh >= 0.55). The
+// sign is restored at the end. No FMA anywhere (see attn_f32.h, f32_softcap_fn).
 namespace {
+constexpr float kTanhSplit = 0.625f;
+constexpr float kTanhP0 = -5.70498872745e-3f;
+constexpr float kTanhP1 = 2.06390887954e-2f;
+constexpr float kTanhP2 = -5.37397155531e-2f;
+constexpr float kTanhP3 = 1.33314422036e-1f;
+constexpr float kTanhP4 = -3.33332819422e-1f;
+}  // namespace
+
+float tanh_approx(float x) {
+    const float a = fabsf(x);
+    float t;
+    if (a < kTanhSplit) {
+        const float z = a * a;
+        float p = kTanhP0;
+        p = p * z + kTanhP1;
+        p = p * z + kTanhP2;
+        p = p * z + kTanhP3;
+        p = p * z + kTanhP4;
+        t = a + (a * z) * p;
+    } else {
+        const float e = exp_approx(a + a);
+        t = 1.0f - 2.0f / (e + 1.0f);
+    }
+    return copysignf(t, x);
+}
+
+namespace {
+
+void softcap_scalar(float *x, uint32_t n, float cap) {
+    const float inv = 1.0f / cap;  // a multiply per logit instead of a divide (SIMD: 1 of 2 divides)
+    for (uint32_t i = 0; i < n; ++i) x[i] = cap * tanh_approx(x[i] * inv);
+}
 
 void qk_scalar(const float *q, size_t ldq, uint32_t rows, const float *k, size_t ldk, uint32_t n,
                uint32_t d, float scale, float *logits, size_t ldl) {
@@ -111,7 +146,8 @@ void merge_scalar(const float *o, size_t ldo, const float *w, size_t ldw, uint32
     }
 }
 
-constexpr AttnF32 kScalar = {"scalar", &qk_scalar, &pv_scalar, &max_scalar, &expsum_scalar, &merge_scalar};
+constexpr AttnF32 kScalar = {"scalar", &qk_scalar, &pv_scalar, &max_scalar, &expsum_scalar, &merge_scalar,
+                                &softcap_scalar};
 
 }  // namespace
 
