@@ -123,6 +123,8 @@ pub struct kvp_config {
     pub max_draft: u32,
     pub attn_scale: f32,
     pub logit_softcap: f32,
+    pub sliding_window: u32,
+    pub sliding_pattern: u32,
 }
 
 #[repr(C)]
