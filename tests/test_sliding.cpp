@@ -109,6 +109,50 @@ TEST(Sliding, MatchesMaskedReference) {
     EXPECT_EQ(runs, 72u);
 }
 
+// Caller positions with gaps: the window is in positions (p-W < pos <= p), not in tokens; prefill
+// chunks and decodes, original positions (the rotation is the caller's position).
+TEST(Sliding, GappedPositions) {
+    const kvp_model m = ref::model(2, 4, 2, 32);
+    const uint32_t W = 25, T = 120;
+    ref::Inputs in(m, T, 77, 1.0f);
+    std::vector<int32_t> pos(T);
+    for (uint32_t t = 0; t < T; ++t) pos[t] = int32_t(t * 3 + (t * 7) % 3);  // ascending, gaps of 1..5
+    for (const char *extra : {"", " block=4 threads=2"}) {
+        const std::string spec = std::string("policy=full capacity=400 positions=original sliding_window=25 sliding_pattern=2") + extra;
+        ref::Cache c(m, spec);
+        ASSERT_TRUE(c.c);
+        std::vector<float> out(size_t(T) * in.nq);
+        auto check = [&](uint32_t l, uint32_t t, const float *o) {
+            std::vector<uint32_t> idx;
+            std::vector<int64_t> kp;
+            for (uint32_t j = 0; j <= t; ++j)
+                if (l == 1 || pos[j] > pos[t] - int32_t(W)) idx.push_back(j), kp.push_back(pos[j]);
+            std::vector<double> r;
+            ref::attend(m, in.qt(t), pos[t], in.k.data(), in.v.data(), idx, kp, r);
+            for (size_t i = 0; i < r.size(); ++i) ASSERT_NEAR(o[i], r[i], 2e-5) << spec << " layer " << l << " token " << t;
+        };
+        for (uint32_t l = 0; l < 2; ++l) {
+            ASSERT_EQ(kvp_prefill(c.c, l, 50, pos.data(), in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK)
+                << kvp_last_error(c.c);
+            ASSERT_EQ(kvp_prefill(c.c, l, 30, pos.data() + 50, in.qt(50), in.kt(50), in.vt(50), out.data() + 50 * in.nq, nullptr),
+                      KVP_OK);
+            for (uint32_t t = 0; t < 80; ++t) {
+                check(l, t, &out[size_t(t) * in.nq]);
+                if (HasFatalFailure()) return;
+            }
+        }
+        for (uint32_t t = 80; t < T; ++t)
+            for (uint32_t l = 0; l < 2; ++l) {
+                ASSERT_EQ(kvp_prefill(c.c, l, 1, &pos[t], in.qt(t), in.kt(t), in.vt(t), out.data(), nullptr), KVP_OK);
+                check(l, t, out.data());
+                if (HasFatalFailure()) return;
+                if (l == 0) {  // holds only what the next query (position > pos[t]) can see
+                    for (int32_t p : c.positions(0, 1)) ASSERT_GT(p, pos[t] + 1 - int32_t(W));
+                }
+            }
+    }
+}
+
 // Quantized storage: the same windows (kept positions exact), outputs within the format's error.
 TEST(Sliding, QuantizedDtypes) {
     const kvp_model m = ref::model(2, 4, 2, 32);
