@@ -2,6 +2,7 @@
 
 #include "cache.h"
 #include "config.h"
+#include "sliding.h"
 #include "storage.h"
 #include "threads.h"
 
@@ -13,7 +14,14 @@ uint32_t ceil_div(uint64_t a, uint32_t b) { return uint32_t((a + b - 1) / b); }
 }  // namespace
 
 void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
-    policy_of(cfg).plan(cfg, layer, &g->lp);
+    const bool local = layer_local(cfg, layer);
+    if (local) {  // sliding.h: the core's ring, W - 1 kept plus one prefill piece
+        g->lp = LayerPlan{};
+        g->lp.cap = uint32_t(uint64_t(cfg.sliding_window) - 1 + local_piece(config_block(cfg)));
+        g->lp.front_evict = true;
+    } else {
+        policy_of(cfg).plan(cfg, layer, &g->lp);
+    }
     const uint32_t block = config_block(cfg), cap = g->lp.cap;
     const uint32_t pin = g->lp.pin_cap < cap ? g->lp.pin_cap : cap;
     g->pin_blk_cap = ceil_div(pin, block);
@@ -21,6 +29,7 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     g->blk_cap = cap > pin ? ceil_div(body, block) : 0;
     g->max_blocks = g->pin_blk_cap + g->blk_cap;
     g->min_blocks = g->pin_blk_cap + (g->blk_cap ? 1 : 0);
+    if (local) g->min_blocks = g->max_blocks;  // a local layer never self-prunes: it always gets its window
 }
 
 bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {

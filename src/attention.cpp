@@ -221,6 +221,34 @@ void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float
     attend_prefill_tiles(a, n, qp, q, out, tok_stride, 0, n);
 }
 
+namespace {
+
+// Sliding window (sliding.h): the first logical key whose original position exceeds lim (a.L
+// when none). Key positions ascend in logical order in a local layer's store and its draft or
+// new tokens, so the keys a query at p sees are the logical suffix from window_lo(p - W) up to
+// the causal bound.
+uint32_t window_lo(const AttnIn &a, int64_t lim) {
+    const int32_t *pos = a.pool->pos;
+    uint32_t r0 = 0, r1 = a.nr;  // the first run whose last key is above lim
+    while (r0 < r1) {
+        const uint32_t mid = r0 + (r1 - r0) / 2;
+        const Run &r = a.runs[mid];
+        if (int64_t(pos[r.slot + r.n - 1]) > lim) r1 = mid;
+        else r0 = mid + 1;
+    }
+    if (r0 == a.nr) return a.L;
+    const Run &r = a.runs[r0];
+    uint32_t lo = 0, hi = r.n - 1;  // pos[slot + hi] > lim
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (int64_t(pos[r.slot + mid]) > lim) hi = mid;
+        else lo = mid + 1;
+    }
+    return r.logical + lo;
+}
+
+}  // namespace
+
 void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out,
                           size_t tok_stride, uint32_t i_begin, uint32_t i_end) {
     const kvp_cache *c = a.c;
@@ -247,7 +275,20 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const
         const uint32_t first_q = L0 + i0, last_q = L0 + i0 + tq - 1;
         int64_t cur = INT64_MIN;
         uint32_t ri = 0;
-        for (uint32_t kb0 = 0; kb0 <= last_q; kb0 += kKeyBlock) {
+        // Sliding window: query token t sees logical keys from wlo[t] on; blocks below every
+        // wlo are skipped (they would be fully masked).
+        uint32_t wlo[kTileTokens] = {0, 0, 0, 0}, wmin = 0, wmax = 0;
+        static_assert(kTileTokens == 4, "wlo's initializer");
+        if (a.window) {
+            wmin = UINT32_MAX;
+            for (uint32_t t = 0; t < tq; ++t) {
+                wlo[t] = window_lo(a, qp.pos->at(i0 + t) - int64_t(a.window));
+                if (wlo[t] > first_q + t) wlo[t] = first_q + t;  // a query always sees itself
+                if (wlo[t] < wmin) wmin = wlo[t];
+                if (wlo[t] > wmax) wmax = wlo[t];
+            }
+        }
+        for (uint32_t kb0 = wmin / kKeyBlock * kKeyBlock; kb0 <= last_q; kb0 += kKeyBlock) {
             const uint32_t kb1 = last_q + 1 - kb0 < kKeyBlock ? last_q + 1 : kb0 + kKeyBlock;
             const uint32_t nb = kb1 - kb0;
             while (a.runs[ri].logical + a.runs[ri].n <= kb0) ++ri;
@@ -267,6 +308,15 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const
                     for (uint32_t g = 0; g < G; ++g) {
                         float *row = lg + (size_t(t) * G + g) * KB;
                         for (uint32_t jj = from; jj < nb; ++jj) row[jj] = -INFINITY;
+                    }
+                }
+            }
+            if (kb0 < wmax) {  // window mask: key j visible to query token t iff j >= wlo[t]
+                for (uint32_t t = 0; t < tq; ++t) {
+                    const uint32_t upto = wlo[t] <= kb0 ? 0 : wlo[t] - kb0 < nb ? wlo[t] - kb0 : nb;
+                    for (uint32_t g = 0; g < G; ++g) {
+                        float *row = lg + (size_t(t) * G + g) * KB;
+                        for (uint32_t jj = 0; jj < upto; ++jj) row[jj] = -INFINITY;
                     }
                 }
             }

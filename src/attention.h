@@ -42,6 +42,8 @@ struct AttnIn {
     float *part;       // decode partials, ArenaPlan::part_floats per chunk (the head's)
     float *priv;       // decode query rows [G][stride] (the running thread's)
     const FixedWork *fx = nullptr;  // score=fixed: the running thread's fixed-point scratch, else NULL
+    uint32_t window = 0;            // sliding-window layer (sliding.h): prefill masks keys at pos <= p - window
+                                    // per query at original position p; 0: causal only
     const FmtIn *fmt = nullptr;     // formatted store (quant/attn_fmt.h); NULL: plain f32 rows.
                                     // Its scratch is the running thread's: a formatted store's
                                     // decode is never split across threads (cache.cpp).

@@ -10,6 +10,7 @@
 #include "config.h"
 #include "draft.h"
 #include "kernels/score_fixed.h"
+#include "sliding.h"
 
 #if !defined(KVP_NO_HEAP)
 #include <stdlib.h>
@@ -98,6 +99,26 @@ void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, i
     if (c->fmt && !pinned) ++hs.nres;
 }
 
+// Sliding-window layers (sliding.h): the oldest body tokens of a local layer's store (a ring:
+// no pinned prefix, no dead slots) whose original position is at most lim, evicted; and
+// at least `over` of them whatever their positions (capacity: only for callers whose positions
+// do not ascend). Blocks that empty go back to the pool.
+void local_evict(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t lim, uint32_t over) {
+    const uint32_t block = pool.block;
+    auto pos_at = [&](uint32_t j) {
+        const uint32_t v = hs.roff + j;
+        return int64_t(pool.pos[hs.blk[(hs.bhead + v / block) % hs.blk_cap] * block + v % block]);
+    };
+    uint32_t lo = 0, hi = hs.count;  // the first body token above lim (positions ascend)
+    while (lo < hi) {
+        const uint32_t mid = lo + (hi - lo) / 2;
+        if (pos_at(mid) > lim) hi = mid;
+        else lo = mid + 1;
+    }
+    const uint32_t e = lo > over ? lo : over < hs.count ? over : hs.count;
+    if (e) store_evict_front(hs, pool, layer, e, c->positions == KVP_POS_REALIGN);
+}
+
 // What a head's append leaves for the rest of its step.
 struct Appended {
     uint32_t L0 = 0;      // the head's length before the append
@@ -116,9 +137,15 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
     BlockPool &pool = c->pools[h];
     PolicyCtx ctx{c, layer, h, &pool, scratch_of(c, tid).policy, 0, 0};
 
+    // A local layer first drops the keys none of the new queries sees (sliding.h).
+    const bool local = layer_local(c->cfg, layer);
+    if (local) {
+        const uint32_t over = hs.len() + n > hs.cap ? hs.len() + n - hs.cap : 0;
+        local_evict(c, hs, pool, layer, pos.at(0) - int64_t(c->cfg.sliding_window), over);
+    }
     // Room first: dead slots are compacted away, then a dry pool makes the policy evict by its
-    // own ranking (cache_room_check said that suffices).
-    while (!staged && store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
+    // own ranking (cache_room_check said that suffices). A local layer's blocks are reserved.
+    while (!staged && !local && store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
         if (hs.holes) {
             store_compact(hs, pool, layer);
             continue;
@@ -280,6 +307,10 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         fmt_store(*c->fmt, hs).bytes_after_append =
             store_bytes(c, hs, pool) + uint64_t(ap.staged) * fmt_residual_bytes(c->fmt->f);
     }
+    if (layer_local(c->cfg, j.layer)) {  // sliding.h: keep only what the next query can see
+        local_evict(c, hs, pool, j.layer, j.pos.at(j.n - 1) + 1 - int64_t(c->cfg.sliding_window), 0);
+        return;
+    }
     if (pol.prune) pol.prune(ctx, hs, j.mode);
     if (ctx.staged) stage_commit(ctx, hs, nullptr, 0);  // a policy that selected nothing keeps what fits
     if (c->fmt && ap.staged) {
@@ -323,6 +354,7 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     if (attends) nr = c->fmt ? fmt_runs(c, hs, pool, realign, ap.nw, s.runs) : store_runs(hs, pool, realign, s.runs);
     if (ap.staged) s.runs[nr++] = Run{pool.stage_slot, j.n, ap.L0, c->fmt ? uint32_t(kSrcStaged) : 0u, realign ? hs.shift : 0};
     AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, nullptr);
+    a.window = layer_window(c->cfg, j.layer);
     FixedWork fw;
     if (pool.kq) {
         fw = fixed_work(c, tid);
@@ -364,6 +396,7 @@ void split_work(StepJob &j, uint32_t h, uint32_t ci, size_t tid, int64_t *cur) {
     kvp_cache *c = j.c;
     const kvp_model &m = c->cfg.model;
     AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), tid, &j.areas);
+    a.window = layer_window(c->cfg, j.layer);
     // Prefill: tile scratch, the running thread's. Decode without scores: a chunk's logits are
     // dead after its pv, so they stay in the running thread's scratch too (the head's area has
     // logits only when some layer scores, arena.h head_area_plan).
@@ -766,6 +799,7 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool
         }
         return KVP_OK;
     }
+    if (layer_local(c->cfg, layer)) return KVP_OK;  // sliding.h: pieces, evictions, reserved blocks
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
         if (uint64_t(hs.len()) + n > hs.cap) {
@@ -798,6 +832,7 @@ bool chunk_fits(const kvp_cache *c, uint32_t n) {
         const BlockPool &pool = c->pools[h];
         uint64_t nfree = pool.nfree, deficit = pool.deficit;
         for (uint32_t l = 0; l < m.n_layers; ++l) {
+            if (layer_local(c->cfg, l)) continue;  // its blocks are reserved (sliding.h)
             const uint64_t own = pool.deficit_of(l), others = deficit - own;
             uint64_t take;
             uint32_t ev;
@@ -816,6 +851,7 @@ uint32_t cache_prefill_room(const kvp_cache *c) {
     const kvp_model &m = c->cfg.model;
     if (c->plan.stage) return c->plan.stage;  // staged policies: any chunk up to the staging area
     for (uint32_t l = 0; l < m.n_layers; ++l) {
+        if (layer_local(c->cfg, l)) continue;  // takes any chunk in pieces (sliding.h)
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             const uint32_t len = head_of(c, l, h).len(), cap = c->layers[l].geom.lp.cap;
             const uint32_t room = cap > len ? cap - len : 0;
@@ -899,8 +935,19 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     const kvp_model &m = c->cfg.model;
     LayerState &ls = c->layers[layer];
     NewPositions pos{positions, ls.next_pos};
+    const bool local = layer_local(c->cfg, layer);
+    const uint32_t piece = local_piece(c->plan.block);
+    if (local && n > piece) {  // sliding.h: a long prefill or append runs as pieces
+        const size_t nq = size_t(m.n_q_heads) * m.head_dim, nkv = size_t(m.n_kv_heads) * m.head_dim;
+        for (uint32_t i = 0; i < n; i += piece) {
+            const uint32_t k1 = n - i < piece ? n - i : piece;
+            cache_step(c, layer, k1, positions ? positions + i : nullptr, q ? q + i * nq : nullptr, k + i * nkv,
+                       v + i * nkv, out ? out + i * nq : nullptr, mode);
+        }
+        return;
+    }
 
-    if (c->policy->layer_prepare) {
+    if (c->policy->layer_prepare && !local) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_prepare(ctx, n, mode);
     }
@@ -988,7 +1035,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     const uint64_t at_peak_bytes = c->live_bytes - ls.bytes + appended_bytes;
     if (at_peak_bytes > c->peak_bytes) c->peak_bytes = at_peak_bytes;
 
-    if (c->policy->layer_phase) {
+    if (c->policy->layer_phase && !local) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }

@@ -132,6 +132,10 @@ constexpr Key kKeys[] = {
     KVP_F32(logit_softcap, 0.0, 0.0, 1e6, kAll, "attention logit soft-capping: logits = c * tanh(logits / c) (Gemma 2: 50); 0 = off"),
     KVP_F32(rope_attn_factor, 1.0, 1.0 / 64, 64.0, kAll,
             "RoPE attention factor a (YaRN's mscale 0.1 ln(s) + 1, LongRoPE): logits = q.k * scale * a^2, as if q and k were both scaled by a; 1 = none"),
+    KVP_U32(sliding_window, 0, 0, kMaxCapacity, kAll,
+            "sliding-window layers: a local layer's query at position p sees keys p-W < pos <= p and the layer holds only those (blocks go back to the pool); 0 = none"),
+    KVP_U32(sliding_pattern, 0, 0, kMaxLayers, kAll,
+            "with sliding_window: layer l is global (full attention, the policy runs there) iff P > 0 and (l+1) % P == 0, the others local (Gemma 3: 6, Gemma 2: 2); 0 = every layer local (Mistral)"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -815,7 +819,41 @@ int config_key_used(const kvp_config &c, const char *name) {
 
 // Pre-rotated inputs: with rope=none the caller rotates q and k itself, so the library cannot
 // re-rotate a kept key to a new position; positions=realign would silently realign nothing.
+// Sliding-window layers (sliding.h): contradictory combinations are refused.
+static kvp_status check_sliding(const kvp_config &c, Msg &m) {
+    if (c.sliding_window == 0) {
+        if (c.sliding_pattern != 0) {
+            m.s("sliding_pattern=").u(c.sliding_pattern).s(" needs sliding_window=W (W >= 1): without a window no layer is local");
+            return KVP_ERR_CONFIG;
+        }
+        return KVP_OK;
+    }
+    if (c.sliding_pattern == 1) {
+        m.s("sliding_pattern=1 makes every layer global, so sliding_window=").u(c.sliding_window)
+            .s(" applies to none: drop sliding_window, or use P >= 2 (layer l global iff (l+1) % P == 0) or 0 (all local)");
+        return KVP_ERR_CONFIG;
+    }
+    const bool any_global = c.sliding_pattern != 0 && c.sliding_pattern <= c.model.n_layers;
+    if (!any_global && c.policy != KVP_POLICY_FULL) {
+        m.s("every layer is local (sliding_pattern=").u(c.sliding_pattern).s(", n_layers=").u(c.model.n_layers)
+            .s("): policy ").s(policy_of(c).name).s(" would run on no layer; use policy=full, or a pattern with global layers");
+        return KVP_ERR_CONFIG;
+    }
+    if (c.policy == KVP_POLICY_ASL) {
+        m.s("policy=asl with sliding_window: ASL's rank-variance ring needs consecutive global layers and its selection "
+            "would skip the local ones; use another policy for the global layers");
+        return KVP_ERR_UNSUPPORTED;
+    }
+    if (c.policy == KVP_POLICY_THINK) {
+        m.s("policy=think with sliding_window: ThinK's channel pruning is cache-wide storage and would change the local "
+            "layers' exact window attention; use its token policy alone");
+        return KVP_ERR_UNSUPPORTED;
+    }
+    return KVP_OK;
+}
+
 kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
+    kvp_status st_sw;
     if (c.model.rope == KVP_ROPE_NONE && c.positions == KVP_POS_REALIGN) {
         m.s("positions=realign needs the library to rotate keys, but rope=none (q and k arrive pre-rotated or "
             "without RoPE): kvprune cannot re-rotate keys it did not rotate; use positions=original, or give the "
@@ -831,6 +869,7 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
             return KVP_ERR_CONFIG;
         }
     }
+    if ((st_sw = check_sliding(c, m)) != KVP_OK) return st_sw;
     if (c.logit_softcap > 0.0f && c.score == KVP_SCORE_FIXED) {
         m.s("logit_softcap is not implemented for score=fixed (fixed-point scores have no tanh); use score=float");
         return KVP_ERR_UNSUPPORTED;

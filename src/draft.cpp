@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "attention.h"
+#include "sliding.h"
 
 namespace kvp {
 namespace {
@@ -106,8 +107,11 @@ void draft_head(DraftJob &j, uint32_t h, size_t tid) {
     const size_t tok = size_t(m.n_q_heads) * hd, qoff = size_t(h) * c->group * hd;
     const NewPositions np{dl.pos + j.d0, 0};
     const QueryPos qp{&np, realign, L + j.d0};
-    if (j.decode) attend_decode(a, j.q + qoff, qp.at(0), j.out + qoff, false);
-    else if (j.out) attend_prefill(a, j.n, qp, j.q + qoff, j.out + qoff, tok);
+    // A local layer (sliding.h) holds up to W - 1 committed keys plus the draft: its queries are
+    // masked to their windows, a decode too (through the prefill tiles, which mask).
+    a.window = layer_window(c->cfg, j.layer);
+    if (j.decode && !a.window) attend_decode(a, j.q + qoff, qp.at(0), j.out + qoff, false);
+    else if (j.decode || j.out) attend_prefill(a, j.n, qp, j.q + qoff, j.out + qoff, tok);
 }
 
 void draft_worker(void *arg, uint32_t tid) {

@@ -129,7 +129,10 @@ TEST(NoAllocation, ScoredPolicyAndDryPool) {
     for (const char *spec : {"policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2",
                              "policy=h2o budget=120 recent=16 capacity=260 positions=realign threads=1",
                              "policy=h2o budget=200 recent=16 capacity=260 total_capacity=420 threads=2",
-                             "policy=streaming sinks=4 window=200 capacity=260 total_capacity=460 threads=1"}) {
+                             "policy=streaming sinks=4 window=200 capacity=260 total_capacity=460 threads=1",
+                             // sliding-window layers: pieces, evictions before and after, masked tiles
+                             "policy=h2o budget=120 recent=16 capacity=260 sliding_window=40 sliding_pattern=2 threads=2",
+                             "policy=full capacity=260 sliding_window=33 kv_dtype=q8 threads=1"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;

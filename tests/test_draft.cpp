@@ -32,6 +32,9 @@ const char *const kSpecs[] = {
     "policy=simlayerkv sinks=4 window=24 capacity=260 lazy_last=8 lazy_mode=decode lazy_threshold=0.2",
     "policy=asl budget=64 obs_window=8 capacity=100 recent=8 asl_min_layer=1",
     "policy=think token_policy=h2o budget=64 recent=8 capacity=96 key_channel_ratio=0.4 value_channel_ratio=0.2",
+    // sliding-window layers (sliding.h): layer 0 local, layer 1 the policy's; every layer local
+    "policy=h2o budget=64 recent=8 capacity=96 sliding_window=12 sliding_pattern=2",
+    "policy=full capacity=400 sliding_window=9",
 };
 const char *const kDtypes[] = {"f32", "f16", "q8", "q4"};
 const char *const kPositions[] = {"original", "realign"};

@@ -246,6 +246,12 @@ typedef struct kvp_config {
     float    rope_attn_factor;   /* rope_attn_factor=a: RoPE attention factor (YaRN's mscale, LongRoPE's
                                     attention factor): every logit is multiplied by a*a, as if q and k were
                                     both scaled by a (docs/rope.md); 1 (default) = none */
+    /* appended in 0.2 (issue 21 item 5): sliding-window layers */
+    uint32_t sliding_window;     /* sliding_window=W: local layers attend to, and hold, only the keys at positions
+                                    p-W < pos <= p of a query at p (Gemma 2/3, Mistral); 0 (default) = none */
+    uint32_t sliding_pattern;    /* sliding_pattern=P: with sliding_window, layer l is global (full attention, runs
+                                    the policy) iff P > 0 and (l+1) % P == 0, else local (Gemma 3: 6, Gemma 2: 2);
+                                    0 (default) = every layer local (Mistral) */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */

@@ -587,6 +587,14 @@ struct Sequence {
         if (!setup()) return;
         if (stats) ++stats->sequences;
         cfg.max_draft = kMaxDraft;  // draft_call (no byte spent: the corpus keeps its meaning)
+        // Sliding-window layers on head_dim 8 and 20 models (no byte spent either): layer 1 global
+        // of 2+ layers (pattern 2), else all local; configs that refuse it stay window-less.
+        if (m.head_dim == 8 || m.head_dim == 20) {
+            kvp_config sw = cfg;
+            sw.sliding_window = 1 + (m.n_q_heads * 5 + m.n_layers * 3) % 23;
+            sw.sliding_pattern = m.n_layers >= 2 ? 2 : 0;
+            if (kvp_config_check(&sw, nullptr, 0) == KVP_OK) cfg = sw;
+        }
         const size_t bytes = kvp_arena_size(&cfg);
         KVPF_CHECK(bytes > 0, "kvp_arena_size is 0 for a config kvp_config_apply accepted");
         if (bytes > (8u << 20)) return;

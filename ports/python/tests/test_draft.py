@@ -73,6 +73,22 @@ class DraftTest(unittest.TestCase):
         self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
         self.assertEqual(cfg.get("attn_scale"), 0.0625)
 
+    def test_sliding_window_keys(self):  # issue 21 item 5: through the spec, the struct mirrors the header
+        spec = "policy=full capacity=64 sliding_window=5 sliding_pattern=2"
+        cfg = kvprune.Config(MODEL, spec)
+        self.assertEqual((cfg.get("sliding_window"), cfg.get("sliding_pattern")), (5, 2))
+        r = Rng(7)
+        with kvprune.Cache(MODEL, spec) as c:
+            self.assertEqual(c.layer_capacity(1), 64)  # global
+            self.assertEqual(c.layer_capacity(0), 4 + 32)  # W - 1 + one 32-token prefill piece
+            q, k, v = toks(r, 12)
+            for layer in range(2):
+                c.prefill(layer, q, k, v)
+            self.assertEqual((c.layer_len(0), c.layer_len(1)), (4, 12))
+        with self.assertRaises(KvpError) as e:
+            kvprune.Config(MODEL, "sliding_pattern=2")
+        self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
+
     def test_commit_equals_twin(self):
         r = Rng(0x2B7E1516)
         prompt, draft = toks(r, 9), toks(r, 3)

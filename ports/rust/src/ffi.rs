@@ -125,6 +125,8 @@ pub struct kvp_config {
     pub logit_softcap: f32,
     // appended for issue 21: RoPE frequencies from the caller (the table goes to kvp_create_rope)
     pub rope_attn_factor: f32,
+    pub sliding_window: u32,
+    pub sliding_pattern: u32,
 }
 
 #[repr(C)]
