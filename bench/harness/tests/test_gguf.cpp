@@ -281,10 +281,37 @@ TEST(GgufReader, OpenErrors) {
 // 6-bit scales/mins for 8 sub-blocks of 32, 128 bytes of nibbles (sub-block s uses bytes
 // 32 (s / 2) .. + 31, low nibble when s is even), value d sc q - dmin m; q6_K = 128 bytes low
 // nibbles, 64 bytes high 2-bit pairs, 16 i8 scales, f16 d, value d sc (q - 32).
+// q8_1 = f16 d, f16 s (unused), 32 x i8, value d q; q4_1 = f16 d, f16 m, q4_0's nibbles, value d q + m;
+// q5_0 = f16 d, u32 of fifth bits (bit j is bit 4 of element j), q4_0's nibbles, value d (q - 16);
+// q5_1 = f16 d, f16 m, the u32, the nibbles, value d q + m; q5_K = q4_K's d, dmin and scales, 32
+// bytes of fifth bits (bit s of byte l for element l of sub-block s), q4_K's 128 bytes of nibbles.
 double ref_elem(uint32_t type, const uint8_t *blk, int j) {
     auto h = [&](int off) { return gguftest::from_f16((uint16_t)(blk[off] | blk[off + 1] << 8)); };
+    auto nib32 = [&](const uint8_t *qs) { return j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4); };
+    auto bit = [&](const uint8_t *u) { return (int)((u[j / 8] >> (j % 8)) & 1); };  // bit j of a LE u32
+    auto k_scale_min = [](const uint8_t *sc, int s, int *scale, int *mn) {
+        if (s < 4) {
+            *scale = sc[s] & 63;
+            *mn = sc[s + 4] & 63;
+        } else {
+            *scale = (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+            *mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+        }
+    };
     switch (type) {
         case GGML_Q8_0: return h(0) * (int8_t)blk[2 + j];
+        case GGML_Q8_1: return h(0) * (int8_t)blk[4 + j];
+        case GGML_Q4_1: return h(0) * nib32(blk + 4) + h(2);
+        case GGML_Q5_0: return h(0) * ((nib32(blk + 6) | bit(blk + 2) << 4) - 16);
+        case GGML_Q5_1: return h(0) * (nib32(blk + 8) | bit(blk + 4) << 4) + h(2);
+        case GGML_Q5_K: {
+            const int s = j / 32, pos = j % 32;
+            const uint8_t byte = blk[48 + (s / 2) * 32 + pos];
+            const int q = (s % 2 == 0 ? (byte & 15) : (byte >> 4)) | ((blk[16 + pos] >> s) & 1) << 4;
+            int scale, mn;
+            k_scale_min(blk + 4, s, &scale, &mn);
+            return h(0) * scale * q - h(2) * mn;
+        }
         case GGML_Q4_0: {
             const int q = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
             return h(0) * (q - 8);
@@ -402,6 +429,111 @@ TEST(GgufDequant, HandMadeBlocksMatchTheFormatReference) {
     }
 }
 
+TEST(GgufDequant, Q41Q50Q51Q81Q5KBlocksMatchTheFormatReference) {
+    std::mt19937 rng(11);
+    const uint16_t zero = 0, neg = gguftest::to_f16(-0.03125f), pos = gguftest::to_f16(0.0078125f), sub = 0x0003,
+                   negzero = 0x8000, mneg = gguftest::to_f16(-0.75f), mpos = gguftest::to_f16(0.5f);
+    for (uint32_t type : {GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_Q8_1}) {
+        uint64_t be, bb;
+        ggml_block(type, &be, &bb);
+        const bool has_m = type == GGML_Q4_1 || type == GGML_Q5_1;
+        const size_t hoff = type == GGML_Q5_0 ? 2 : 4;  // the q5 fifth bits
+        std::string all;
+        // zero, negative, positive, subnormal and negative-zero d; with a min: negative, zero, positive m
+        for (uint16_t d : {zero, neg, pos, sub, negzero})
+            for (uint16_t m : {mneg, zero, mpos}) {
+                std::string b = rand_bytes(rng, bb);
+                set16(b, 0, d);
+                if (has_m) set16(b, 2, m);
+                all += b;
+                if (!has_m) break;
+            }
+        std::string ones(bb, (char)0xFF);  // every nibble 15, every fifth bit set: q = 31 (q5), 15 (q4_1), -1 (q8_1)
+        set16(ones, 0, neg);
+        if (has_m) set16(ones, 2, mneg);
+        all += ones;
+        std::string zeros(bb, '\0');  // q = 0 (value -16 d for q5_0, m for q4_1 / q5_1)
+        set16(zeros, 0, pos);
+        if (has_m) set16(zeros, 2, mpos);
+        all += zeros;
+        if (type == GGML_Q5_0 || type == GGML_Q5_1) {
+            for (uint32_t hb : {0x55555555u, 0xAAAAAAAAu, 0x0000FFFFu, 0xFFFF0000u, 0x80000001u}) {  // which fifth bits
+                std::string b(bb, (char)0x0F);  // low nibbles 15, high nibbles 0
+                set16(b, 0, pos);
+                if (has_m) set16(b, 2, mneg);
+                std::memcpy(&b[hoff], &hb, 4);
+                all += b;
+            }
+        }
+        check_blocks(type, all);
+    }
+    {  // q5_K: q4_K's edge cases plus the fifth bits all set, none, one sub-block's alone
+        std::string all;
+        const uint16_t ds[][2] = {{pos, pos}, {zero, pos}, {pos, zero}, {neg, pos}, {pos, neg}, {neg, neg}, {sub, pos}};
+        for (auto &d : ds) {
+            std::string b = rand_bytes(rng, 176);
+            set16(b, 0, d[0]);
+            set16(b, 2, d[1]);
+            all += b;
+        }
+        for (int s = -2; s < 8; s++) {  // -2: no fifth bits, -1: all, s: only sub-block s's
+            std::string b = rand_bytes(rng, 176);
+            set16(b, 0, pos);
+            set16(b, 2, neg);
+            for (int l = 0; l < 32; l++) b[16 + (size_t)l] = (char)(s == -2 ? 0 : s == -1 ? 0xFF : 1 << s);
+            all += b;
+        }
+        std::string maxed(176, (char)0xFF);  // scales and mins 63, q = 31
+        set16(maxed, 0, pos);
+        set16(maxed, 2, pos);
+        all += maxed;
+        std::string zs(176, '\0');  // scales and mins 0
+        set16(zs, 0, neg);
+        set16(zs, 2, neg);
+        all += zs;
+        check_blocks(GGML_Q5_K, all);
+    }
+}
+
+// The writer's quantizers (written from the format description, independent of the reader) round
+// trip through the reader within half a quantization step, so the writer makes these types for tests.
+TEST(GgufDequant, WriterQuantizersRoundTripThroughTheReader) {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-0.4f, 0.3f);
+    std::vector<float> x(1024);
+    for (auto &v : x) v = u(rng);
+    for (int i = 0; i < 32; i++) x[(size_t)(64 + i)] = 0.0f;  // an all-zero block
+    for (int i = 0; i < 32; i++) x[(size_t)(128 + i)] = 0.01f * (float)i;  // an all-positive block
+    struct Case {
+        uint32_t type;
+        std::string bytes;
+        double bound;  // |x - dequantized| allowed (half a step of the widest block, scales rounded)
+    } cases[] = {{GGML_Q8_1, gguftest::quant_q8_1(x.data(), x.size()), 0.4 / 127 * 0.51 + 1e-4},
+                 {GGML_Q4_1, gguftest::quant_q4_1(x.data(), x.size()), 0.7 / 15 * 0.51 + 1e-3},
+                 {GGML_Q5_0, gguftest::quant_q5_0(x.data(), x.size()), 0.4 / 16 * 0.51 + 1e-3},
+                 {GGML_Q5_1, gguftest::quant_q5_1(x.data(), x.size()), 0.7 / 31 * 0.51 + 1e-3},
+                 {GGML_Q5_K, gguftest::quant_q5_K(x.data(), x.size()), 0.7 / 31 * 1.2 + 5e-3}};
+    for (const Case &c : cases) {
+        uint64_t be, bb;
+        ASSERT_TRUE(ggml_block(c.type, &be, &bb));
+        ASSERT_EQ(c.bytes.size(), x.size() / be * bb) << ggml_type_name(c.type);
+        std::vector<float> y(x.size());
+        ASSERT_TRUE(dequantize(c.type, c.bytes.data(), y.data(), x.size()));
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); i++) worst = std::max(worst, std::fabs((double)y[i] - x[i]));
+        EXPECT_LT(worst, c.bound) << ggml_type_name(c.type);
+        EXPECT_GT(worst, 0.0) << ggml_type_name(c.type);  // it did quantize
+        for (int i = 0; i < 32; i++) EXPECT_EQ(y[(size_t)(64 + i)], 0.0f) << ggml_type_name(c.type) << " zero block";
+        if (c.type == GGML_Q8_1) {  // s = d * sum(q)
+            const uint8_t *b0 = reinterpret_cast<const uint8_t *>(c.bytes.data());
+            long sum = 0;
+            for (int i = 0; i < 32; i++) sum += (int8_t)b0[4 + i];
+            EXPECT_NEAR(gguftest::from_f16((uint16_t)(b0[2] | b0[3] << 8)), gguftest::from_f16((uint16_t)(b0[0] | b0[1] << 8)) * sum,
+                        1e-3 * std::fabs((double)sum) * 0.01 + 1e-6);
+        }
+    }
+}
+
 TEST(GgufDequant, HalfAndBfloat) {
     // f16: exact values, signs, subnormals, the largest finite, infinity.
     const std::pair<uint16_t, double> f16[] = {{0x3C00, 1.0},  {0xC000, -2.0},         {0x3555, 0.333251953125},
@@ -424,7 +556,7 @@ TEST(GgufDequant, HalfAndBfloat) {
     EXPECT_EQ(x[0], 1.0f);
     EXPECT_EQ(x[1], 2.0f);
     EXPECT_EQ(x[2], -0.5f);
-    EXPECT_FALSE(dequantize(13 /* q5_K */, raw, x, 256));
+    EXPECT_FALSE(dequantize(10 /* q2_K */, raw, x, 256));
 }
 
 // ---------------------------------------------------------------- tiny models vs a double forward
@@ -471,14 +603,22 @@ Mat rand_mat(std::mt19937 &rng, int rows, int cols, uint32_t type) {
         ggml_block(type, &be, &bb);
         for (int b = 0; b < cols / (int)be; b++) {
             std::string blk = rand_bytes(rng, bb);
-            const float scale = type == GGML_Q8_0 ? 0.1f / 127 : type == GGML_Q4_0 ? 0.02f : type == GGML_Q4_K ? 0.0003f : 0.0001f;
+            const float scale = type == GGML_Q8_0 || type == GGML_Q8_1 ? 0.1f / 127
+                                : type == GGML_Q4_0 || type == GGML_Q4_1   ? 0.02f
+                                : type == GGML_Q5_0 || type == GGML_Q5_1   ? 0.01f
+                                : type == GGML_Q4_K                        ? 0.0003f
+                                : type == GGML_Q5_K                        ? 0.00015f
+                                                                           : 0.0001f;
             std::uniform_real_distribution<float> ud(0.3f * scale, scale);
             const uint16_t d = gguftest::to_f16((rng() & 1 ? 1 : -1) * ud(rng));
             if (type == GGML_Q6_K) {
                 set16(blk, 208, d);
             } else {
                 set16(blk, 0, d);
-                if (type == GGML_Q4_K) set16(blk, 2, gguftest::to_f16(ud(rng)));
+                if (type == GGML_Q4_K || type == GGML_Q5_K) set16(blk, 2, gguftest::to_f16(ud(rng)));
+                // q4_1 / q5_1: the minimum centres the values (d q + m, q in 0..15 / 0..31), either sign
+                if (type == GGML_Q4_1) set16(blk, 2, gguftest::to_f16(-7.5f * std::fabs((float)gguftest::from_f16(d)) + 0.3f * ud(rng)));
+                if (type == GGML_Q5_1) set16(blk, 2, gguftest::to_f16(-15.5f * std::fabs((float)gguftest::from_f16(d)) - 0.3f * ud(rng)));
             }
             m.bytes += blk;
             for (int j = 0; j < (int)be; j++) m.v.push_back(ref_elem(type, reinterpret_cast<const uint8_t *>(blk.data()), j));
@@ -510,10 +650,11 @@ struct Tiny {
 // this also gives one matrix kind different types in different layers).
 Tiny make_tiny(const std::string &arch, uint32_t type, bool tied, uint32_t seed, bool mixed = false) {
     std::mt19937 rng(seed);
-    const uint32_t cycle[7] = {GGML_Q4_K, GGML_Q6_K, GGML_F32, GGML_Q8_0, GGML_F16, GGML_BF16, GGML_Q4_0};
+    const uint32_t cycle[12] = {GGML_Q4_K, GGML_Q6_K, GGML_F32, GGML_Q8_0, GGML_F16, GGML_BF16,
+                                GGML_Q4_0, GGML_Q5_0, GGML_Q5_K, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1};
     int next = 0;
     auto rand_mat = [&](std::mt19937 &g, int rows, int cols, uint32_t ty) {
-        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 7] : ty);
+        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 12] : ty);
     };
     Tiny t;
     t.arch = arch;
@@ -746,6 +887,13 @@ TEST(GgufModel, LlamaEveryWeightTypeMatchesTheDoubleReference) {
         check_tiny("llama", type, type != GGML_F16);
 }
 
+TEST(GgufModel, Q41Q50Q51Q81Q5KMatchTheDoubleReference) {
+    for (uint32_t type : {GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_Q8_1, GGML_Q5_K})
+        check_tiny("llama", type, type != GGML_Q5_0);
+    check_tiny("qwen2", GGML_Q5_0, true);
+    check_tiny("qwen3", GGML_Q5_K, false);
+}
+
 TEST(GgufModel, Qwen2BiasesAndQwen3QkNormMatchTheDoubleReference) {
     check_tiny("qwen2", GGML_F32, true);
     check_tiny("qwen2", GGML_Q8_0, false);
@@ -763,7 +911,8 @@ TEST(GgufModel, MixedTypesPerMatrixAndLayer) {
 // The quantized products: the same bits for 1, 2 and 3 threads, and prefill of all tokens equal
 // to prefill of one then decode of the rest (the f32 path's property, kept by the kernels).
 TEST(GgufModel, QuantizedProductsIndependentOfThreadsAndOfPrefillSplit) {
-    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K}) {
+    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K, GGML_Q5_0, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1, GGML_Q5_K}) {
+        SCOPED_TRACE(ggml_type_name(type));
         Tiny t = make_tiny("qwen2", type, false, 77);
         TmpFile f("threads.gguf");
         ASSERT_TRUE(tiny_writer(t).write(f.path));
@@ -846,7 +995,7 @@ TEST(GgufModel, RefusalsNameWhatIsNotSupported) {
         }),
         "rope_freqs.weight");
     has(refusal([](Writer &w) { w.u32("llama.attention.sliding_window", 4096); }), "sliding-window");
-    has(refusal([](Writer &w) { w.tensors[0].type = 13; }), "has type q5_K, not supported (supported: f32, f16, bf16");
+    has(refusal([](Writer &w) { w.tensors[0].type = 11; }), "has type q3_K, not supported (supported: f32, f16, bf16");
     has(refusal([](Writer &w) { w.tensors.pop_back(); }), "missing tensor blk.1.ffn_up.weight");
     has(refusal([](Writer &w) {
             w.u32("llama.attention.key_length", 64);
