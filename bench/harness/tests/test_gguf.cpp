@@ -18,6 +18,7 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "session.h"
+#include "tasks.h"
 #include "tokenizer.h"
 
 #ifndef KVP_HARNESS_MODELS_DIR
@@ -1336,3 +1337,205 @@ TEST(GgufTokenizer, BytePairMergesAndRoundTrip) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- task prompts on token models
+
+// A tiny random model (the answers are wrong: this tests the plumbing) with a tokenizer in its
+// metadata: SentencePiece (byte fallback, a few merges) on llama, or byte-level BPE on qwen2.
+Writer task_model_writer(bool spm, std::vector<std::string> *pieces_out) {
+    Tiny t = make_tiny(spm ? "llama" : "qwen2", GGML_F32, true, 21);
+    Writer w = tiny_writer(t);
+    std::vector<std::string> pieces;
+    std::vector<int32_t> types;
+    std::vector<float> scores;
+    std::vector<std::string> merges;
+    if (spm) {
+        pieces = {"<unk>", "<s>", "</s>"};
+        types = {2, 3, 3};
+        for (int b = 0; b < 256; b++) {
+            char h[8];
+            std::snprintf(h, sizeof h, "<0x%02X>", b);
+            pieces.push_back(h);
+            types.push_back(6);
+        }
+        const char *extra[] = {"\xE2\x96\x81", "\xE2\x96\x81t", "\xE2\x96\x81th", "\xE2\x96\x81the", "\xE2\x96\x81is",
+                               "\xE2\x96\x81pass", "\xE2\x96\x81key", "e", "t", "h", "i", "s", "a", "p", "k", "y", "o", "n", "r",
+                               "1", "2", "3", "4", "5", "6", "7", "8", "9", "0", "in", "er", "an"};
+        for (const char *x : extra) {
+            pieces.push_back(x);
+            types.push_back(1);
+        }
+        scores.assign(pieces.size(), 0.0f);
+        for (size_t i = 259; i < pieces.size(); i++) scores[i] = -(float)(i - 259) * 0.1f + (float)pieces[i].size();
+    } else {
+        int n = 0;
+        for (int b = 0; b < 256; b++) {  // GPT-2's byte map
+            const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+            const unsigned cp = keep ? (unsigned)b : 256u + (unsigned)n++;
+            std::string s;
+            if (cp < 0x80) s.push_back((char)cp);
+            else {
+                s.push_back((char)(0xC0 | (cp >> 6)));
+                s.push_back((char)(0x80 | (cp & 63)));
+            }
+            pieces.push_back(s);
+        }
+        merges = {"\xC4\xA0 t", "h e", "\xC4\xA0t he", "\xC4\xA0 a", "i s", "\xC4\xA0 is", "i n", "e r", "\xC4\xA0 p", "\xC4\xA0p a"};
+        for (const std::string &m : merges) pieces.push_back(m.substr(0, m.find(' ')) + m.substr(m.find(' ') + 1));
+        pieces.push_back("<|endoftext|>");
+        types.assign(pieces.size(), 1);
+        types.back() = 3;
+    }
+    std::vector<float> emb(pieces.size() * (size_t)t.D);
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    for (float &x : emb) x = u(rng);
+    w.tensors[0].ne = {(uint64_t)t.D, pieces.size()};
+    w.tensors[0].bytes.assign(reinterpret_cast<const char *>(emb.data()), emb.size() * 4);
+    w.str("tokenizer.ggml.model", spm ? "llama" : "gpt2");
+    w.str_arr("tokenizer.ggml.tokens", pieces);
+    w.i32_arr("tokenizer.ggml.token_type", types);
+    if (spm) {
+        w.f32_arr("tokenizer.ggml.scores", scores);
+        w.u32("tokenizer.ggml.bos_token_id", 1);
+        w.u32("tokenizer.ggml.eos_token_id", 2);
+    } else {
+        w.str("tokenizer.ggml.pre", "qwen2");
+        w.str_arr("tokenizer.ggml.merges", merges);
+        w.u32("tokenizer.ggml.eos_token_id", (uint32_t)pieces.size() - 1);
+    }
+    *pieces_out = pieces;
+    return w;
+}
+
+std::string task_text() {
+    std::ifstream f(std::string(KVP_HARNESS_MODELS_DIR) + "/enbytes-1m.eval.txt", std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str().substr(0, 30000);
+}
+
+TEST(GgufTasks, TokenPromptsHaveExactLengthsAndPlaceTheNeedle) {
+    const std::string text = task_text();
+    ASSERT_GE(text.size(), 20000u);
+    for (bool spm : {true, false}) {
+        SCOPED_TRACE(spm ? "sentencepiece" : "byte-level bpe");
+        std::vector<std::string> pieces;
+        TmpFile f(spm ? "task-spm.gguf" : "task-bpe.gguf");
+        ASSERT_TRUE(task_model_writer(spm, &pieces).write(f.path));
+        if (const char *keep = std::getenv("KVH_KEEP_TASK_GGUF"))  // for trying the CLI by hand
+            task_model_writer(spm, &pieces).write(std::string(keep) + (spm ? "-spm.gguf" : "-bpe.gguf"));
+        Checkpoint ck;
+        std::string err;
+        ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+        ASSERT_TRUE(ck.tok);
+        const Tokenizer &tok = *ck.tok;
+        const std::vector<int32_t> ids = task_text_ids(tok, text);
+        ASSERT_GT(ids.size(), 5000u);
+        EXPECT_LT(ids.size(), text.size());  // the merges merged something
+        const size_t bos = spm ? 1 : 0;
+        for (const char *task : kTaskNames) {
+            SCOPED_TRACE(task);
+            const int L = std::string(task) == "niah-multikey" ? 720 : 300;
+            std::string first_answer;
+            for (double depth : {0.0, 0.37, 1.0}) {
+                TaskPrompt p, again;
+                ASSERT_TRUE(make_task_prompt_tokens(task, tok, ids, L, depth, 2, 5, &p, &err)) << err;
+                ASSERT_TRUE(make_task_prompt_tokens(task, tok, ids, L, depth, 2, 5, &again, &err)) << err;
+                EXPECT_EQ(p.context_ids, again.context_ids);  // deterministic
+                EXPECT_EQ(p.question_ids, again.question_ids);
+                EXPECT_EQ(p.context_ids.size() + p.question_ids.size(), (size_t)L);  // exact length in tokens
+                if (bos) {
+                    EXPECT_EQ(p.context_ids[0], tok.bos);
+                }
+                for (size_t i = bos; i < p.context_ids.size(); i++) ASSERT_NE(p.context_ids[i], tok.bos) << i;
+                ASSERT_FALSE(p.answer_ids.empty());
+                EXPECT_EQ(tok.decode(p.answer_ids), p.answer);
+                // the asked block's tokens sit at needle_at, which is the depth's token
+                const std::vector<int32_t> blk = std::string(task) == "recall" ? std::vector<int32_t>() : tok.encode(p.needle, false, false);
+                const size_t B = blk.empty() ? 24 : blk.size();
+                const size_t C = (size_t)L - bos - p.question_ids.size();
+                EXPECT_EQ(p.needle_at, bos + (size_t)std::llround(depth * (double)(C - B)));
+                if (!blk.empty()) {
+                    ASSERT_LE(p.needle_at + blk.size(), p.context_ids.size());
+                    EXPECT_TRUE(std::equal(blk.begin(), blk.end(), p.context_ids.begin() + (long)p.needle_at));
+                    EXPECT_NE(p.needle.find(p.answer), std::string::npos);
+                } else {  // recall: the cue and the answer are the passage's tokens 0..5 and 6..17
+                    EXPECT_TRUE(std::equal(p.question_ids.begin(), p.question_ids.end(), p.context_ids.begin() + (long)p.needle_at));
+                    EXPECT_TRUE(std::equal(p.answer_ids.begin(), p.answer_ids.end(), p.context_ids.begin() + (long)p.needle_at + 6));
+                }
+                for (size_t d : p.distractors_at) EXPECT_TRUE(d + B <= p.needle_at || d >= p.needle_at + B);
+                if (first_answer.empty()) first_answer = p.answer;
+                EXPECT_EQ(p.answer, first_answer);  // the key does not depend on the depth
+            }
+        }
+        TaskPrompt p;
+        EXPECT_FALSE(make_task_prompt_tokens("passkey", tok, ids, 40, 0.5, 0, 0, &p, &err));
+        EXPECT_NE(err.find("too short for task passkey (at least"), std::string::npos) << err;
+        EXPECT_NE(err.find("tokens)"), std::string::npos) << err;
+        const std::vector<int32_t> few(ids.begin(), ids.begin() + 200);
+        EXPECT_FALSE(make_task_prompt_tokens("passkey", tok, few, 300, 0.5, 0, 0, &p, &err));
+        EXPECT_NE(err.find("the text has 200 tokens"), std::string::npos) << err;
+    }
+}
+
+TEST(GgufTasks, GridRowsOnATokenModelAreDeterministicAndRoundTrip) {
+    const std::string text = task_text();
+    std::vector<std::string> pieces;
+    TmpFile f("task-grid.gguf");
+    ASSERT_TRUE(task_model_writer(true, &pieces).write(f.path));
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+    TaskGrid g;
+    g.tasks = {"passkey", "niah", "recall"};
+    g.specs = {"policy=full capacity=400", "policy=snapkv"};
+    g.ratios = {0.5};
+    g.settings = {kSettings[0], kSettings[1]};
+    g.lengths = {300};
+    g.depths = {0.0, 1.0};
+    g.seed = 3;
+    g.model_name = "task-grid.gguf";
+    g.text_name = "eval.txt";
+    std::vector<TaskResult> rows;
+    ASSERT_TRUE(expand_task_grid(ck, text, g, &rows, &err)) << err;
+    ASSERT_EQ(rows.size(), 2u * 2 * 3 * 2);
+    std::vector<TaskResult> again = rows;
+    ASSERT_TRUE(run_task_rows(ck, text, &rows, 1, &err)) << err;
+    ASSERT_TRUE(run_task_rows(ck, text, &again, 2, &err)) << err;
+    for (size_t i = 0; i < rows.size(); i++) {
+        std::string d;
+        EXPECT_TRUE(same_task_figures(rows[i], again[i], &d)) << i << ": " << d;  // threads do not matter
+        EXPECT_EQ(rows[i].length, 300);
+        EXPECT_FALSE(rows[i].answer.empty());
+        EXPECT_GT(rows[i].answer_nll, 0.0);
+        EXPECT_GT(rows[i].live_bytes, 0u);
+        if (rows[i].task == "passkey") {
+            EXPECT_EQ(rows[i].answer.size(), 5u);
+        }
+        if (rows[i].task == "niah") {
+            EXPECT_EQ(rows[i].answer.size(), 7u);
+        }
+        // the score is that of the decoded text cut to the answer's bytes
+        const TaskScore sc = score_answer(rows[i].answer, rows[i].generated.substr(0, rows[i].answer.size()));
+        EXPECT_EQ(rows[i].correct, (int)sc.correct);
+        EXPECT_DOUBLE_EQ(rows[i].byte_accuracy, sc.byte_accuracy);
+    }
+    // snapkv at ratio 0.5 keeps about half of the prompt's tokens: fewer bytes than full KV
+    EXPECT_LT(rows.back().live_bytes, rows.front().live_bytes);
+    std::vector<TaskResult> back;
+    ASSERT_TRUE(parse_task_json(tasks_to_json(rows), &back, &err)) << err;
+    ASSERT_EQ(back.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); i++) {
+        std::string d;
+        EXPECT_TRUE(same_task_figures(rows[i], back[i], &d)) << i << ": " << d;
+    }
+    // A model with neither a byte vocabulary nor a tokenizer is refused with the reason.
+    Tiny t = make_tiny("llama", GGML_F32, true, 4);
+    TmpFile f2("task-notok.gguf");
+    ASSERT_TRUE(tiny_writer(t).write(f2.path));
+    Checkpoint ck2;
+    ASSERT_TRUE(load_model(f2.path, &ck2, &err)) << err;
+    EXPECT_FALSE(expand_task_grid(ck2, text, g, &rows, &err));
+    EXPECT_NE(err.find("has vocab 96 and no tokenizer"), std::string::npos) << err;
+}
