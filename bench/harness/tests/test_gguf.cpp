@@ -1342,9 +1342,9 @@ TEST(GgufTokenizer, BytePairMergesAndRoundTrip) {
 
 // A tiny random model (the answers are wrong: this tests the plumbing) with a tokenizer in its
 // metadata: SentencePiece (byte fallback, a few merges) on llama, or byte-level BPE on qwen2.
-Writer task_model_writer(bool spm, std::vector<std::string> *pieces_out) {
-    Tiny t = make_tiny(spm ? "llama" : "qwen2", GGML_F32, true, 21);
-    Writer w = tiny_writer(t);
+// The tokenizer metadata of the task models: SentencePiece (byte fallback, a few merges) or
+// byte-level BPE (GPT-2's byte map, a few merges, pre-tokenizer qwen2). Returns the vocabulary size.
+size_t task_vocab(bool spm, Writer &w) {
     std::vector<std::string> pieces;
     std::vector<int32_t> types;
     std::vector<float> scores;
@@ -1386,12 +1386,6 @@ Writer task_model_writer(bool spm, std::vector<std::string> *pieces_out) {
         types.assign(pieces.size(), 1);
         types.back() = 3;
     }
-    std::vector<float> emb(pieces.size() * (size_t)t.D);
-    std::mt19937 rng(9);
-    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
-    for (float &x : emb) x = u(rng);
-    w.tensors[0].ne = {(uint64_t)t.D, pieces.size()};
-    w.tensors[0].bytes.assign(reinterpret_cast<const char *>(emb.data()), emb.size() * 4);
     w.str("tokenizer.ggml.model", spm ? "llama" : "gpt2");
     w.str_arr("tokenizer.ggml.tokens", pieces);
     w.i32_arr("tokenizer.ggml.token_type", types);
@@ -1404,8 +1398,83 @@ Writer task_model_writer(bool spm, std::vector<std::string> *pieces_out) {
         w.str_arr("tokenizer.ggml.merges", merges);
         w.u32("tokenizer.ggml.eos_token_id", (uint32_t)pieces.size() - 1);
     }
-    *pieces_out = pieces;
+    return pieces.size();
+}
+
+// A tiny random model (the answers are wrong: this tests the plumbing) with a tokenizer.
+Writer task_model_writer(bool spm) {
+    Tiny t = make_tiny(spm ? "llama" : "qwen2", GGML_F32, true, 21);
+    Writer w = tiny_writer(t);
+    const size_t V = task_vocab(spm, w);
+    std::vector<float> emb(V * (size_t)t.D);
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    for (float &x : emb) x = u(rng);
+    w.tensors[0].ne = {(uint64_t)t.D, V};
+    w.tensors[0].bytes.assign(reinterpret_cast<const char *>(emb.data()), emb.size() * 4);
     return w;
+}
+
+// The CLI test's model (bench/harness/tests/task-spm.gguf, 1 layer, width 64, q8_0 matrices,
+// SentencePiece, context 512): made from a fixed LCG so that its bytes are the same with any
+// standard library; GgufTasks.CliFixtureIsTheWritersFile checks the committed file against it.
+Writer task_fixture_writer() {
+    Writer w;
+    w.str("general.architecture", "llama");
+    w.str("general.name", "tiny task fixture");
+    w.u32("llama.block_count", 1);
+    w.u32("llama.embedding_length", 64);
+    w.u32("llama.feed_forward_length", 128);
+    w.u32("llama.attention.head_count", 2);
+    w.u32("llama.attention.head_count_kv", 1);
+    w.u32("llama.context_length", 512);
+    w.u32("llama.rope.dimension_count", 32);
+    w.f32("llama.rope.freq_base", 10000.0f);
+    w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    const size_t V = task_vocab(true, w);
+    uint64_t st = 12345;
+    auto vals = [&](size_t n, float scale) {
+        std::vector<float> v(n);
+        for (float &x : v) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            x = scale * ((float)(st >> 40) / 16777216.0f * 2.0f - 1.0f);
+        }
+        return v;
+    };
+    auto q8 = [&](const std::string &name, uint64_t cols, uint64_t rows) {
+        const std::vector<float> v = vals(cols * rows, 0.2f);
+        w.tensor(name, {cols, rows}, GGML_Q8_0, gguftest::quant_q8_0(v.data(), v.size()));
+    };
+    const std::vector<float> ones(128, 1.0f);
+    q8("token_embd.weight", 64, V);
+    w.tensor_f32("output_norm.weight", {64}, ones.data(), 64);
+    w.tensor_f32("blk.0.attn_norm.weight", {64}, ones.data(), 64);
+    w.tensor_f32("blk.0.ffn_norm.weight", {64}, ones.data(), 64);
+    q8("blk.0.attn_q.weight", 64, 64);
+    q8("blk.0.attn_k.weight", 64, 32);
+    q8("blk.0.attn_v.weight", 64, 32);
+    q8("blk.0.attn_output.weight", 64, 64);
+    q8("blk.0.ffn_gate.weight", 64, 128);
+    q8("blk.0.ffn_down.weight", 128, 64);
+    q8("blk.0.ffn_up.weight", 64, 128);
+    return w;
+}
+
+TEST(GgufTasks, CliFixtureIsTheWritersFile) {
+    const std::string path = std::string(KVP_HARNESS_TESTS_DIR) + "/task-spm.gguf";
+    const std::string want = task_fixture_writer().bytes();
+    if (std::getenv("KVH_WRITE_TASK_FIXTURE")) {
+        ASSERT_TRUE(write_bytes(path, want));
+    }
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_TRUE(ss.str() == want) << path << " differs from task_fixture_writer() (KVH_WRITE_TASK_FIXTURE=1 rewrites it)";
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_model(path, &ck, &err)) << err;
+    ASSERT_TRUE(ck.tok);
+    EXPECT_EQ(ck.cfg.seq_len, 512);
 }
 
 std::string task_text() {
@@ -1420,11 +1489,8 @@ TEST(GgufTasks, TokenPromptsHaveExactLengthsAndPlaceTheNeedle) {
     ASSERT_GE(text.size(), 20000u);
     for (bool spm : {true, false}) {
         SCOPED_TRACE(spm ? "sentencepiece" : "byte-level bpe");
-        std::vector<std::string> pieces;
         TmpFile f(spm ? "task-spm.gguf" : "task-bpe.gguf");
-        ASSERT_TRUE(task_model_writer(spm, &pieces).write(f.path));
-        if (const char *keep = std::getenv("KVH_KEEP_TASK_GGUF"))  // for trying the CLI by hand
-            task_model_writer(spm, &pieces).write(std::string(keep) + (spm ? "-spm.gguf" : "-bpe.gguf"));
+        ASSERT_TRUE(task_model_writer(spm).write(f.path));
         Checkpoint ck;
         std::string err;
         ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
@@ -1481,9 +1547,8 @@ TEST(GgufTasks, TokenPromptsHaveExactLengthsAndPlaceTheNeedle) {
 
 TEST(GgufTasks, GridRowsOnATokenModelAreDeterministicAndRoundTrip) {
     const std::string text = task_text();
-    std::vector<std::string> pieces;
     TmpFile f("task-grid.gguf");
-    ASSERT_TRUE(task_model_writer(true, &pieces).write(f.path));
+    ASSERT_TRUE(task_model_writer(true).write(f.path));
     Checkpoint ck;
     std::string err;
     ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
