@@ -160,7 +160,8 @@ const char *kUsageInfo =
     "kvprune info [--model M]\n"
     "    What a model file holds: format, architecture, sizes, weight types, context, RoPE, the\n"
     "    tokenizer, and the KV bytes per token (raw K+V and kvprune's arena) at f32/f16/q8/q4.\n"
-    "    --model takes a llama2.c .bin or a GGUF file (llama, qwen2, qwen3; docs/harness.md).\n";
+    "    --model takes a llama2.c .bin or a GGUF file (llama, qwen2, qwen3; weight types f32, f16, bf16,\n"
+    "    q8_0, q8_1, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K in any mix; docs/harness.md).\n";
 
 std::string usage_all() {
     return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport + kUsageInfo +
