@@ -4,7 +4,7 @@
 // times a prefill of P tokens and D decode steps under policy=full with T threads for the
 // quantized products. Prints one line: load_s, prefill tok/s, decode tok/s, peak RSS.
 //
-//   bench_gguf [--type q8_0|q4_0|q4_K|q6_K|f16|bf16|f32] [--threads 2] [--prefill 128] [--decode 32]
+//   bench_gguf [--type q8_0|q8_1|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K|f16|bf16|f32] [--threads 2] [--prefill 128] [--decode 32]
 //              [--layers 24] [--dim 896] [--file /tmp/kvh-bench-0.5b.gguf] [--keep] [--reuse]
 // --keep leaves the file; --reuse loads an existing file without writing it (so the peak RSS is
 // the harness's alone: the writer holds the whole file in memory while it writes).
@@ -42,8 +42,14 @@ std::string blocks(uint32_t type, uint64_t rows, uint64_t cols) {
         uint64_t v = next64();
         std::memcpy(&o[i], &v, 8);
     }
-    const float scale = type == kvh::GGML_Q8_0 ? 0.05f / 127 : type == kvh::GGML_Q4_0 ? 0.01f : type == kvh::GGML_Q4_K ? 0.0001f : 0.00003f;
+    const float scale = type == kvh::GGML_Q8_0 || type == kvh::GGML_Q8_1 ? 0.05f / 127
+                        : type == kvh::GGML_Q4_0 || type == kvh::GGML_Q4_1 ? 0.01f
+                        : type == kvh::GGML_Q5_0 || type == kvh::GGML_Q5_1 ? 0.005f
+                        : type == kvh::GGML_Q4_K || type == kvh::GGML_Q5_K ? 0.0001f
+                                                                           : 0.00003f;
     const uint16_t d = gguftest::to_f16(scale);
+    // q4_1 / q5_1: a minimum that centres the values (d q + m with q in 0..15 / 0..31)
+    const uint16_t m = gguftest::to_f16(type == kvh::GGML_Q4_1 ? -7.5f * scale : -15.5f * scale);
     for (uint64_t b = 0; b < nb; b++) {
         char *p = &o[b * bb];
         // float types: random bits with the exponent pinned to magnitudes 2^-8..2^-5 (fast to make)
@@ -63,7 +69,8 @@ std::string blocks(uint32_t type, uint64_t rows, uint64_t cols) {
             std::memcpy(p + 208, &d, 2);
         } else {
             std::memcpy(p, &d, 2);
-            if (type == kvh::GGML_Q4_K) std::memcpy(p + 2, &d, 2);
+            if (type == kvh::GGML_Q4_K || type == kvh::GGML_Q5_K) std::memcpy(p + 2, &d, 2);
+            if (type == kvh::GGML_Q4_1 || type == kvh::GGML_Q5_1) std::memcpy(p + 2, &m, 2);
         }
     }
     return o;
@@ -101,7 +108,7 @@ int main(int argc, char **argv) {
         }
     }
     uint32_t type = 999;
-    for (uint32_t t : {0u, 1u, 2u, 8u, 12u, 14u, 30u})
+    for (uint32_t t : kvh::kGgmlSupported)
         if (kvh::ggml_type_name(t) == type_name) type = t;
     if (type == 999 || P < 1 || Dn < 1 || L < 1 || Dim < 128 || Dim % 128 != 0) {
         std::fprintf(stderr, "bench_gguf: bad --type/--prefill/--decode/--layers\n");

@@ -24,13 +24,13 @@ std::string ggml_type_name(uint32_t t) {
         case GGML_Q4_0: return "q4_0";
         case GGML_Q4_K: return "q4_K";
         case GGML_Q6_K: return "q6_K";
-        case 3: return "q4_1";
-        case 6: return "q5_0";
-        case 7: return "q5_1";
-        case 9: return "q8_1";
+        case GGML_Q4_1: return "q4_1";
+        case GGML_Q5_0: return "q5_0";
+        case GGML_Q5_1: return "q5_1";
+        case GGML_Q8_1: return "q8_1";
         case 10: return "q2_K";
         case 11: return "q3_K";
-        case 13: return "q5_K";
+        case GGML_Q5_K: return "q5_K";
         case 15: return "q8_K";
         default: return "type " + std::to_string(t);
     }
@@ -41,8 +41,13 @@ bool ggml_block(uint32_t t, uint64_t *be, uint64_t *bb) {
         case GGML_F32: *be = 1; *bb = 4; return true;
         case GGML_F16: case GGML_BF16: *be = 1; *bb = 2; return true;
         case GGML_Q8_0: *be = 32; *bb = 34; return true;
+        case GGML_Q8_1: *be = 32; *bb = 36; return true;
         case GGML_Q4_0: *be = 32; *bb = 18; return true;
+        case GGML_Q4_1: *be = 32; *bb = 20; return true;
+        case GGML_Q5_0: *be = 32; *bb = 22; return true;
+        case GGML_Q5_1: *be = 32; *bb = 24; return true;
         case GGML_Q4_K: *be = 256; *bb = 144; return true;
+        case GGML_Q5_K: *be = 256; *bb = 176; return true;
         case GGML_Q6_K: *be = 256; *bb = 210; return true;
         default: return false;
     }
@@ -123,6 +128,62 @@ bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n) {
                 }
             }
             return true;
+        case GGML_Q8_1:  // f16 d, f16 s (d times the sum of the quants; not needed here), 32 x i8
+            for (uint64_t b = 0; b < n / 32; b++, p += 36, dst += 32) {
+                const float d = fp16_to_f32(rd16(p));
+                for (int i = 0; i < 32; i++) dst[i] = d * (float)(int8_t)p[4 + i];
+            }
+            return true;
+        case GGML_Q4_1:  // f16 d, f16 m, 16 bytes of nibbles as q4_0; value d q + m
+            for (uint64_t b = 0; b < n / 32; b++, p += 20, dst += 32) {
+                const float d = fp16_to_f32(rd16(p)), m = fp16_to_f32(rd16(p + 2));
+                for (int i = 0; i < 16; i++) {
+                    dst[i] = d * (float)(p[4 + i] & 15) + m;
+                    dst[i + 16] = d * (float)(p[4 + i] >> 4) + m;
+                }
+            }
+            return true;
+        case GGML_Q5_0:  // f16 d, u32 fifth bits (bit i for element i), 16 bytes of nibbles; value d (q - 16)
+        case GGML_Q5_1: {  // f16 d, f16 m, u32 fifth bits, 16 bytes of nibbles; value d q + m
+            const bool one = type == GGML_Q5_1;
+            const uint64_t bb = one ? 24 : 22;
+            for (uint64_t b = 0; b < n / 32; b++, p += bb, dst += 32) {
+                const float d = fp16_to_f32(rd16(p)), m = one ? fp16_to_f32(rd16(p + 2)) : 0.0f;
+                const uint8_t *hb = p + (one ? 4 : 2), *qs = hb + 4;
+                const uint32_t h = (uint32_t)hb[0] | (uint32_t)hb[1] << 8 | (uint32_t)hb[2] << 16 | (uint32_t)hb[3] << 24;
+                for (int i = 0; i < 16; i++) {
+                    const int q0 = (qs[i] & 15) | (int)((h >> i) & 1) << 4;
+                    const int q1 = (qs[i] >> 4) | (int)((h >> (i + 16)) & 1) << 4;
+                    if (one) {
+                        dst[i] = d * (float)q0 + m;
+                        dst[i + 16] = d * (float)q1 + m;
+                    } else {
+                        dst[i] = d * (float)(q0 - 16);
+                        dst[i + 16] = d * (float)(q1 - 16);
+                    }
+                }
+            }
+            return true;
+        }
+        case GGML_Q5_K:  // q4_K's header and nibbles (at +48) plus 32 bytes of fifth bits at +16 (bit s of byte l
+                         // for element l of sub-block s)
+            for (uint64_t b = 0; b < n / 256; b++, p += 176, dst += 256) {
+                const float d = fp16_to_f32(rd16(p)), dmin = fp16_to_f32(rd16(p + 2));
+                const uint8_t *sc = p + 4, *qh = p + 16, *q = p + 48;
+                for (int c = 0; c < 4; c++) {
+                    int s0, m0, s1, m1;
+                    k4_scale_min(2 * c, sc, &s0, &m0);
+                    k4_scale_min(2 * c + 1, sc, &s1, &m1);
+                    const float d0 = d * (float)s0, o0 = dmin * (float)m0, d1 = d * (float)s1, o1 = dmin * (float)m1;
+                    for (int l = 0; l < 32; l++) {
+                        const int qa = (q[32 * c + l] & 15) | ((qh[l] >> (2 * c)) & 1) << 4;
+                        const int qb = (q[32 * c + l] >> 4) | ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                        dst[64 * c + l] = d0 * (float)qa - o0;
+                        dst[64 * c + 32 + l] = d1 * (float)qb - o1;
+                    }
+                }
+            }
+            return true;
         case GGML_Q4_K:
             for (uint64_t b = 0; b < n / 256; b++, p += 144, dst += 256) {
                 const float d = fp16_to_f32(rd16(p)), dmin = fp16_to_f32(rd16(p + 2));
@@ -186,16 +247,31 @@ bool ggml_finite(uint32_t type, const void *src, uint64_t n, uint64_t *bad) {
                 if ((rd16(p + 2 * i) & 0x7F80) == 0x7F80) return *bad = i, false;
             return true;
         case GGML_Q8_0:
-        case GGML_Q4_0: {
-            const uint64_t bb = type == GGML_Q8_0 ? 34 : 18;
+        case GGML_Q4_0:
+        case GGML_Q5_0: {
+            const uint64_t bb = type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : 22;
             for (uint64_t b = 0; b < n / 32; b++)
                 if (!h(b * bb)) return *bad = b, false;
             return true;
         }
-        case GGML_Q4_K:
-            for (uint64_t b = 0; b < n / 256; b++)
-                if (!h(b * 144) || !h(b * 144 + 2)) return *bad = b, false;
+        case GGML_Q8_1:  // d only: s is not used
+            for (uint64_t b = 0; b < n / 32; b++)
+                if (!h(b * 36)) return *bad = b, false;
             return true;
+        case GGML_Q4_1:
+        case GGML_Q5_1: {  // d and m
+            const uint64_t bb = type == GGML_Q4_1 ? 20 : 24;
+            for (uint64_t b = 0; b < n / 32; b++)
+                if (!h(b * bb) || !h(b * bb + 2)) return *bad = b, false;
+            return true;
+        }
+        case GGML_Q4_K:
+        case GGML_Q5_K: {
+            const uint64_t bb = type == GGML_Q4_K ? 144 : 176;
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * bb) || !h(b * bb + 2)) return *bad = b, false;
+            return true;
+        }
         case GGML_Q6_K:
             for (uint64_t b = 0; b < n / 256; b++)
                 if (!h(b * 210 + 208)) return *bad = b, false;

@@ -22,8 +22,12 @@ enum GgufValueType : uint32_t {
 
 // ggml tensor types the harness dequantizes (numbers as in the GGUF format).
 enum GgmlType : uint32_t {
-    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q8_0 = 8, GGML_Q4_K = 12, GGML_Q6_K = 14, GGML_BF16 = 30
+    GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
+    GGML_Q8_1 = 9, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30
 };
+// Every type above, in the order `kvprune info` and the error messages list them.
+constexpr uint32_t kGgmlSupported[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q8_1, GGML_Q4_0, GGML_Q4_1,
+                                       GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
 
 // Name of a ggml type number ("q4_K", "type 23" when unknown).
 std::string ggml_type_name(uint32_t t);

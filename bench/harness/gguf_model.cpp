@@ -12,7 +12,7 @@ namespace kvh {
 namespace {
 
 const char *kSupportedArch = "llama, qwen2, qwen3";
-const char *kSupportedTypes = "f32, f16, bf16, q8_0, q4_0, q4_K, q6_K";
+const char *kSupportedTypes = "f32, f16, bf16, q8_0, q8_1, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K";
 
 }  // namespace
 

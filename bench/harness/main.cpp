@@ -127,7 +127,9 @@ const char *kUsageTask =
     "             [--policy SPEC]... [--compression-ratio R,...] [--threads T] [--answers] [--json FILE] [--csv FILE]\n"
     "    Retrieval tasks: a needle (or passage) at each depth of held-out text, every prompt exactly\n"
     "    L bytes; the answer is greedy-decoded after the question and scored by exact match (recall:\n"
-    "    per byte), with the answer's teacher-forced NLL and live/peak KV bytes per cell.\n"
+    "    per byte), with the answer's teacher-forced NLL and live/peak KV bytes per cell. A model with a\n"
+    "    tokenizer (GGUF) gets the same text encoded by it: L tokens (BOS included), depths in tokens,\n"
+    "    the decoded answer compared on the answer's bytes (docs/harness.md \"Task prompts on GGUF models\").\n"
     "    query-aware: the question is prefilled with the context (SnapKV's setting); query-agnostic:\n"
     "    the context is prefilled and compressed first, the question arrives by decode.\n"
     "    Defaults: model induction6.bin (exact 6-byte induction, context 1024), text enbytes-1m.eval.txt,\n"
@@ -158,7 +160,8 @@ const char *kUsageInfo =
     "kvprune info [--model M]\n"
     "    What a model file holds: format, architecture, sizes, weight types, context, RoPE, the\n"
     "    tokenizer, and the KV bytes per token (raw K+V and kvprune's arena) at f32/f16/q8/q4.\n"
-    "    --model takes a llama2.c .bin or a GGUF file (llama, qwen2, qwen3; docs/harness.md).\n";
+    "    --model takes a llama2.c .bin or a GGUF file (llama, qwen2, qwen3; weight types f32, f16, bf16,\n"
+    "    q8_0, q8_1, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K in any mix; docs/harness.md).\n";
 
 std::string usage_all() {
     return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport + kUsageInfo +

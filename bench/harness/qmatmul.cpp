@@ -105,14 +105,32 @@ __attribute__((target("avx2,fma"))) inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 
-// q8_0 / q4_0 rows against f32 x rows, AVX2 + FMA: per block the 32 int8 weights become 4 vectors, each
+// q8_0 / q4_0 / q5_0 rows against f32 x rows, AVX2 + FMA: per block the 32 int8 weights become 4 vectors, each
 // x row takes s = w0 x0 + w1 x1 + w2 x2 + w3 x3 (one mul, three fma) and acc += d s; the same
 // operations in the same order for a row whether it is in a tile of 4 or alone, so prefill and
 // decode give the same bits for the same inputs.
-// The 32 weights of a q8_0 (34-byte) or q4_0 (18-byte) block as 4 vectors of 8, unscaled.
-template <bool Q4>
-__attribute__((target("avx2,fma"))) inline void block_w(const uint8_t *p, __m256 *w0, __m256 *w1, __m256 *w2, __m256 *w3) {
-    if (Q4) {  // elements 0..15: low nibbles of bytes 0..15; 16..31: high nibbles; value q - 8
+// 16 at 16 * (bit i of the little-endian u16 at p) in byte i: spread the two bytes over 8 lanes
+// each, keep one bit per lane, compare, turn the hits into 16.
+__attribute__((target("avx2,fma,f16c"))) inline __m128i fifth_bits16(const uint8_t *p) {
+    const __m128i sel = _mm_set_epi8((char)0x80, 0x40, 0x20, 0x10, 8, 4, 2, 1, (char)0x80, 0x40, 0x20, 0x10, 8, 4, 2, 1);
+    const __m128i spread = _mm_set_epi8(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    const __m128i b = _mm_shuffle_epi8(_mm_set1_epi16((short)(p[0] | (p[1] << 8))), spread);
+    return _mm_and_si128(_mm_cmpeq_epi8(_mm_and_si128(b, sel), sel), _mm_set1_epi8(16));
+}
+
+// The 32 weights of a q8_0 (34-byte), q4_0 (18-byte) or q5_0 (22-byte) block as 4 vectors of 8, unscaled.
+template <int K>  // 0: q8_0, 1: q4_0, 2: q5_0
+__attribute__((target("avx2,fma,f16c"))) inline void block_w(const uint8_t *p, __m256 *w0, __m256 *w1, __m256 *w2, __m256 *w3) {
+    if (K == 2) {  // q4_0's nibbles at p + 6 with bit i of the u32 at p + 2 as bit 4 of element i; value q - 16
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 6));
+        const __m128i m = _mm_set1_epi8(15), sixteen = _mm_set1_epi8(16);
+        const __m128i lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(raw, m), fifth_bits16(p + 2)), sixteen);
+        const __m128i hi = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(_mm_srli_epi16(raw, 4), m), fifth_bits16(p + 4)), sixteen);
+        *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+        *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+        *w2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+        *w3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+    } else if (K == 1) {  // elements 0..15: low nibbles of bytes 0..15; 16..31: high nibbles; value q - 8
         const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2));
         const __m128i m = _mm_set1_epi8(15), eight = _mm_set1_epi8(8);
         const __m128i lo = _mm_sub_epi8(_mm_and_si128(raw, m), eight);
@@ -131,12 +149,12 @@ __attribute__((target("avx2,fma"))) inline void block_w(const uint8_t *p, __m256
     }
 }
 
-template <bool Q4>
-__attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x, const QView &W, int n, int in_dim,
+template <int K>
+__attribute__((target("avx2,fma,f16c"))) void q8_rows_avx2(float *out, const float *x, const QView &W, int n, int in_dim,
                                                       int out_dim, int o0, int o1) {
     const float *f16 = f16_table();
     const int nb = in_dim / 32;
-    const int bb = Q4 ? 18 : 34;
+    const int bb = K == 2 ? 22 : K == 1 ? 18 : 34;
     constexpr int kT = 64;  // x rows per pass (they stay in L2 while the weight rows stream)
     for (int tc = 0; tc < n; tc += kT) {
         const int te = std::min(n, tc + kT);
@@ -150,7 +168,7 @@ __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x
                     const uint8_t *p = row + bb * b;
                     const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
                     __m256 w0, w1, w2, w3;
-                    block_w<Q4>(p, &w0, &w1, &w2, &w3);
+                    block_w<K>(p, &w0, &w1, &w2, &w3);
                     const int k = 32 * b;
 #define KVH_ROW(xr, acc)                                                              \
     {                                                                                 \
@@ -177,7 +195,7 @@ __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x
                     const uint8_t *p = row + bb * b;
                     const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
                     __m256 w0, w1, w2, w3;
-                    block_w<Q4>(p, &w0, &w1, &w2, &w3);
+                    block_w<K>(p, &w0, &w1, &w2, &w3);
                     const int k = 32 * b;
                     KVH_ROW(x0, acc0)
                 }
@@ -188,9 +206,10 @@ __attribute__((target("avx2,fma"))) void q8_rows_avx2(float *out, const float *x
 }
 #undef KVH_ROW
 
-// q4_K / q6_K / f16 / bf16 rows, AVX2 + FMA: each 32-element sub-block is decoded into 4 vectors of its
-// dequantized weights (d sc q - dmin m for q4_K as one fma, so within an ulp of dequantize();
-// d sc (q - 32) for q6_K), then acc += w . x with one fma per vector, in the same order for every row.
+// q4_K / q5_K / q6_K / q4_1 / q5_0 / q5_1 / q8_1 / f16 / bf16 rows, AVX2 + FMA: each 32-element
+// sub-block is decoded into 4 vectors of its dequantized weights (d sc q - dmin m for q4_K / q5_K and
+// d q + m for q4_1 / q5_1 as one fma, so within an ulp of dequantize(); d sc (q - 32) for q6_K,
+// d (q - 16) for q5_0), then acc += w . x with one fma per vector, in the same order for every row.
 template <uint32_t T>
 __attribute__((target("avx2,fma,f16c"))) inline void kblock_w(const uint8_t *row, int j, const float *f16, __m256 *w) {
     if (T == GGML_F16) {  // 32 halves: exact conversions
@@ -205,9 +224,45 @@ __attribute__((target("avx2,fma,f16c"))) inline void kblock_w(const uint8_t *row
                 _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 16 * k))), 16));
         return;
     }
-    const uint8_t *blk = row + (size_t)(T == GGML_Q4_K ? 144 : 210) * (j / 8);
+    if (T == GGML_Q8_1) {  // d at 0, 32 x i8 at 4
+        const uint8_t *p = row + 36 * (size_t)j;
+        const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
+        for (int k = 0; k < 4; k++)
+            w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i *>(p + 4 + 8 * k)))));
+        return;
+    }
+    if (T == GGML_Q4_1 || T == GGML_Q5_0 || T == GGML_Q5_1) {
+        // 16 bytes of nibbles: elements 0..15 the low nibbles, 16..31 the high ones; q5 adds bit i of
+        // the u32 before them as bit 4 of element i. q4_1 / q5_1: d q + m (one fma); q5_0: d (q - 16).
+        const size_t bb = T == GGML_Q4_1 ? 20 : T == GGML_Q5_0 ? 22 : 24;
+        const uint8_t *p = row + bb * (size_t)j;
+        const uint8_t *qs = p + (T == GGML_Q4_1 ? 4 : T == GGML_Q5_0 ? 6 : 8);
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(qs));
+        const __m128i m15 = _mm_set1_epi8(15);
+        __m128i lo = _mm_and_si128(raw, m15), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m15);
+        if (T != GGML_Q4_1) {
+            const uint8_t *hb = p + (T == GGML_Q5_0 ? 2 : 4);
+            const __m128i sixteen = _mm_set1_epi8(16);
+            lo = _mm_or_si128(lo, fifth_bits16(hb));
+            hi = _mm_or_si128(hi, fifth_bits16(hb + 2));
+            if (T == GGML_Q5_0) {
+                lo = _mm_sub_epi8(lo, sixteen);
+                hi = _mm_sub_epi8(hi, sixteen);
+            }
+        }
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
+        if (T == GGML_Q5_0) {
+            for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+        } else {
+            const __m256 m = _mm256_set1_ps(f16[p[2] | (p[3] << 8)]);
+            for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), m);
+        }
+        return;
+    }
+    const uint8_t *blk = row + (size_t)(T == GGML_Q4_K ? 144 : T == GGML_Q5_K ? 176 : 210) * (j / 8);
     const int s = j % 8;
-    if (T == GGML_Q4_K) {
+    if (T == GGML_Q4_K || T == GGML_Q5_K) {
         const float d = f16[blk[0] | (blk[1] << 8)], dmin = f16[blk[2] | (blk[3] << 8)];
         const uint8_t *sc = blk + 4;
         int scv, mn;
@@ -219,9 +274,15 @@ __attribute__((target("avx2,fma,f16c"))) inline void kblock_w(const uint8_t *row
             mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
         }
         const __m256 dv = _mm256_set1_ps(d * (float)scv), mv = _mm256_set1_ps(dmin * (float)mn);
-        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16 + 32 * (s / 2)));
-        const __m256i nib = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15))
-                                    : _mm256_and_si256(raw, _mm256_set1_epi8(15));
+        const int qoff = T == GGML_Q4_K ? 16 : 48;
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + qoff + 32 * (s / 2)));
+        __m256i nib = (s & 1) ? _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(15))
+                              : _mm256_and_si256(raw, _mm256_set1_epi8(15));
+        if (T == GGML_Q5_K) {  // bit s of fifth-bit byte l is bit 4 of element l
+            const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk + 16));
+            const __m256i bit = _mm256_set1_epi8((char)(1 << s));
+            nib = _mm256_or_si256(nib, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16)));
+        }
         const __m128i lo = _mm256_castsi256_si128(nib), hi = _mm256_extracti128_si256(nib, 1);
         const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
         for (int k = 0; k < 4; k++) w[k] = _mm256_fmsub_ps(dv, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), mv);
@@ -295,14 +356,25 @@ bool have_avx2() {
 
 void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out_dim, int o0, int o1, float *buf) {
 #ifdef KVH_Q8_AVX2
-    if ((W.type == GGML_Q8_0 || W.type == GGML_Q4_0) && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
-        if (W.type == GGML_Q8_0) q8_rows_avx2<false>(out, x, W, n, in_dim, out_dim, o0, o1);
-        else q8_rows_avx2<true>(out, x, W, n, in_dim, out_dim, o0, o1);
+    if ((W.type == GGML_Q8_0 || W.type == GGML_Q4_0 || W.type == GGML_Q5_0) && in_dim % 32 == 0 && have_avx2() &&
+        !std::getenv("KVPRUNE_NO_AVX2")) {
+        if (W.type == GGML_Q8_0) q8_rows_avx2<0>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else if (W.type == GGML_Q4_0) q8_rows_avx2<1>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else q8_rows_avx2<2>(out, x, W, n, in_dim, out_dim, o0, o1);
         return;
     }
-    if ((W.type == GGML_Q4_K || W.type == GGML_Q6_K) && in_dim % 256 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
+    if ((W.type == GGML_Q4_K || W.type == GGML_Q5_K || W.type == GGML_Q6_K) && in_dim % 256 == 0 && have_avx2() &&
+        !std::getenv("KVPRUNE_NO_AVX2")) {
         if (W.type == GGML_Q4_K) k_rows_avx2<GGML_Q4_K>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else if (W.type == GGML_Q5_K) k_rows_avx2<GGML_Q5_K>(out, x, W, n, in_dim, out_dim, o0, o1);
         else k_rows_avx2<GGML_Q6_K>(out, x, W, n, in_dim, out_dim, o0, o1);
+        return;
+    }
+    if ((W.type == GGML_Q4_1 || W.type == GGML_Q5_1 || W.type == GGML_Q8_1) && in_dim % 32 == 0 &&
+        have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
+        if (W.type == GGML_Q4_1) k_rows_avx2<GGML_Q4_1>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else if (W.type == GGML_Q5_1) k_rows_avx2<GGML_Q5_1>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else k_rows_avx2<GGML_Q8_1>(out, x, W, n, in_dim, out_dim, o0, o1);
         return;
     }
     if ((W.type == GGML_F16 || W.type == GGML_BF16) && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {

@@ -62,6 +62,8 @@ public:
     const kvp_cache *cache() const { return cache_; }  // per-layer figures (kvp_get_layer_stats)
     const kvp_config &config() const { return cfg_; }
     const ModelConfig &model() const { return ck_->cfg; }
+    // The model's tokenizer (GGUF files with tokenizer metadata); null for byte / id vocabularies.
+    const Tokenizer *tokenizer() const { return ck_ ? ck_->tok.get() : nullptr; }
     int64_t tokens_fed() const { return fed_; }
     // Largest prefill chunk used so far (for tests and docs).
     int max_chunk_used() const { return max_chunk_used_; }

@@ -97,6 +97,65 @@ size_t max_question(const std::string &task) {
     return niah_question(std::string(w, 'x')).size();
 }
 
+// The niah needles: blocks[0] is the asked one; sets p->answer and p->question.
+void niah_needles(const std::string &task, Rng &rng, std::vector<std::string> *blocks_out, TaskPrompt *p) {
+    std::vector<std::string> &blocks = *blocks_out;
+    const int n = task == "niah" ? 1 : 4;
+    std::vector<int> words;
+    std::set<std::string> numbers;
+    // Distractors differ from the asked needle in their word's last letter and their number's first
+    // digit, so that the last six bytes of the cloze ("d is: ", " is: 4", ...) match the asked needle
+    // only: the condition under which a model that matches six bytes of context can answer.
+    while ((int)words.size() < n) {
+        const int w = (int)rng.below(kWordCount);
+        if (std::find(words.begin(), words.end(), w) != words.end()) continue;
+        std::string num = digits(rng, 7);
+        if (!words.empty() && (std::strlen(kWords[w]) == 0 || kWords[w][std::strlen(kWords[w]) - 1] ==
+                                                                  kWords[words[0]][std::strlen(kWords[words[0]]) - 1] ||
+                               num[0] == p->answer[0]))
+            continue;
+        if (!numbers.insert(num).second) continue;
+        words.push_back(w);
+        blocks.push_back(niah_block(kWords[w], num));
+        if (words.size() == 1) p->answer = num;
+    }
+    p->question = niah_question(kWords[words[0]]);
+}
+
+// Block positions in a context of C units (bytes or tokens): the asked one (sizes[0]) at the depth;
+// each other one goes to a side of it with room (seeded choice), and the blocks of a side get seeded
+// gaps (sorted cut points of its free units).
+bool place_blocks(const std::vector<size_t> &sizes, size_t C, double depth, int length, Rng &rng, std::vector<size_t> *at_out,
+                  std::string *err) {
+    std::vector<size_t> &at = *at_out;
+    at.assign(sizes.size(), 0);
+    at[0] = (size_t)std::llround(depth * (double)(C - sizes[0]));
+    const size_t side_start[2] = {0, at[0] + sizes[0]};
+    size_t room[2] = {at[0], C - side_start[1]};
+    std::vector<size_t> side[2];
+    for (size_t i = 1; i < sizes.size(); i++) {
+        const bool fits[2] = {room[0] >= sizes[i], room[1] >= sizes[i]};
+        if (!fits[0] && !fits[1]) {
+            *err = strprintf("length %d leaves no room for %zu non-overlapping needles", length, sizes.size());
+            return false;
+        }
+        const int sd = fits[0] && fits[1] ? (int)rng.below(2) : (fits[0] ? 0 : 1);
+        side[sd].push_back(i);
+        room[sd] -= sizes[i];
+    }
+    for (int sd = 0; sd < 2; sd++) {
+        std::vector<size_t> cut(side[sd].size());
+        for (size_t &c : cut) c = rng.below(room[sd] + 1);
+        std::sort(cut.begin(), cut.end());
+        size_t used = 0;
+        for (size_t k = 0; k < cut.size(); k++) {
+            at[side[sd][k]] = side_start[sd] + cut[k] + used;
+            used += sizes[side[sd][k]];
+        }
+    }
+    return true;
+}
+
 }  // namespace
 
 size_t task_text_needed(const std::string &task, int length) {
@@ -133,26 +192,7 @@ bool make_task_prompt(const std::string &task, const std::string &text, int leng
         p->question = kPasskeyQuestion;
         p->answer = key;
     } else if (task == "niah" || task == "niah-multikey") {
-        const int n = task == "niah" ? 1 : 4;
-        std::vector<int> words;
-        std::set<std::string> numbers;
-        // Distractors differ from the asked needle in their word's last letter and their number's first
-        // digit, so that the last six bytes of the cloze ("d is: ", " is: 4", ...) match the asked needle
-        // only: the condition under which a model that matches six bytes of context can answer.
-        while ((int)words.size() < n) {
-            const int w = (int)rng.below(kWordCount);
-            if (std::find(words.begin(), words.end(), w) != words.end()) continue;
-            std::string num = digits(rng, 7);
-            if (!words.empty() && (std::strlen(kWords[w]) == 0 || kWords[w][std::strlen(kWords[w]) - 1] ==
-                                                                      kWords[words[0]][std::strlen(kWords[words[0]]) - 1] ||
-                                   num[0] == p->answer[0]))
-                continue;
-            if (!numbers.insert(num).second) continue;
-            words.push_back(w);
-            blocks.push_back(niah_block(kWords[w], num));
-            if (words.size() == 1) p->answer = num;
-        }
-        p->question = niah_question(kWords[words[0]]);
+        niah_needles(task, rng, &blocks, p);
     } else {  // recall: the passage comes from text outside the haystack's span
         const size_t hay = (size_t)length - (kCue + 1) - (kPassage + 2);
         off = rng.below(text.size() - hay + 1);
@@ -181,32 +221,11 @@ bool make_task_prompt(const std::string &task, const std::string &text, int leng
     const size_t C = (size_t)length - p->question.size();
     size_t total = 0;
     for (const std::string &b : blocks) total += b.size();
-    // Block positions: the asked one at the depth; each other one goes to a side of it with room
-    // (seeded choice), and the blocks of a side get seeded gaps (sorted cut points of its free bytes).
-    std::vector<size_t> at(blocks.size());
-    at[0] = (size_t)std::llround(depth * (double)(C - blocks[0].size()));
-    const size_t side_start[2] = {0, at[0] + blocks[0].size()};
-    size_t room[2] = {at[0], C - side_start[1]};
-    std::vector<size_t> side[2];
-    for (size_t i = 1; i < blocks.size(); i++) {
-        const bool fits[2] = {room[0] >= blocks[i].size(), room[1] >= blocks[i].size()};
-        if (!fits[0] && !fits[1]) {
-            *err = strprintf("length %d leaves no room for %zu non-overlapping needles", length, blocks.size());
-            return false;
-        }
-        const int sd = fits[0] && fits[1] ? (int)rng.below(2) : (fits[0] ? 0 : 1);
-        side[sd].push_back(i);
-        room[sd] -= blocks[i].size();
-    }
-    for (int sd = 0; sd < 2; sd++) {
-        std::vector<size_t> cut(side[sd].size());
-        for (size_t &c : cut) c = rng.below(room[sd] + 1);
-        std::sort(cut.begin(), cut.end());
-        size_t used = 0;
-        for (size_t k = 0; k < cut.size(); k++) {
-            at[side[sd][k]] = side_start[sd] + cut[k] + used;
-            used += blocks[side[sd][k]].size();
-        }
+    std::vector<size_t> at;
+    {
+        std::vector<size_t> sizes;
+        for (const std::string &b : blocks) sizes.push_back(b.size());
+        if (!place_blocks(sizes, C, depth, length, rng, &at, err)) return false;
     }
     // The haystack: C - total bytes of the text from a seeded offset, the blocks placed in order.
     const size_t hay = C - total;
@@ -228,6 +247,120 @@ bool make_task_prompt(const std::string &task, const std::string &text, int leng
     p->needle_at = at[0];
     p->needle = blocks[0];
     for (size_t i = 1; i < blocks.size(); i++) p->distractors_at.push_back(at[i]);
+    return true;
+}
+
+std::vector<int32_t> task_text_ids(const Tokenizer &tok, const std::string &text) { return tok.encode(text, false, false); }
+
+namespace {
+constexpr int kPassageT = 24, kCueT = 6, kAnswerT = 12;  // recall in tokens
+}  // namespace
+
+bool make_task_prompt_tokens(const std::string &task, const Tokenizer &tok, const std::vector<int32_t> &text_ids, int length,
+                             double depth, int sample, uint64_t seed, TaskPrompt *p, std::string *err) {
+    if (!known_task(task)) {
+        *err = "unknown task '" + task + "' (known: passkey, niah, niah-multikey, recall)";
+        return false;
+    }
+    if (!(depth >= 0 && depth <= 1)) {
+        *err = strprintf("depth %g is outside [0, 1]", depth);
+        return false;
+    }
+    const size_t bos = tok.add_bos && tok.bos >= 0 ? 1 : 0;
+    // A piece never has more tokens than bytes (a token is at least one byte or one character), so the
+    // byte tasks' minimum (+ BOS) leaves room for every block wherever the depth puts it.
+    const size_t min_len = max_block(task) + max_question(task) + 1 + bos;
+    if (length < 0 || (size_t)length < min_len) {
+        *err = strprintf("length %d is too short for task %s (at least %zu tokens)", length, task.c_str(), min_len);
+        return false;
+    }
+    const size_t need = (size_t)length + (task == "recall" ? (size_t)kPassageT : 0);
+    if (text_ids.size() < need) {
+        *err = strprintf("the text has %zu tokens; task %s at length %d needs at least %zu", text_ids.size(), task.c_str(), length,
+                         need);
+        return false;
+    }
+    auto enc = [&](const std::string &t) { return tok.encode(t, false, false); };
+    Rng rng{fnv1a(task + "/" + std::to_string(length) + "/" + std::to_string(sample) + "/" + std::to_string(seed))};
+    *p = TaskPrompt();
+    std::vector<std::vector<int32_t>> blocks;  // [0] is the asked one
+    size_t off = SIZE_MAX;                     // the haystack's first token in text_ids (recall draws it first)
+    if (task == "passkey" || task == "niah" || task == "niah-multikey") {
+        std::vector<std::string> b;
+        if (task == "passkey") {
+            const std::string key = digits(rng, 5);
+            b.push_back(passkey_block(key));
+            p->question = kPasskeyQuestion;
+            p->answer = key;
+        } else {
+            niah_needles(task, rng, &b, p);
+        }
+        for (const std::string &x : b) blocks.push_back(enc(x));
+        p->question_ids = enc(p->question);
+        p->answer_ids = enc(p->answer);
+        p->answer = tok.decode(p->answer_ids);  // what the tokenizer can say (the same text for digits)
+    } else {  // recall: a passage of the encoded text outside the haystack's span
+        const size_t C0 = (size_t)length - bos - kCueT;
+        const size_t hay = C0 - kPassageT;
+        off = rng.below(text_ids.size() - hay + 1);
+        // As the byte task: every 3-token context that predicts an answer token occurs once in the
+        // passage and nowhere in the haystack's tokens (else the first candidate outside the haystack).
+        auto tri = [&](size_t at) { return std::make_tuple(text_ids[at], text_ids[at + 1], text_ids[at + 2]); };
+        std::set<std::tuple<int32_t, int32_t, int32_t>> run;
+        for (size_t i = off; i + 3 <= off + hay; i++) run.insert(tri(i));
+        size_t po = 0, first = SIZE_MAX;
+        bool found = false;
+        for (int tries = 0; tries < 4000 && !found; tries++) {
+            po = rng.below(text_ids.size() - kPassageT + 1);
+            found = po + kPassageT <= off || po >= off + hay;
+            if (found && first == SIZE_MAX) first = po;
+            std::set<std::tuple<int32_t, int32_t, int32_t>> seen;
+            for (size_t i = po; found && i + 3 <= po + kPassageT; i++) found = seen.insert(tri(i)).second;
+            for (int j = 0; found && j < kAnswerT; j++) found = !run.count(tri(po + kCueT - 3 + (size_t)j));
+        }
+        if (!found) {
+            if (first == SIZE_MAX) return *err = "the text leaves no room for a recall passage outside the haystack", false;
+            po = first;
+        }
+        const std::vector<int32_t> passage(text_ids.begin() + (long)po, text_ids.begin() + (long)po + kPassageT);
+        blocks.push_back(passage);
+        p->question_ids.assign(passage.begin(), passage.begin() + kCueT);
+        p->answer_ids.assign(passage.begin() + kCueT, passage.begin() + kCueT + kAnswerT);
+        p->question = tok.decode(p->question_ids);
+        p->answer = tok.decode(p->answer_ids);
+    }
+    if (p->question_ids.size() + bos >= (size_t)length) return *err = strprintf("length %d is too short for the question", length), false;
+    const size_t C = (size_t)length - bos - p->question_ids.size();
+    size_t total = 0;
+    std::vector<size_t> sizes;
+    for (const auto &b : blocks) {
+        total += b.size();
+        sizes.push_back(b.size());
+    }
+    if (total > C) return *err = strprintf("length %d leaves no room for the needles", length), false;
+    std::vector<size_t> at;
+    if (!place_blocks(sizes, C, depth, length, rng, &at, err)) return false;
+    const size_t hay = C - total;
+    if (off == SIZE_MAX) off = rng.below(text_ids.size() - hay + 1);
+    std::vector<size_t> order(blocks.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return at[a] < at[b]; });
+    std::vector<int32_t> ctx;
+    ctx.reserve(C + bos);
+    if (bos) ctx.push_back(tok.bos);
+    size_t h = off;
+    for (size_t i : order) {
+        const size_t fill = at[i] + bos - ctx.size();
+        ctx.insert(ctx.end(), text_ids.begin() + (long)h, text_ids.begin() + (long)(h + fill));
+        h += fill;
+        ctx.insert(ctx.end(), blocks[i].begin(), blocks[i].end());
+    }
+    ctx.insert(ctx.end(), text_ids.begin() + (long)h, text_ids.begin() + (long)(h + C + bos - ctx.size()));
+    p->context_ids = ctx;
+    p->context = tok.decode(ctx);
+    p->needle_at = at[0] + bos;
+    p->needle = tok.decode(blocks[0]);
+    for (size_t i = 1; i < blocks.size(); i++) p->distractors_at.push_back(at[i] + bos);
     return true;
 }
 
@@ -262,11 +395,13 @@ double nll_at(const float *lg, int V, int target) {
 // Feeds the prompt: all of it by prefill (query-aware), or the context by prefill and the
 // question by decode (query-agnostic). logits: the prediction of the first answer token.
 bool feed_prompt(Session &s, const TaskPrompt &p, bool aware, float *logits, std::string *err) {
+    const std::vector<int32_t> c = p.tokens() ? p.context_ids : bytes_of(p.context);
+    const std::vector<int32_t> q = p.tokens() ? p.question_ids : bytes_of(p.question);
     if (aware) {
-        const std::vector<int32_t> t = bytes_of(p.context + p.question);
+        std::vector<int32_t> t = c;
+        t.insert(t.end(), q.begin(), q.end());
         return s.prefill(t.data(), (int)t.size(), logits, false, err);
     }
-    const std::vector<int32_t> c = bytes_of(p.context), q = bytes_of(p.question);
     if (!s.prefill(c.data(), (int)c.size(), logits, false, err)) return false;
     for (int32_t t : q)
         if (!s.decode(t, logits, err)) return false;
@@ -277,7 +412,7 @@ bool feed_prompt(Session &s, const TaskPrompt &p, bool aware, float *logits, std
 
 bool run_task_cell(Session &s, const TaskPrompt &p, bool aware, TaskResult *r, std::string *err) {
     const int V = s.model().vocab;
-    if (V != 256) {
+    if (V != 256 && !p.tokens()) {
         *err = "task prompts are bytes: the model must be a byte-level model (vocab 256), this one has vocab " +
                std::to_string(V);
         return false;
@@ -292,7 +427,7 @@ bool run_task_cell(Session &s, const TaskPrompt &p, bool aware, TaskResult *r, s
     if (!s.snapshot(&snap, err)) return false;
     std::vector<float> lg0 = lg;
     // Teacher-forced pass: the answer's NLL and the greedy choice at every step given the true prefix.
-    const std::vector<int32_t> ans = bytes_of(p.answer);
+    const std::vector<int32_t> ans = p.tokens() ? p.answer_ids : bytes_of(p.answer);
     double nll = 0;
     bool greedy_is_answer = true;
     for (size_t j = 0; j < ans.size(); j++) {
@@ -302,20 +437,27 @@ bool run_task_cell(Session &s, const TaskPrompt &p, bool aware, TaskResult *r, s
     }
     const auto t2 = clk::now();
     const kvp_stats st = s.stats();
-    std::string gen = p.answer;
+    std::vector<int32_t> gen_ids = ans;
     if (!greedy_is_answer) {
         // Greedy decoding left the answer somewhere: run it free from the state after the prompt
         // (kvp_state_load continues bit for bit as the cache would have; the replays check it).
-        gen.clear();
+        gen_ids.clear();
         if (!s.restore(snap, err)) return false;
         lg = lg0;
         for (size_t j = 0; j < ans.size(); j++) {
             const int t = argmax(lg.data(), V);
-            gen += (char)t;
+            gen_ids.push_back(t);
             if (j + 1 < ans.size() && !s.decode(t, lg.data(), err)) return false;
         }
     }
-    const TaskScore sc = score_answer(p.answer, gen);
+    std::string gen;
+    if (p.tokens()) {
+        gen = s.tokenizer() ? s.tokenizer()->decode(gen_ids) : std::string();
+    } else {
+        for (int32_t t : gen_ids) gen += (char)t;
+    }
+    // Token prompts: the decoded text cut to the answer's bytes is what is judged (tasks.h).
+    const TaskScore sc = score_answer(p.answer, p.tokens() ? gen.substr(0, std::min(gen.size(), p.answer.size())) : gen);
     r->answer = p.answer;
     r->generated = gen;
     r->correct = sc.correct;
@@ -417,16 +559,20 @@ bool expand_task_grid(const Checkpoint &ck, const std::string &text, const TaskG
     for (const std::string &s : g.settings)
         if (s != kSettings[0] && s != kSettings[1])
             return *err = "unknown setting '" + s + "' (query-aware or query-agnostic)", false;
-    if (ck.cfg.vocab != 256)
-        return *err = "task prompts are bytes: --task needs a byte-level model (vocab 256); this one has vocab " +
-                      std::to_string(ck.cfg.vocab),
+    if (ck.cfg.vocab != 256 && !ck.tok)
+        return *err = "task prompts are bytes or text: --task needs a byte-level model (vocab 256) or a model with a tokenizer "
+                      "(a GGUF file's tokenizer.ggml.*); this one has vocab " +
+                      std::to_string(ck.cfg.vocab) + " and no tokenizer",
                false;
+    const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
     for (int L : g.lengths) {
         if (L > ck.cfg.seq_len)
             return *err = strprintf("length %d is beyond the model's context (%d tokens)", L, ck.cfg.seq_len), false;
         for (const std::string &t : g.tasks) {
             TaskPrompt p;
-            if (!make_task_prompt(t, text, L, g.depths[0], 0, g.seed, &p, err)) return false;
+            if (ck.tok ? !make_task_prompt_tokens(t, *ck.tok, text_ids, L, g.depths[0], 0, g.seed, &p, err)
+                       : !make_task_prompt(t, text, L, g.depths[0], 0, g.seed, &p, err))
+                return false;
         }
     }
     // spec x ratio: full (and anything that takes no ratio) once.
@@ -488,6 +634,8 @@ bool run_task_rows(const Checkpoint &ck, const std::string &text, std::vector<Ta
             groups[it->second].push_back(i);
         }
     }
+    // Models with a tokenizer: the text encoded once, token prompts (make_task_prompt_tokens).
+    const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
     std::atomic<size_t> next{0};
     std::mutex mu;
     size_t done = 0;
@@ -505,7 +653,10 @@ bool run_task_rows(const Checkpoint &ck, const std::string &text, std::vector<Ta
                 r.spec = resolved;
                 TaskPrompt p;
                 std::string re = e;
-                if (ok && make_task_prompt(r.task, text, (int)r.length, r.depth, (int)r.sample, r.seed, &p, &re))
+                const bool made = ok && (ck.tok ? make_task_prompt_tokens(r.task, *ck.tok, text_ids, (int)r.length, r.depth,
+                                                                          (int)r.sample, r.seed, &p, &re)
+                                                : make_task_prompt(r.task, text, (int)r.length, r.depth, (int)r.sample, r.seed, &p, &re));
+                if (made)
                     run_task_cell(s, p, r.setting == kSettings[0], &r, &re);
                 errs[i] = re;
                 std::lock_guard<std::mutex> lk(mu);

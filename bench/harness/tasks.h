@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "checkpoint.h"
+#include "tokenizer.h"
 
 namespace kvh {
 
@@ -36,9 +37,15 @@ struct TaskPrompt {
     std::string context;   // haystack with the needle block(s): prefilled first
     std::string question;  // the question / cue: prefilled with the context (query-aware) or decoded after it
     std::string answer;    // the expected continuation (greedy-decoded length)
-    size_t needle_at = 0;  // byte offset of the asked block in context
+    size_t needle_at = 0;  // byte offset of the asked block in context (token prompts: token index in context_ids)
     std::string needle;    // the asked block as inserted (its bytes unchanged in context)
-    std::vector<size_t> distractors_at;  // niah-multikey: the other blocks' offsets
+    std::vector<size_t> distractors_at;  // niah-multikey: the other blocks' offsets (tokens for token prompts)
+    // Token prompts (models with a tokenizer, make_task_prompt_tokens): the ids fed to the model;
+    // the strings above are then their decoded text. Empty for byte prompts.
+    std::vector<int32_t> context_ids;   // BOS (when the model adds one), haystack and blocks
+    std::vector<int32_t> question_ids;
+    std::vector<int32_t> answer_ids;
+    bool tokens() const { return !context_ids.empty(); }
 };
 
 // Builds one prompt of exactly `length` bytes (context + question) from the haystack text. Errors:
@@ -50,7 +57,24 @@ bool make_task_prompt(const std::string &task, const std::string &text, int leng
 // Bytes of haystack text a task needs for prompts of `length` bytes (recall: plus its passage).
 size_t task_text_needed(const std::string &task, int length);
 
+// Token prompts for a model with a tokenizer (GGUF files): the same tasks built as text and encoded
+// with the model's tokenizer, `length` counted in tokens (BOS included when the model adds one):
+// context_ids + question_ids hold exactly `length` ids. The needle, question and answer are the byte
+// tasks' strings (same generator, same seeded keys), each encoded on its own without SentencePiece's
+// leading space; the haystack is a seeded slice of text_ids (the whole text encoded once,
+// task_text_ids) and the blocks sit between its tokens, the asked one starting at token
+// round(d * (C - B)) of the C context tokens after BOS (B its tokens). recall takes its passage from
+// text_ids: 24 tokens, cued by its first 6, answered by the next 12. Errors as make_task_prompt's,
+// counted in tokens (a length must be at least the byte tasks' minimum + 1).
+bool make_task_prompt_tokens(const std::string &task, const Tokenizer &tok, const std::vector<int32_t> &text_ids, int length,
+                             double depth, int sample, uint64_t seed, TaskPrompt *p, std::string *err);
+// The haystack text as ids (no BOS, no leading space).
+std::vector<int32_t> task_text_ids(const Tokenizer &tok, const std::string &text);
+
 // The score of a generated answer: exact match and the fraction of positions equal to the answer.
+// Token prompts: `generated` is the decoded text of as many greedy tokens as the answer has, cut to
+// the answer's byte length before scoring (so a different tokenization of the same text is correct,
+// and text after the answer is not judged); the row's `generated` keeps the whole decoded text.
 struct TaskScore {
     bool correct = false;
     double byte_accuracy = 0;

@@ -399,7 +399,7 @@ void Tokenizer::bpe_word(const std::string &word, std::vector<int32_t> *out) con
     }
 }
 
-std::vector<int32_t> Tokenizer::encode(const std::string &text, bool with_bos) const {
+std::vector<int32_t> Tokenizer::encode(const std::string &text, bool with_bos, bool space_prefix) const {
     std::vector<int32_t> out;
     if (with_bos && bos >= 0) out.push_back(bos);
     // Control (3) and user-defined (4) tokens written in the text are those tokens.
@@ -413,7 +413,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string &text, bool with_bos) c
         std::string frag = text.substr(start, end - start);
         if (kind_ == kSpm) {
             std::string s;
-            if (start == 0 && add_space_prefix) s = "\xE2\x96\x81";
+            if (start == 0 && space_prefix) s = "\xE2\x96\x81";
             for (char ch : frag) {
                 if (ch == ' ') s += "\xE2\x96\x81";
                 else s.push_back(ch);

@@ -35,7 +35,10 @@ public:
                       std::shared_ptr<const Tokenizer> *out, std::string *err);
 
     // Token ids of text; BOS first when add_bos and the model has one.
-    std::vector<int32_t> encode(const std::string &text, bool add_bos) const;
+    std::vector<int32_t> encode(const std::string &text, bool with_bos) const { return encode(text, with_bos, add_space_prefix); }
+    // The same with SentencePiece's leading U+2581 on (as the metadata says) or off (a fragment
+    // that continues text, as the task prompts' pieces do).
+    std::vector<int32_t> encode(const std::string &text, bool add_bos, bool space_prefix) const;
     // Text of one token (control tokens give ""; byte tokens their byte).
     std::string decode(int32_t id) const;
     std::string decode(const std::vector<int32_t> &ids) const;

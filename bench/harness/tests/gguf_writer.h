@@ -1,7 +1,8 @@
 // A GGUF writer for tests and benchmarks, written from the format description and independent of
 // the reader (bench/harness/gguf.cpp): metadata of every scalar type, string and array values,
 // tensors with raw bytes, the alignment padding. Also the reference block encoders the tests
-// use to make weights (f16/bf16 rounding and q8_0 quantization written from the specification).
+// use to make weights (f16/bf16 rounding; q8_0, q8_1, q4_1, q5_0, q5_1 and q5_K quantization written
+// from the specification).
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -141,6 +142,126 @@ inline std::string quant_q8_0(const float *x, size_t n) {
             const long q = d == 0 ? 0 : std::lround(x[32 * b + i] / d);
             o.push_back((char)(int8_t)std::max(-127L, std::min(127L, q)));
         }
+    }
+    return o;
+}
+
+inline void put_f16(std::string &o, float x) {
+    const uint16_t h = to_f16(x);
+    put(o, &h, 2);
+}
+
+// q8_1 blocks: q8_0's d and quants with s = d * sum(q) as f16 between them (36 bytes).
+inline std::string quant_q8_1(const float *x, size_t n) {
+    std::string o;
+    const std::string q8 = quant_q8_0(x, n);
+    for (size_t b = 0; b < n / 32; b++) {
+        const char *blk = q8.data() + 34 * b;
+        uint16_t dh;
+        std::memcpy(&dh, blk, 2);
+        long sum = 0;
+        for (int i = 0; i < 32; i++) sum += (int8_t)blk[2 + i];
+        put(o, &dh, 2);
+        put_f16(o, (float)(from_f16(dh) * (double)sum));
+        o.append(blk + 2, 32);
+    }
+    return o;
+}
+
+// q4_1 / q5_1 (bits 4 / 5, with a minimum) and q5_0 (bits 5, symmetric) blocks of 32 from the
+// format description: element i < 16 is the low nibble of quant byte i, element i >= 16 the high
+// nibble of byte i - 16; q5 keeps bit 4 of element i in bit i of a little-endian u32 placed before
+// the nibbles. q4_1 / q5_1: value d q + m with m = min(x), d = (max - min) / (2^bits - 1);
+// q5_0: value d (q - 16) with d = -(the element of largest magnitude) / 16, as ggml's quantizer.
+inline std::string quant_q_n(const float *x, size_t n, int bits, bool with_min) {
+    std::string o;
+    const int top = (1 << bits) - 1;
+    for (size_t b = 0; b < n / 32; b++) {
+        const float *v = x + 32 * b;
+        float lo = v[0], hi = v[0], big = v[0];
+        for (int i = 0; i < 32; i++) {
+            lo = std::fmin(lo, v[i]);
+            hi = std::fmax(hi, v[i]);
+            if (std::fabs(v[i]) > std::fabs(big)) big = v[i];
+        }
+        uint16_t dh, mh = 0;
+        if (with_min) {
+            dh = to_f16((hi - lo) / (float)top);
+            mh = to_f16(lo);
+        } else {
+            dh = to_f16(-big / 16.0f);
+        }
+        const double d = from_f16(dh), m = from_f16(mh);
+        int q[32];
+        for (int i = 0; i < 32; i++) {
+            long k = d == 0 ? 0 : std::lround(with_min ? (v[i] - m) / d : v[i] / d + 16);
+            q[i] = (int)std::max(0L, std::min((long)top, k));
+        }
+        put(o, &dh, 2);
+        if (with_min) put(o, &mh, 2);
+        if (bits == 5) {
+            uint32_t h = 0;
+            for (int i = 0; i < 32; i++) h |= (uint32_t)((q[i] >> 4) & 1) << i;
+            put32(o, h);
+        }
+        for (int i = 0; i < 16; i++) o.push_back((char)((q[i] & 15) | (q[i + 16] & 15) << 4));
+    }
+    return o;
+}
+inline std::string quant_q4_1(const float *x, size_t n) { return quant_q_n(x, n, 4, true); }
+inline std::string quant_q5_0(const float *x, size_t n) { return quant_q_n(x, n, 5, false); }
+inline std::string quant_q5_1(const float *x, size_t n) { return quant_q_n(x, n, 5, true); }
+
+// q5_K super-blocks of 256 (176 bytes): f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8
+// sub-blocks of 32 (sub-block s < 4: scale = low 6 bits of byte s, min = low 6 bits of byte s + 4;
+// s >= 4: scale = low nibble of byte s + 4 | top 2 bits of byte s - 4 as bits 4..5, min = high nibble
+// of byte s + 4 | top 2 bits of byte s as bits 4..5), 32 bytes of fifth bits (bit s of byte l for
+// element l of sub-block s), 128 bytes of nibbles (sub-block s in bytes 32 (s / 2) .. + 31, low
+// nibble when s is even); value d scale q - dmin min. A plain quantizer: per sub-block step
+// (max - min) / 31 and offset -min (min clipped to <= 0), both quantized to 6 bits of d / dmin.
+inline std::string quant_q5_K(const float *x, size_t n) {
+    std::string o;
+    for (size_t b = 0; b < n / 256; b++) {
+        const float *v = x + 256 * b;
+        float step[8], off[8], smax = 0, omax = 0;
+        for (int s = 0; s < 8; s++) {
+            float lo = 0, hi = v[32 * s];
+            for (int l = 0; l < 32; l++) {
+                lo = std::fmin(lo, v[32 * s + l]);
+                hi = std::fmax(hi, v[32 * s + l]);
+            }
+            step[s] = (hi - lo) / 31.0f;
+            off[s] = -lo;
+            smax = std::fmax(smax, step[s]);
+            omax = std::fmax(omax, off[s]);
+        }
+        const uint16_t dh = to_f16(smax / 63.0f), mh = to_f16(omax / 63.0f);
+        const double d = from_f16(dh), dmin = from_f16(mh);
+        int sc[8], mn[8];
+        for (int s = 0; s < 8; s++) {
+            sc[s] = d == 0 ? 0 : (int)std::min(63L, std::lround(step[s] / d));
+            mn[s] = dmin == 0 ? 0 : (int)std::min(63L, std::lround(off[s] / dmin));
+        }
+        uint8_t packed[12] = {0};
+        for (int s = 0; s < 4; s++) {
+            packed[s] = (uint8_t)(sc[s] | (sc[s + 4] >> 4) << 6);
+            packed[s + 4] = (uint8_t)(mn[s] | (mn[s + 4] >> 4) << 6);
+            packed[s + 8] = (uint8_t)((sc[s + 4] & 15) | (mn[s + 4] & 15) << 4);
+        }
+        uint8_t qh[32] = {0}, qs[128] = {0};
+        for (int s = 0; s < 8; s++)
+            for (int l = 0; l < 32; l++) {
+                const double ds = d * sc[s], ms = dmin * mn[s];
+                const long k = ds == 0 ? 0 : std::lround((v[32 * s + l] + ms) / ds);
+                const int q = (int)std::max(0L, std::min(31L, k));
+                qh[l] = (uint8_t)(qh[l] | ((q >> 4) & 1) << s);
+                qs[32 * (s / 2) + l] = (uint8_t)(qs[32 * (s / 2) + l] | (q & 15) << (4 * (s & 1)));
+            }
+        put(o, &dh, 2);
+        put(o, &mh, 2);
+        put(o, packed, 12);
+        put(o, qh, 32);
+        put(o, qs, 128);
     }
     return o;
 }

@@ -18,6 +18,7 @@
 #include "gguf.h"
 #include "gguf_writer.h"
 #include "session.h"
+#include "tasks.h"
 #include "tokenizer.h"
 
 #ifndef KVP_HARNESS_MODELS_DIR
@@ -281,10 +282,37 @@ TEST(GgufReader, OpenErrors) {
 // 6-bit scales/mins for 8 sub-blocks of 32, 128 bytes of nibbles (sub-block s uses bytes
 // 32 (s / 2) .. + 31, low nibble when s is even), value d sc q - dmin m; q6_K = 128 bytes low
 // nibbles, 64 bytes high 2-bit pairs, 16 i8 scales, f16 d, value d sc (q - 32).
+// q8_1 = f16 d, f16 s (unused), 32 x i8, value d q; q4_1 = f16 d, f16 m, q4_0's nibbles, value d q + m;
+// q5_0 = f16 d, u32 of fifth bits (bit j is bit 4 of element j), q4_0's nibbles, value d (q - 16);
+// q5_1 = f16 d, f16 m, the u32, the nibbles, value d q + m; q5_K = q4_K's d, dmin and scales, 32
+// bytes of fifth bits (bit s of byte l for element l of sub-block s), q4_K's 128 bytes of nibbles.
 double ref_elem(uint32_t type, const uint8_t *blk, int j) {
     auto h = [&](int off) { return gguftest::from_f16((uint16_t)(blk[off] | blk[off + 1] << 8)); };
+    auto nib32 = [&](const uint8_t *qs) { return j < 16 ? (qs[j] & 15) : (qs[j - 16] >> 4); };
+    auto bit = [&](const uint8_t *u) { return (int)((u[j / 8] >> (j % 8)) & 1); };  // bit j of a LE u32
+    auto k_scale_min = [](const uint8_t *sc, int s, int *scale, int *mn) {
+        if (s < 4) {
+            *scale = sc[s] & 63;
+            *mn = sc[s + 4] & 63;
+        } else {
+            *scale = (sc[s + 4] & 15) | ((sc[s - 4] >> 6) << 4);
+            *mn = (sc[s + 4] >> 4) | ((sc[s] >> 6) << 4);
+        }
+    };
     switch (type) {
         case GGML_Q8_0: return h(0) * (int8_t)blk[2 + j];
+        case GGML_Q8_1: return h(0) * (int8_t)blk[4 + j];
+        case GGML_Q4_1: return h(0) * nib32(blk + 4) + h(2);
+        case GGML_Q5_0: return h(0) * ((nib32(blk + 6) | bit(blk + 2) << 4) - 16);
+        case GGML_Q5_1: return h(0) * (nib32(blk + 8) | bit(blk + 4) << 4) + h(2);
+        case GGML_Q5_K: {
+            const int s = j / 32, pos = j % 32;
+            const uint8_t byte = blk[48 + (s / 2) * 32 + pos];
+            const int q = (s % 2 == 0 ? (byte & 15) : (byte >> 4)) | ((blk[16 + pos] >> s) & 1) << 4;
+            int scale, mn;
+            k_scale_min(blk + 4, s, &scale, &mn);
+            return h(0) * scale * q - h(2) * mn;
+        }
         case GGML_Q4_0: {
             const int q = j < 16 ? (blk[2 + j] & 15) : (blk[2 + j - 16] >> 4);
             return h(0) * (q - 8);
@@ -402,6 +430,111 @@ TEST(GgufDequant, HandMadeBlocksMatchTheFormatReference) {
     }
 }
 
+TEST(GgufDequant, Q41Q50Q51Q81Q5KBlocksMatchTheFormatReference) {
+    std::mt19937 rng(11);
+    const uint16_t zero = 0, neg = gguftest::to_f16(-0.03125f), pos = gguftest::to_f16(0.0078125f), sub = 0x0003,
+                   negzero = 0x8000, mneg = gguftest::to_f16(-0.75f), mpos = gguftest::to_f16(0.5f);
+    for (uint32_t type : {GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_Q8_1}) {
+        uint64_t be, bb;
+        ggml_block(type, &be, &bb);
+        const bool has_m = type == GGML_Q4_1 || type == GGML_Q5_1;
+        const size_t hoff = type == GGML_Q5_0 ? 2 : 4;  // the q5 fifth bits
+        std::string all;
+        // zero, negative, positive, subnormal and negative-zero d; with a min: negative, zero, positive m
+        for (uint16_t d : {zero, neg, pos, sub, negzero})
+            for (uint16_t m : {mneg, zero, mpos}) {
+                std::string b = rand_bytes(rng, bb);
+                set16(b, 0, d);
+                if (has_m) set16(b, 2, m);
+                all += b;
+                if (!has_m) break;
+            }
+        std::string ones(bb, (char)0xFF);  // every nibble 15, every fifth bit set: q = 31 (q5), 15 (q4_1), -1 (q8_1)
+        set16(ones, 0, neg);
+        if (has_m) set16(ones, 2, mneg);
+        all += ones;
+        std::string zeros(bb, '\0');  // q = 0 (value -16 d for q5_0, m for q4_1 / q5_1)
+        set16(zeros, 0, pos);
+        if (has_m) set16(zeros, 2, mpos);
+        all += zeros;
+        if (type == GGML_Q5_0 || type == GGML_Q5_1) {
+            for (uint32_t hb : {0x55555555u, 0xAAAAAAAAu, 0x0000FFFFu, 0xFFFF0000u, 0x80000001u}) {  // which fifth bits
+                std::string b(bb, (char)0x0F);  // low nibbles 15, high nibbles 0
+                set16(b, 0, pos);
+                if (has_m) set16(b, 2, mneg);
+                std::memcpy(&b[hoff], &hb, 4);
+                all += b;
+            }
+        }
+        check_blocks(type, all);
+    }
+    {  // q5_K: q4_K's edge cases plus the fifth bits all set, none, one sub-block's alone
+        std::string all;
+        const uint16_t ds[][2] = {{pos, pos}, {zero, pos}, {pos, zero}, {neg, pos}, {pos, neg}, {neg, neg}, {sub, pos}};
+        for (auto &d : ds) {
+            std::string b = rand_bytes(rng, 176);
+            set16(b, 0, d[0]);
+            set16(b, 2, d[1]);
+            all += b;
+        }
+        for (int s = -2; s < 8; s++) {  // -2: no fifth bits, -1: all, s: only sub-block s's
+            std::string b = rand_bytes(rng, 176);
+            set16(b, 0, pos);
+            set16(b, 2, neg);
+            for (int l = 0; l < 32; l++) b[16 + (size_t)l] = (char)(s == -2 ? 0 : s == -1 ? 0xFF : 1 << s);
+            all += b;
+        }
+        std::string maxed(176, (char)0xFF);  // scales and mins 63, q = 31
+        set16(maxed, 0, pos);
+        set16(maxed, 2, pos);
+        all += maxed;
+        std::string zs(176, '\0');  // scales and mins 0
+        set16(zs, 0, neg);
+        set16(zs, 2, neg);
+        all += zs;
+        check_blocks(GGML_Q5_K, all);
+    }
+}
+
+// The writer's quantizers (written from the format description, independent of the reader) round
+// trip through the reader within half a quantization step, so the writer makes these types for tests.
+TEST(GgufDequant, WriterQuantizersRoundTripThroughTheReader) {
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<float> u(-0.4f, 0.3f);
+    std::vector<float> x(1024);
+    for (auto &v : x) v = u(rng);
+    for (int i = 0; i < 32; i++) x[(size_t)(64 + i)] = 0.0f;  // an all-zero block
+    for (int i = 0; i < 32; i++) x[(size_t)(128 + i)] = 0.01f * (float)i;  // an all-positive block
+    struct Case {
+        uint32_t type;
+        std::string bytes;
+        double bound;  // |x - dequantized| allowed (half a step of the widest block, scales rounded)
+    } cases[] = {{GGML_Q8_1, gguftest::quant_q8_1(x.data(), x.size()), 0.4 / 127 * 0.51 + 1e-4},
+                 {GGML_Q4_1, gguftest::quant_q4_1(x.data(), x.size()), 0.7 / 15 * 0.51 + 1e-3},
+                 {GGML_Q5_0, gguftest::quant_q5_0(x.data(), x.size()), 0.4 / 16 * 0.51 + 1e-3},
+                 {GGML_Q5_1, gguftest::quant_q5_1(x.data(), x.size()), 0.7 / 31 * 0.51 + 1e-3},
+                 {GGML_Q5_K, gguftest::quant_q5_K(x.data(), x.size()), 0.7 / 31 * 1.2 + 5e-3}};
+    for (const Case &c : cases) {
+        uint64_t be, bb;
+        ASSERT_TRUE(ggml_block(c.type, &be, &bb));
+        ASSERT_EQ(c.bytes.size(), x.size() / be * bb) << ggml_type_name(c.type);
+        std::vector<float> y(x.size());
+        ASSERT_TRUE(dequantize(c.type, c.bytes.data(), y.data(), x.size()));
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); i++) worst = std::max(worst, std::fabs((double)y[i] - x[i]));
+        EXPECT_LT(worst, c.bound) << ggml_type_name(c.type);
+        EXPECT_GT(worst, 0.0) << ggml_type_name(c.type);  // it did quantize
+        for (int i = 0; i < 32; i++) EXPECT_EQ(y[(size_t)(64 + i)], 0.0f) << ggml_type_name(c.type) << " zero block";
+        if (c.type == GGML_Q8_1) {  // s = d * sum(q)
+            const uint8_t *b0 = reinterpret_cast<const uint8_t *>(c.bytes.data());
+            long sum = 0;
+            for (int i = 0; i < 32; i++) sum += (int8_t)b0[4 + i];
+            EXPECT_NEAR(gguftest::from_f16((uint16_t)(b0[2] | b0[3] << 8)), gguftest::from_f16((uint16_t)(b0[0] | b0[1] << 8)) * sum,
+                        1e-3 * std::fabs((double)sum) * 0.01 + 1e-6);
+        }
+    }
+}
+
 TEST(GgufDequant, HalfAndBfloat) {
     // f16: exact values, signs, subnormals, the largest finite, infinity.
     const std::pair<uint16_t, double> f16[] = {{0x3C00, 1.0},  {0xC000, -2.0},         {0x3555, 0.333251953125},
@@ -424,7 +557,7 @@ TEST(GgufDequant, HalfAndBfloat) {
     EXPECT_EQ(x[0], 1.0f);
     EXPECT_EQ(x[1], 2.0f);
     EXPECT_EQ(x[2], -0.5f);
-    EXPECT_FALSE(dequantize(13 /* q5_K */, raw, x, 256));
+    EXPECT_FALSE(dequantize(10 /* q2_K */, raw, x, 256));
 }
 
 // ---------------------------------------------------------------- tiny models vs a double forward
@@ -471,14 +604,22 @@ Mat rand_mat(std::mt19937 &rng, int rows, int cols, uint32_t type) {
         ggml_block(type, &be, &bb);
         for (int b = 0; b < cols / (int)be; b++) {
             std::string blk = rand_bytes(rng, bb);
-            const float scale = type == GGML_Q8_0 ? 0.1f / 127 : type == GGML_Q4_0 ? 0.02f : type == GGML_Q4_K ? 0.0003f : 0.0001f;
+            const float scale = type == GGML_Q8_0 || type == GGML_Q8_1 ? 0.1f / 127
+                                : type == GGML_Q4_0 || type == GGML_Q4_1   ? 0.02f
+                                : type == GGML_Q5_0 || type == GGML_Q5_1   ? 0.01f
+                                : type == GGML_Q4_K                        ? 0.0003f
+                                : type == GGML_Q5_K                        ? 0.00015f
+                                                                           : 0.0001f;
             std::uniform_real_distribution<float> ud(0.3f * scale, scale);
             const uint16_t d = gguftest::to_f16((rng() & 1 ? 1 : -1) * ud(rng));
             if (type == GGML_Q6_K) {
                 set16(blk, 208, d);
             } else {
                 set16(blk, 0, d);
-                if (type == GGML_Q4_K) set16(blk, 2, gguftest::to_f16(ud(rng)));
+                if (type == GGML_Q4_K || type == GGML_Q5_K) set16(blk, 2, gguftest::to_f16(ud(rng)));
+                // q4_1 / q5_1: the minimum centres the values (d q + m, q in 0..15 / 0..31), either sign
+                if (type == GGML_Q4_1) set16(blk, 2, gguftest::to_f16(-7.5f * std::fabs((float)gguftest::from_f16(d)) + 0.3f * ud(rng)));
+                if (type == GGML_Q5_1) set16(blk, 2, gguftest::to_f16(-15.5f * std::fabs((float)gguftest::from_f16(d)) - 0.3f * ud(rng)));
             }
             m.bytes += blk;
             for (int j = 0; j < (int)be; j++) m.v.push_back(ref_elem(type, reinterpret_cast<const uint8_t *>(blk.data()), j));
@@ -514,10 +655,11 @@ struct Tiny {
 // this also gives one matrix kind different types in different layers).
 Tiny make_tiny(const std::string &arch, uint32_t type, bool tied, uint32_t seed, bool mixed = false) {
     std::mt19937 rng(seed);
-    const uint32_t cycle[7] = {GGML_Q4_K, GGML_Q6_K, GGML_F32, GGML_Q8_0, GGML_F16, GGML_BF16, GGML_Q4_0};
+    const uint32_t cycle[12] = {GGML_Q4_K, GGML_Q6_K, GGML_F32, GGML_Q8_0, GGML_F16, GGML_BF16,
+                                GGML_Q4_0, GGML_Q5_0, GGML_Q5_K, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1};
     int next = 0;
     auto rand_mat = [&](std::mt19937 &g, int rows, int cols, uint32_t ty) {
-        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 7] : ty);
+        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 12] : ty);
     };
     Tiny t;
     t.arch = arch;
@@ -750,6 +892,13 @@ TEST(GgufModel, LlamaEveryWeightTypeMatchesTheDoubleReference) {
         check_tiny("llama", type, type != GGML_F16);
 }
 
+TEST(GgufModel, Q41Q50Q51Q81Q5KMatchTheDoubleReference) {
+    for (uint32_t type : {GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_Q8_1, GGML_Q5_K})
+        check_tiny("llama", type, type != GGML_Q5_0);
+    check_tiny("qwen2", GGML_Q5_0, true);
+    check_tiny("qwen3", GGML_Q5_K, false);
+}
+
 TEST(GgufModel, Qwen2BiasesAndQwen3QkNormMatchTheDoubleReference) {
     check_tiny("qwen2", GGML_F32, true);
     check_tiny("qwen2", GGML_Q8_0, false);
@@ -767,7 +916,8 @@ TEST(GgufModel, MixedTypesPerMatrixAndLayer) {
 // The quantized products: the same bits for 1, 2 and 3 threads, and prefill of all tokens equal
 // to prefill of one then decode of the rest (the f32 path's property, kept by the kernels).
 TEST(GgufModel, QuantizedProductsIndependentOfThreadsAndOfPrefillSplit) {
-    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K}) {
+    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K, GGML_Q5_0, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1, GGML_Q5_K}) {
+        SCOPED_TRACE(ggml_type_name(type));
         Tiny t = make_tiny("qwen2", type, false, 77);
         TmpFile f("threads.gguf");
         ASSERT_TRUE(tiny_writer(t).write(f.path));
@@ -874,7 +1024,7 @@ TEST(GgufModel, RefusalsNameWhatIsNotSupported) {
         }),
         "rope_freqs.weight together with rope.scaling.type linear is not supported");
     has(refusal([](Writer &w) { w.u32("llama.attention.sliding_window", 4096); }), "sliding-window");
-    has(refusal([](Writer &w) { w.tensors[0].type = 13; }), "has type q5_K, not supported (supported: f32, f16, bf16");
+    has(refusal([](Writer &w) { w.tensors[0].type = 11; }), "has type q3_K, not supported (supported: f32, f16, bf16");
     has(refusal([](Writer &w) { w.tensors.pop_back(); }), "missing tensor blk.1.ffn_up.weight");
     has(refusal([](Writer &w) {
             w.u32("llama.attention.key_length", 64);
@@ -1357,3 +1507,270 @@ TEST(GgufModel, YarnScalingAndAttentionFactorMatchTheDoubleReference) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------- task prompts on token models
+
+// A tiny random model (the answers are wrong: this tests the plumbing) with a tokenizer in its
+// metadata: SentencePiece (byte fallback, a few merges) on llama, or byte-level BPE on qwen2.
+// The tokenizer metadata of the task models: SentencePiece (byte fallback, a few merges) or
+// byte-level BPE (GPT-2's byte map, a few merges, pre-tokenizer qwen2). Returns the vocabulary size.
+size_t task_vocab(bool spm, Writer &w) {
+    std::vector<std::string> pieces;
+    std::vector<int32_t> types;
+    std::vector<float> scores;
+    std::vector<std::string> merges;
+    if (spm) {
+        pieces = {"<unk>", "<s>", "</s>"};
+        types = {2, 3, 3};
+        for (int b = 0; b < 256; b++) {
+            char h[8];
+            std::snprintf(h, sizeof h, "<0x%02X>", b);
+            pieces.push_back(h);
+            types.push_back(6);
+        }
+        const char *extra[] = {"\xE2\x96\x81", "\xE2\x96\x81t", "\xE2\x96\x81th", "\xE2\x96\x81the", "\xE2\x96\x81is",
+                               "\xE2\x96\x81pass", "\xE2\x96\x81key", "e", "t", "h", "i", "s", "a", "p", "k", "y", "o", "n", "r",
+                               "1", "2", "3", "4", "5", "6", "7", "8", "9", "0", "in", "er", "an"};
+        for (const char *x : extra) {
+            pieces.push_back(x);
+            types.push_back(1);
+        }
+        scores.assign(pieces.size(), 0.0f);
+        for (size_t i = 259; i < pieces.size(); i++) scores[i] = -(float)(i - 259) * 0.1f + (float)pieces[i].size();
+    } else {
+        int n = 0;
+        for (int b = 0; b < 256; b++) {  // GPT-2's byte map
+            const bool keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
+            const unsigned cp = keep ? (unsigned)b : 256u + (unsigned)n++;
+            std::string s;
+            if (cp < 0x80) s.push_back((char)cp);
+            else {
+                s.push_back((char)(0xC0 | (cp >> 6)));
+                s.push_back((char)(0x80 | (cp & 63)));
+            }
+            pieces.push_back(s);
+        }
+        merges = {"\xC4\xA0 t", "h e", "\xC4\xA0t he", "\xC4\xA0 a", "i s", "\xC4\xA0 is", "i n", "e r", "\xC4\xA0 p", "\xC4\xA0p a"};
+        for (const std::string &m : merges) pieces.push_back(m.substr(0, m.find(' ')) + m.substr(m.find(' ') + 1));
+        pieces.push_back("<|endoftext|>");
+        types.assign(pieces.size(), 1);
+        types.back() = 3;
+    }
+    w.str("tokenizer.ggml.model", spm ? "llama" : "gpt2");
+    w.str_arr("tokenizer.ggml.tokens", pieces);
+    w.i32_arr("tokenizer.ggml.token_type", types);
+    if (spm) {
+        w.f32_arr("tokenizer.ggml.scores", scores);
+        w.u32("tokenizer.ggml.bos_token_id", 1);
+        w.u32("tokenizer.ggml.eos_token_id", 2);
+    } else {
+        w.str("tokenizer.ggml.pre", "qwen2");
+        w.str_arr("tokenizer.ggml.merges", merges);
+        w.u32("tokenizer.ggml.eos_token_id", (uint32_t)pieces.size() - 1);
+    }
+    return pieces.size();
+}
+
+// A tiny random model (the answers are wrong: this tests the plumbing) with a tokenizer.
+Writer task_model_writer(bool spm) {
+    Tiny t = make_tiny(spm ? "llama" : "qwen2", GGML_F32, true, 21);
+    Writer w = tiny_writer(t);
+    const size_t V = task_vocab(spm, w);
+    std::vector<float> emb(V * (size_t)t.D);
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> u(-0.1f, 0.1f);
+    for (float &x : emb) x = u(rng);
+    w.tensors[0].ne = {(uint64_t)t.D, V};
+    w.tensors[0].bytes.assign(reinterpret_cast<const char *>(emb.data()), emb.size() * 4);
+    return w;
+}
+
+// The CLI test's model (bench/harness/tests/task-spm.gguf, 1 layer, width 64, q8_0 matrices,
+// SentencePiece, context 512): made from a fixed LCG so that its bytes are the same with any
+// standard library; GgufTasks.CliFixtureIsTheWritersFile checks the committed file against it.
+Writer task_fixture_writer() {
+    Writer w;
+    w.str("general.architecture", "llama");
+    w.str("general.name", "tiny task fixture");
+    w.u32("llama.block_count", 1);
+    w.u32("llama.embedding_length", 64);
+    w.u32("llama.feed_forward_length", 128);
+    w.u32("llama.attention.head_count", 2);
+    w.u32("llama.attention.head_count_kv", 1);
+    w.u32("llama.context_length", 512);
+    w.u32("llama.rope.dimension_count", 32);
+    w.f32("llama.rope.freq_base", 10000.0f);
+    w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    const size_t V = task_vocab(true, w);
+    uint64_t st = 12345;
+    auto vals = [&](size_t n, float scale) {
+        std::vector<float> v(n);
+        for (float &x : v) {
+            st = st * 6364136223846793005ULL + 1442695040888963407ULL;
+            x = scale * ((float)(st >> 40) / 16777216.0f * 2.0f - 1.0f);
+        }
+        return v;
+    };
+    auto q8 = [&](const std::string &name, uint64_t cols, uint64_t rows) {
+        const std::vector<float> v = vals(cols * rows, 0.2f);
+        w.tensor(name, {cols, rows}, GGML_Q8_0, gguftest::quant_q8_0(v.data(), v.size()));
+    };
+    const std::vector<float> ones(128, 1.0f);
+    q8("token_embd.weight", 64, V);
+    w.tensor_f32("output_norm.weight", {64}, ones.data(), 64);
+    w.tensor_f32("blk.0.attn_norm.weight", {64}, ones.data(), 64);
+    w.tensor_f32("blk.0.ffn_norm.weight", {64}, ones.data(), 64);
+    q8("blk.0.attn_q.weight", 64, 64);
+    q8("blk.0.attn_k.weight", 64, 32);
+    q8("blk.0.attn_v.weight", 64, 32);
+    q8("blk.0.attn_output.weight", 64, 64);
+    q8("blk.0.ffn_gate.weight", 64, 128);
+    q8("blk.0.ffn_down.weight", 128, 64);
+    q8("blk.0.ffn_up.weight", 64, 128);
+    return w;
+}
+
+TEST(GgufTasks, CliFixtureIsTheWritersFile) {
+    const std::string path = std::string(KVP_HARNESS_TESTS_DIR) + "/task-spm.gguf";
+    const std::string want = task_fixture_writer().bytes();
+    if (std::getenv("KVH_WRITE_TASK_FIXTURE")) {
+        ASSERT_TRUE(write_bytes(path, want));
+    }
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    EXPECT_TRUE(ss.str() == want) << path << " differs from task_fixture_writer() (KVH_WRITE_TASK_FIXTURE=1 rewrites it)";
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_model(path, &ck, &err)) << err;
+    ASSERT_TRUE(ck.tok);
+    EXPECT_EQ(ck.cfg.seq_len, 512);
+}
+
+std::string task_text() {
+    std::ifstream f(std::string(KVP_HARNESS_MODELS_DIR) + "/enbytes-1m.eval.txt", std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str().substr(0, 30000);
+}
+
+TEST(GgufTasks, TokenPromptsHaveExactLengthsAndPlaceTheNeedle) {
+    const std::string text = task_text();
+    ASSERT_GE(text.size(), 20000u);
+    for (bool spm : {true, false}) {
+        SCOPED_TRACE(spm ? "sentencepiece" : "byte-level bpe");
+        TmpFile f(spm ? "task-spm.gguf" : "task-bpe.gguf");
+        ASSERT_TRUE(task_model_writer(spm).write(f.path));
+        Checkpoint ck;
+        std::string err;
+        ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+        ASSERT_TRUE(ck.tok);
+        const Tokenizer &tok = *ck.tok;
+        const std::vector<int32_t> ids = task_text_ids(tok, text);
+        ASSERT_GT(ids.size(), 5000u);
+        EXPECT_LT(ids.size(), text.size());  // the merges merged something
+        const size_t bos = spm ? 1 : 0;
+        for (const char *task : kTaskNames) {
+            SCOPED_TRACE(task);
+            const int L = std::string(task) == "niah-multikey" ? 720 : 300;
+            std::string first_answer;
+            for (double depth : {0.0, 0.37, 1.0}) {
+                TaskPrompt p, again;
+                ASSERT_TRUE(make_task_prompt_tokens(task, tok, ids, L, depth, 2, 5, &p, &err)) << err;
+                ASSERT_TRUE(make_task_prompt_tokens(task, tok, ids, L, depth, 2, 5, &again, &err)) << err;
+                EXPECT_EQ(p.context_ids, again.context_ids);  // deterministic
+                EXPECT_EQ(p.question_ids, again.question_ids);
+                EXPECT_EQ(p.context_ids.size() + p.question_ids.size(), (size_t)L);  // exact length in tokens
+                if (bos) {
+                    EXPECT_EQ(p.context_ids[0], tok.bos);
+                }
+                for (size_t i = bos; i < p.context_ids.size(); i++) ASSERT_NE(p.context_ids[i], tok.bos) << i;
+                ASSERT_FALSE(p.answer_ids.empty());
+                EXPECT_EQ(tok.decode(p.answer_ids), p.answer);
+                // the asked block's tokens sit at needle_at, which is the depth's token
+                const std::vector<int32_t> blk = std::string(task) == "recall" ? std::vector<int32_t>() : tok.encode(p.needle, false, false);
+                const size_t B = blk.empty() ? 24 : blk.size();
+                const size_t C = (size_t)L - bos - p.question_ids.size();
+                EXPECT_EQ(p.needle_at, bos + (size_t)std::llround(depth * (double)(C - B)));
+                if (!blk.empty()) {
+                    ASSERT_LE(p.needle_at + blk.size(), p.context_ids.size());
+                    EXPECT_TRUE(std::equal(blk.begin(), blk.end(), p.context_ids.begin() + (long)p.needle_at));
+                    EXPECT_NE(p.needle.find(p.answer), std::string::npos);
+                } else {  // recall: the cue and the answer are the passage's tokens 0..5 and 6..17
+                    EXPECT_TRUE(std::equal(p.question_ids.begin(), p.question_ids.end(), p.context_ids.begin() + (long)p.needle_at));
+                    EXPECT_TRUE(std::equal(p.answer_ids.begin(), p.answer_ids.end(), p.context_ids.begin() + (long)p.needle_at + 6));
+                }
+                for (size_t d : p.distractors_at) EXPECT_TRUE(d + B <= p.needle_at || d >= p.needle_at + B);
+                if (first_answer.empty()) first_answer = p.answer;
+                EXPECT_EQ(p.answer, first_answer);  // the key does not depend on the depth
+            }
+        }
+        TaskPrompt p;
+        EXPECT_FALSE(make_task_prompt_tokens("passkey", tok, ids, 40, 0.5, 0, 0, &p, &err));
+        EXPECT_NE(err.find("too short for task passkey (at least"), std::string::npos) << err;
+        EXPECT_NE(err.find("tokens)"), std::string::npos) << err;
+        const std::vector<int32_t> few(ids.begin(), ids.begin() + 200);
+        EXPECT_FALSE(make_task_prompt_tokens("passkey", tok, few, 300, 0.5, 0, 0, &p, &err));
+        EXPECT_NE(err.find("the text has 200 tokens"), std::string::npos) << err;
+    }
+}
+
+TEST(GgufTasks, GridRowsOnATokenModelAreDeterministicAndRoundTrip) {
+    const std::string text = task_text();
+    TmpFile f("task-grid.gguf");
+    ASSERT_TRUE(task_model_writer(true).write(f.path));
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_model(f.path, &ck, &err)) << err;
+    TaskGrid g;
+    g.tasks = {"passkey", "niah", "recall"};
+    g.specs = {"policy=full capacity=400", "policy=snapkv"};
+    g.ratios = {0.5};
+    g.settings = {kSettings[0], kSettings[1]};
+    g.lengths = {300};
+    g.depths = {0.0, 1.0};
+    g.seed = 3;
+    g.model_name = "task-grid.gguf";
+    g.text_name = "eval.txt";
+    std::vector<TaskResult> rows;
+    ASSERT_TRUE(expand_task_grid(ck, text, g, &rows, &err)) << err;
+    ASSERT_EQ(rows.size(), 2u * 2 * 3 * 2);
+    std::vector<TaskResult> again = rows;
+    ASSERT_TRUE(run_task_rows(ck, text, &rows, 1, &err)) << err;
+    ASSERT_TRUE(run_task_rows(ck, text, &again, 2, &err)) << err;
+    for (size_t i = 0; i < rows.size(); i++) {
+        std::string d;
+        EXPECT_TRUE(same_task_figures(rows[i], again[i], &d)) << i << ": " << d;  // threads do not matter
+        EXPECT_EQ(rows[i].length, 300);
+        EXPECT_FALSE(rows[i].answer.empty());
+        EXPECT_GT(rows[i].answer_nll, 0.0);
+        EXPECT_GT(rows[i].live_bytes, 0u);
+        if (rows[i].task == "passkey") {
+            EXPECT_EQ(rows[i].answer.size(), 5u);
+        }
+        if (rows[i].task == "niah") {
+            EXPECT_EQ(rows[i].answer.size(), 7u);
+        }
+        // the score is that of the decoded text cut to the answer's bytes
+        const TaskScore sc = score_answer(rows[i].answer, rows[i].generated.substr(0, rows[i].answer.size()));
+        EXPECT_EQ(rows[i].correct, (int)sc.correct);
+        EXPECT_DOUBLE_EQ(rows[i].byte_accuracy, sc.byte_accuracy);
+    }
+    // snapkv at ratio 0.5 keeps about half of the prompt's tokens: fewer bytes than full KV
+    EXPECT_LT(rows.back().live_bytes, rows.front().live_bytes);
+    std::vector<TaskResult> back;
+    ASSERT_TRUE(parse_task_json(tasks_to_json(rows), &back, &err)) << err;
+    ASSERT_EQ(back.size(), rows.size());
+    for (size_t i = 0; i < rows.size(); i++) {
+        std::string d;
+        EXPECT_TRUE(same_task_figures(rows[i], back[i], &d)) << i << ": " << d;
+    }
+    // A model with neither a byte vocabulary nor a tokenizer is refused with the reason.
+    Tiny t = make_tiny("llama", GGML_F32, true, 4);
+    TmpFile f2("task-notok.gguf");
+    ASSERT_TRUE(tiny_writer(t).write(f2.path));
+    Checkpoint ck2;
+    ASSERT_TRUE(load_model(f2.path, &ck2, &err)) << err;
+    EXPECT_FALSE(expand_task_grid(ck2, text, g, &rows, &err));
+    EXPECT_NE(err.find("has vocab 96 and no tokenizer"), std::string::npos) << err;
+}
