@@ -39,7 +39,10 @@ const std::string &generated_model_path() {
         InductionParams p;
         const std::vector<uint8_t> corpus = read_bytes(kDir + "/enbytes-1m.eval.txt");
         std::string err, summary;
-        const std::string out = kWork + "/induction-generated.bin";
+        // One file per test: ctest runs each test in its own process, in parallel, and two
+        // processes writing one path race (a reader saw a half-written file).
+        const std::string out =
+            kWork + "/induction-generated-" + ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".bin";
         EXPECT_TRUE(write_induction_model(p, corpus, out, &err, &summary)) << err;
         std::printf("[ gen ] %s\n", summary.c_str());
         path = out;
