@@ -6,7 +6,7 @@
 //   BM_DecodeQ/<dtype>/N:<N>/threads:<T>   kvp_decode on a 32 q-head / 8 kv-head / d = 128 layer
 //                                          holding N tokens (policy=window window=N) stored as dtype
 //   BM_KernelQ/<dtype>/<variant>/N:<N>     qk + pv of one GQA group (4 rows) over N stored rows,
-//                                          one kernel variant, one thread
+//                                          one kernel variant, one thread (.../qk, .../pv: one pass)
 //
 // bytes_per_second counts the bytes a decode step reads: the layer's live bytes in its storage
 // format (K and V data, value scales, key grids, the f32 residual group). Counters:
@@ -281,7 +281,8 @@ void BM_DecodeQ(benchmark::State &state, std::string dtype, uint32_t n, int thre
 
 // ---- kernel level ---------------------------------------------------------------------------------
 
-void BM_KernelQ(benchmark::State &state, std::string dtype, const kvp::kern::AttnQ *var, uint32_t n) {
+// part: 0 = qk + pv, 1 = qk only, 2 = pv only (where a decode step's kernel time goes)
+void BM_KernelQ(benchmark::State &state, std::string dtype, const kvp::kern::AttnQ *var, uint32_t n, int part) {
     const uint32_t rows = 4, d = kHeadDim, G = d / 32;
     const size_t rb = dtype == "f16" ? 2 * d : dtype == "q8" ? d : d / 2;
     std::vector<uint8_t> k(n * rb), v(n * rb);
@@ -294,22 +295,29 @@ void BM_KernelQ(benchmark::State &state, std::string dtype, const kvp::kern::Att
     std::vector<uint16_t> sz((size_t)n * 2 * G, 0x2000);
     std::vector<float> q(rows * d), logits(rows * n), out(rows * d), zacc(rows * G);
     fill_random(q.data(), q.size(), 1);
-    auto qk = dtype == "f16" ? var->qk_f16 : var->qk_q8;
     auto pv = dtype == "f16" ? var->pv_f16 : dtype == "q8" ? var->pv_q8 : var->pv_q4;
     std::vector<int8_t> qi(rows * d, 3);
     std::vector<float> qsc(rows, 0.01f), bias(rows, 0.0f);
+    for (float &x : logits) x = 1.0f / (float)n;
     auto step = [&]() {
-        if (dtype == "q4")
-            var->qk_q4(qi.data(), d, rows, qsc.data(), bias.data(), k.data(), rb, n, d, 0.088f, logits.data(), n);
-        else
-            qk(q.data(), d, rows, nullptr, k.data(), rb, n, d, 0.088f, logits.data(), n);
-        for (float &x : logits) x = 1.0f / (float)n;
-        pv(logits.data(), n, rows, v.data(), rb, sz.data(), 2 * G, n, d, out.data(), d, zacc.data(), G);
-        benchmark::DoNotOptimize(out[0]);
+        if (part != 2) {
+            if (dtype == "f16")
+                var->qk_f16(q.data(), d, rows, nullptr, k.data(), rb, n, d, 0.088f, logits.data(), n);
+            else
+                (dtype == "q8" ? var->qk_q8 : var->qk_q4)(qi.data(), d, rows, qsc.data(), bias.data(), k.data(), rb, n, d,
+                                                          0.088f, logits.data(), n);
+            benchmark::DoNotOptimize(logits[0]);
+        }
+        if (part != 1) {
+            if (part == 0)
+                for (float &x : logits) x = 1.0f / (float)n;
+            pv(logits.data(), n, rows, v.data(), rb, sz.data(), 2 * G, n, d, out.data(), d, zacc.data(), G);
+            benchmark::DoNotOptimize(out[0]);
+        }
     };
     step();
     for (auto _ : state) step();
-    state.SetBytesProcessed((int64_t)(state.iterations() * (int64_t)(2 * n * rb)));
+    state.SetBytesProcessed((int64_t)(state.iterations() * (int64_t)((part == 0 ? 2 : 1) * n * rb)));
 }
 
 }  // namespace
@@ -338,10 +346,12 @@ int main(int argc, char **argv) {
     for (const kvp::kern::AttnQ *var : vars) {
         if (!var) continue;
         for (const char *dt : {"f16", "q8", "q4"})
-            benchmark::RegisterBenchmark(
-                ("BM_KernelQ/" + std::string(dt) + "/" + var->name + "/N:4096").c_str(), BM_KernelQ, std::string(dt),
-                var, 4096u)
-                ->UseRealTime();
+            for (int part : {0, 1, 2})
+                benchmark::RegisterBenchmark(("BM_KernelQ/" + std::string(dt) + "/" + var->name + "/N:4096" +
+                                              (part == 1 ? "/qk" : part == 2 ? "/pv" : ""))
+                                                 .c_str(),
+                                             BM_KernelQ, std::string(dt), var, 4096u, part)
+                    ->UseRealTime();
     }
     benchmark::Initialize(&argc, argv);
     if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;

@@ -38,9 +38,9 @@ struct Seq {
 
 // Prefill P tokens, then decode up to T, checking every decode step of every layer and KV head
 // against decode_ref over the store's snapshot before the step.
-// tol: f32 / f16 / q8 rows are read exactly, so only float rounding separates the two; q4 keys
+// tol: f32 / f16 rows are read exactly, so only float rounding separates the two; q8 and q4 keys
 // are dotted with an int8 copy of the query (kernels/attn_q.h: error per logit at most
-// scale * (max|q_s|/254) * sum of the codes), so q4 gets tol_q4.
+// scale * (max|q_s|/254) * sum of the codes), so q8 and q4 get tol_q4.
 void check_against_stored(const kvp_model &m, const std::string &spec, uint32_t P, uint32_t T, double tol,
                           double tol_q4 = 5e-3) {
     SCOPED_TRACE(spec + " hd=" + std::to_string(m.head_dim) + " rope=" + std::to_string(int(m.rope)));
@@ -49,7 +49,7 @@ void check_against_stored(const kvp_model &m, const std::string &spec, uint32_t 
     const kvp_cache *c = cache.c;
     ASSERT_NE(c->fmt, nullptr);
     const bool realign = c->positions == KVP_POS_REALIGN;
-    if (c->fmt->f.dtype == KVP_DTYPE_Q4) tol = tol_q4;
+    if (c->fmt->f.dtype == KVP_DTYPE_Q4 || c->fmt->f.dtype == KVP_DTYPE_Q8) tol = tol_q4;
     const uint32_t hd = m.head_dim, G = m.n_q_heads / m.n_kv_heads;
     Seq s(m, T, 7);
     std::vector<float> out(size_t(P) * m.n_q_heads * hd);

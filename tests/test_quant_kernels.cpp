@@ -74,9 +74,9 @@ double elem(Kind kind, const uint8_t *row, uint32_t c) {
 const uint32_t kWidths[] = {8, 16, 24, 32, 40, 48, 64, 72, 96, 128, 136, 256};
 const uint32_t kNs[] = {0, 1, 2, 3, 7, 8, 9, 33, 64, 130};
 
-TEST(QuantKernels, QkMatchesReference) {
+TEST(QuantKernels, QkMatchesReference) {  // f16 keys (q8 / q4: the integer tests below)
     const AttnQ *S = kvp::kern::attn_q_scalar();
-    for (Kind kind : {kF16, kQ8}) {
+    for (Kind kind : {kF16}) {
         for (uint32_t w : kWidths) {
             for (uint32_t rows_n : {1u, 2u, 3u, 4u, 5u, 9u}) {
                 for (uint32_t n : kNs) {
@@ -87,7 +87,7 @@ TEST(QuantKernels, QkMatchesReference) {
                     g.fill(q);
                     g.fill(bias);
                     std::vector<float> want(rows_n * ldl + 1, -7.0f);
-                    const auto qk = [&](const AttnQ *A) { return kind == kF16 ? A->qk_f16 : A->qk_q8; };
+                    const auto qk = [&](const AttnQ *A) { return A->qk_f16; };
                     qk(S)(q.data(), ldq, rows_n, bias.data(), r.k.data(), r.ld, n, w, 0.3f, want.data(), ldl);
                     for (uint32_t i = 0; i < rows_n; ++i)  // reference against double
                         for (uint32_t t = 0; t < n; ++t) {
@@ -122,51 +122,84 @@ TEST(QuantKernels, QkMatchesReference) {
     }
 }
 
-TEST(QuantKernels, Q4IntegerDotIsExactInEveryVariant) {
+// q8 / q4 keys: integer dot products. prep8 / prep4 give the same int8 query and step in every
+// variant (the rounded scaled query, within half a step), the kernels the same bits as the
+// scalar reference (exact int32 sums), and the reference is within the stated query-rounding
+// bound of the double-precision dot product with the unrounded query: scale * (qsc/2 *
+// sum_c code_c) plus float rounding. Widths below / at / above the vector width and with 8- and
+// 16-channel tails; extreme codes (all 0, all max) and extreme queries (one huge channel).
+TEST(QuantKernels, IntegerDotIsExactInEveryVariant) {
     const AttnQ *S = kvp::kern::attn_q_scalar();
-    for (uint32_t w : {16u, 32u, 48u, 64u, 80u, 128u, 144u}) {
-        for (uint32_t rows_n : {1u, 2u, 3u, 4u, 7u}) {
-            for (uint32_t n : kNs) {
-                Rng g(w * 17 + n + rows_n * 1000);
-                const Rows r = rows(kQ4, n, w, g);
-                const size_t ldq = w + 5, ldl = n + 3;
-                std::vector<float> q(rows_n * ldq), qs(rows_n * w), bias(rows_n), qsc(rows_n);
-                g.fill(q);
-                std::vector<int8_t> ge(w);
-                std::vector<int16_t> gz(w);
-                for (uint32_t c = 0; c < w; ++c) {
-                    ge[c] = int8_t(int(g.next() % 7) - 5);
-                    gz[c] = int16_t(int(g.next() % 41) - 20);
-                }
-                // prep4: the int8 query in code order and its step, the same in every variant
-                std::vector<int8_t> qi_s(rows_n * w);
-                std::vector<float> qsc_s(rows_n), bias_s(rows_n);
-                S->prep4(q.data(), ldq, rows_n, ge.data(), gz.data(), w, qs.data(), w, qi_s.data(), w, qsc_s.data(),
-                         bias_s.data());
-                for (uint32_t i = 0; i < rows_n; ++i) {  // it is the rounded scaled query
-                    for (uint32_t p = 0; p < w; ++p) {
-                        const uint32_t c = kvp::kern::q4_code_channel(p, w);
-                        const double x = double(q[i * ldq + c]) * ldexp(1.0, ge[c]);
-                        ASSERT_LE(fabs(qi_s[i * w + p] * double(qsc_s[i]) - x), 0.5001 * qsc_s[i] + 1e-12);
+    for (Kind kind : {kQ8, kQ4}) {
+        const bool q4 = kind == kQ4;
+        const uint32_t levels = q4 ? 15 : 255;
+        for (uint32_t w : {8u, 16u, 24u, 32u, 40u, 48u, 56u, 64u, 80u, 96u, 120u, 128u, 136u, 144u, 1024u}) {
+            if (q4 && w % 16) continue;
+            for (uint32_t rows_n : {1u, 2u, 3u, 4u, 7u}) {
+                for (uint32_t n : kNs) {
+                    if (w == 1024 && (rows_n > 2 || n > 9)) continue;
+                    Rng g(w * 17 + n + rows_n * 1000 + kind * 7919);
+                    Rows r = rows(kind, n, w, g);
+                    for (uint32_t t = 0; t < n; ++t) {  // extreme rows: all codes 0 / all codes max
+                        if (t % 5 == 3) memset(&r.k[t * r.ld], 0, q4 ? w / 2 : w);
+                        if (t % 5 == 4) memset(&r.k[t * r.ld], 0xff, q4 ? w / 2 : w);
                     }
-                }
-                std::vector<float> want(rows_n * ldl);
-                S->qk_q4(qi_s.data(), w, rows_n, qsc_s.data(), bias_s.data(), r.k.data(), r.ld, n, w, 0.25f, want.data(),
-                         ldl);
-                for (const AttnQ *A : simd_variants()) {
-                    std::vector<int8_t> qi(rows_n * w);
-                    A->prep4(q.data(), ldq, rows_n, ge.data(), gz.data(), w, qs.data(), w, qi.data(), w, qsc.data(),
-                             bias.data());
-                    ASSERT_EQ(qi, qi_s) << A->name;
-                    ASSERT_EQ(memcmp(qsc.data(), qsc_s.data(), rows_n * 4), 0) << A->name;
-                    for (uint32_t i = 0; i < rows_n; ++i) ASSERT_NEAR(bias[i], bias_s[i], 1e-4 * (1 + fabs(bias_s[i])));
-                    std::vector<float> got(rows_n * ldl);
-                    // the same bias in, so the same bits out
-                    A->qk_q4(qi_s.data(), w, rows_n, qsc_s.data(), bias_s.data(), r.k.data(), r.ld, n, w, 0.25f, got.data(),
-                             ldl);
-                    for (uint32_t i = 0; i < rows_n; ++i)
-                        for (uint32_t t = 0; t < n; ++t)
-                            ASSERT_EQ(got[i * ldl + t], want[i * ldl + t]) << A->name << " w=" << w << " n=" << n;
+                    const size_t ldq = w + 5, ldl = n + 3;
+                    std::vector<float> q(rows_n * ldq), qs(rows_n * w), bias(rows_n), qsc(rows_n);
+                    g.fill(q);
+                    if (rows_n == 7) q[ldq + 3] = 3e4f, q[2 * ldq] = 0.0f;  // one dominating channel
+                    if (rows_n == 7) memset(&q[3 * ldq], 0, w * sizeof(float));  // an all-zero row
+                    std::vector<int8_t> ge(w);
+                    std::vector<int16_t> gz(w);
+                    for (uint32_t c = 0; c < w; ++c) {
+                        ge[c] = int8_t(int(g.next() % 7) - 5);
+                        gz[c] = int16_t(int(g.next() % 41) - 20);
+                    }
+                    const auto prep = [&](const AttnQ *A) { return q4 ? A->prep4 : A->prep8; };
+                    const auto qk = [&](const AttnQ *A) { return q4 ? A->qk_q4 : A->qk_q8; };
+                    const auto chan = [&](uint32_t p) { return q4 ? kvp::kern::q4_code_channel(p, w) : p; };
+                    std::vector<int8_t> qi_s(rows_n * w);
+                    std::vector<float> qsc_s(rows_n), bias_s(rows_n);
+                    prep(S)(q.data(), ldq, rows_n, ge.data(), gz.data(), w, qs.data(), w, qi_s.data(), w, qsc_s.data(),
+                            bias_s.data());
+                    for (uint32_t i = 0; i < rows_n; ++i) {  // it is the rounded scaled query
+                        for (uint32_t p = 0; p < w; ++p) {
+                            const uint32_t c = chan(p);
+                            const double x = double(q[i * ldq + c]) * ldexp(1.0, ge[c]);
+                            ASSERT_LE(fabs(qi_s[i * w + p] * double(qsc_s[i]) - x), 0.5001 * qsc_s[i] + 1e-12);
+                        }
+                    }
+                    std::vector<float> want(rows_n * ldl, -7.0f);
+                    qk(S)(qi_s.data(), w, rows_n, qsc_s.data(), bias_s.data(), r.k.data(), r.ld, n, w, 0.25f, want.data(),
+                          ldl);
+                    for (uint32_t i = 0; i < rows_n; ++i)  // the reference against double, unrounded query
+                        for (uint32_t t = 0; t < n; ++t) {
+                            double d = 0, codes = 0, mag = 0;
+                            for (uint32_t c = 0; c < w; ++c) {
+                                const double code = q4 ? kvp::q4_get(&r.k[t * r.ld], w, c) : r.k[t * r.ld + c];
+                                ASSERT_LE(code, levels);
+                                const double x = double(q[i * ldq + c]) * ldexp(1.0, ge[c]);
+                                d += x * (code + gz[c]);
+                                codes += code;
+                                mag += fabs(x) * (code + fabs(double(gz[c])));
+                            }
+                            const double bound = 0.25 * (0.5001 * qsc_s[i] * codes + 1e-6 * (mag + 1));
+                            ASSERT_NEAR(want[i * ldl + t], 0.25 * d, bound) << kKindName[kind] << " w=" << w;
+                        }
+                    for (const AttnQ *A : simd_variants()) {
+                        std::vector<int8_t> qi(rows_n * w);
+                        prep(A)(q.data(), ldq, rows_n, ge.data(), gz.data(), w, qs.data(), w, qi.data(), w, qsc.data(),
+                                bias.data());
+                        ASSERT_EQ(qi, qi_s) << A->name;
+                        ASSERT_EQ(memcmp(qsc.data(), qsc_s.data(), rows_n * 4), 0) << A->name;
+                        for (uint32_t i = 0; i < rows_n; ++i) ASSERT_NEAR(bias[i], bias_s[i], 1e-4 * (1 + fabs(bias_s[i])));
+                        std::vector<float> got(rows_n * ldl, -7.0f);
+                        // the same bias in, so the same bits out
+                        qk(A)(qi_s.data(), w, rows_n, qsc_s.data(), bias_s.data(), r.k.data(), r.ld, n, w, 0.25f,
+                              got.data(), ldl);
+                        ASSERT_EQ(memcmp(got.data(), want.data(), got.size() * 4), 0)
+                            << A->name << " " << kKindName[kind] << " w=" << w << " rows=" << rows_n << " n=" << n;
+                    }
                 }
             }
         }
@@ -244,10 +277,9 @@ TEST(QuantKernels, Avx512IsBitIdenticalToAvx2) {
                 g.fill(q);
                 g.fill(p, 0.0f, 1.0f);
                 std::vector<float> l2(rows_n * n), l5(rows_n * n), o2 = o, o5 = o, z2 = z, z5 = z;
-                if (kind != kQ4) {
-                    auto qk2 = kind == kF16 ? a2->qk_f16 : a2->qk_q8, qk5 = kind == kF16 ? a5->qk_f16 : a5->qk_q8;
-                    qk2(q.data(), w, rows_n, bias.data(), r.k.data(), r.ld, n, w, 0.5f, l2.data(), n);
-                    qk5(q.data(), w, rows_n, bias.data(), r.k.data(), r.ld, n, w, 0.5f, l5.data(), n);
+                if (kind == kF16) {
+                    a2->qk_f16(q.data(), w, rows_n, bias.data(), r.k.data(), r.ld, n, w, 0.5f, l2.data(), n);
+                    a5->qk_f16(q.data(), w, rows_n, bias.data(), r.k.data(), r.ld, n, w, 0.5f, l5.data(), n);
                     ASSERT_EQ(memcmp(l2.data(), l5.data(), l2.size() * 4), 0);
                 }
                 auto pv2 = kind == kF16 ? a2->pv_f16 : kind == kQ8 ? a2->pv_q8 : a2->pv_q4;

@@ -24,6 +24,15 @@
 //         in every variant), the kernel sums qi * code exactly in int32 and returns
 //         (qsc * sum + bias) * scale: bit-identical across variants. qi is stored in code order
 //         (per 32 channels: 0-7, 16-23, 8-15, 24-31; a trailing 16: natural order).
+//   q8    keys: integer dot products as q4. prep8 is prep4 with qi in natural channel order (a q8
+//         byte is one channel); the kernel sums qi * code (u8 code x s8 query) exactly in int32:
+//         AVX-512 VNNI dpbusd over 32 channels, AVX2 / SIMDe: both widened to int16 and madd
+//         (maddubs would saturate: 2 * 255 * 127 > 32767), scalar: plain loop. Any order is exact
+//         (|sum| <= 255 * 127 * w < 2^31 for w <= 1024), so logits are bit-identical across
+//         variants, thread counts and call splits. Query rounding: |qsc * qi_c - qs_c| <= qsc / 2,
+//         so a logit differs from the float-query value by at most scale * qsc / 2 * sum_c code_tc
+//         (<= scale * max|qs| * 255 * w / 254) plus float rounding; the bias (zero points) is not
+//         rounded.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -46,22 +55,24 @@ typedef void (*q_pv_fn)(const float *p, size_t ldp, uint32_t rows, const uint8_t
 // bias[r] = sum_c q[r*ldq + c] * gz[c] * 2^ge[c], c < w.
 typedef void (*q_prep_fn)(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w,
                           float *qs, size_t lds, float *bias);
-// q4 keys: logits[r*ldl + t] = scale * (qsc[r] * sum_c qi[r*ldq + c] * code_tc + bias[r]) (w a
-// multiple of 16; qi in code order, from prep4).
+// q8 / q4 keys: logits[r*ldl + t] = scale * (qsc[r] * sum_c qi[r*ldq + c] * code_tc + bias[r])
+// (q4: w a multiple of 16, qi in code order, from prep4; q8: w a multiple of 8, qi in channel
+// order, from prep8).
 typedef void (*q4_qk_fn)(const int8_t *qi, size_t ldq, uint32_t rows, const float *qsc, const float *bias,
                          const uint8_t *k, size_t ldk, uint32_t n, uint32_t w, float scale, float *logits, size_t ldl);
-// prep, then the int8 query qi[r*ldi + ...] (code order) and its step qsc[r] for qk_q4; qs is
-// scratch of rows x lds floats.
+// prep, then the int8 query qi[r*ldi + ...] and its step qsc[r] for qk_q4 (prep4: code order)
+// or qk_q8 (prep8: channel order); qs is scratch of rows x lds floats.
 typedef void (*q_prep4_fn)(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w,
                            float *qs, size_t lds, int8_t *qi, size_t ldi, float *qsc, float *bias);
 
 struct AttnQ {
     const char *name;  // "scalar", "simde", "avx2"
-    q_qk_fn qk_f16, qk_q8;
-    q4_qk_fn qk_q4;
+    q_qk_fn qk_f16;
+    q4_qk_fn qk_q8, qk_q4;  // q8 / q4: integer dot products
     q_pv_fn pv_f16, pv_q8, pv_q4;
     q_prep_fn prep;
     q_prep4_fn prep4;
+    q_prep4_fn prep8;
 };
 
 // Channel of code-order position p of a q4 row of width w (a multiple of 16).

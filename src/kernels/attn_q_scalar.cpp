@@ -62,9 +62,15 @@ void qk_f16(const float *qs, size_t ldq, uint32_t rows, const float *bias, const
             uint32_t w, float scale, float *l, size_t ldl) {
     qk(kF16, qs, ldq, rows, bias, k, ldk, n, w, scale, l, ldl);
 }
-void qk_q8(const float *qs, size_t ldq, uint32_t rows, const float *bias, const uint8_t *k, size_t ldk, uint32_t n,
-           uint32_t w, float scale, float *l, size_t ldl) {
-    qk(kQ8, qs, ldq, rows, bias, k, ldk, n, w, scale, l, ldl);
+void qk_q8(const int8_t *qi, size_t ldq, uint32_t rows, const float *qsc, const float *bias, const uint8_t *k,
+           size_t ldk, uint32_t n, uint32_t w, float scale, float *l, size_t ldl) {
+    for (uint32_t r = 0; r < rows; ++r) {
+        for (uint32_t t = 0; t < n; ++t) {
+            int32_t s = 0;
+            for (uint32_t c = 0; c < w; ++c) s += int32_t(qi[(size_t)r * ldq + c]) * int32_t(k[(size_t)t * ldk + c]);
+            l[(size_t)r * ldl + t] = (qsc[r] * float(s) + bias[r]) * scale;
+        }
+    }
 }
 void qk_q4(const int8_t *qi, size_t ldq, uint32_t rows, const float *qsc, const float *bias, const uint8_t *k,
            size_t ldk, uint32_t n, uint32_t w, float scale, float *l, size_t ldl) {
@@ -103,8 +109,9 @@ void prep(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int
     }
 }
 
-void prep4(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w, float *qs,
-           size_t lds, int8_t *qi, size_t ldi, float *qsc, float *bias) {
+// prep, then the int8 query in code order (q4) or channel order (q8).
+void prep_int(bool q4, const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w,
+              float *qs, size_t lds, int8_t *qi, size_t ldi, float *qsc, float *bias) {
     prep(q, ldq, rows, ge, gz, w, qs, lds, bias);
     for (uint32_t r = 0; r < rows; ++r) {
         const float *x = qs + (size_t)r * lds;
@@ -113,14 +120,23 @@ void prep4(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const in
         const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
         qsc[r] = mx / 127.0f;
         for (uint32_t p = 0; p < w; ++p) {
-            float v = floorf(x[q4_code_channel(p, w)] * inv + 0.5f);
+            float v = floorf(x[q4 ? q4_code_channel(p, w) : p] * inv + 0.5f);
             v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
             qi[(size_t)r * ldi + p] = int8_t(v);
         }
     }
 }
 
-constexpr AttnQ kScalar = {"scalar", &qk_f16, &qk_q8, &qk_q4, &pv_f16, &pv_q8, &pv_q4, &prep, &prep4};
+void prep4(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w, float *qs,
+           size_t lds, int8_t *qi, size_t ldi, float *qsc, float *bias) {
+    prep_int(true, q, ldq, rows, ge, gz, w, qs, lds, qi, ldi, qsc, bias);
+}
+void prep8(const float *q, size_t ldq, uint32_t rows, const int8_t *ge, const int16_t *gz, uint32_t w, float *qs,
+           size_t lds, int8_t *qi, size_t ldi, float *qsc, float *bias) {
+    prep_int(false, q, ldq, rows, ge, gz, w, qs, lds, qi, ldi, qsc, bias);
+}
+
+constexpr AttnQ kScalar = {"scalar", &qk_f16, &qk_q8, &qk_q4, &pv_f16, &pv_q8, &pv_q4, &prep, &prep4, &prep8};
 
 }  // namespace
 

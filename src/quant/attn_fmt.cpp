@@ -51,9 +51,9 @@ void fmt_qk(const AttnIn &a, const Run &run, uint32_t j0, uint32_t j1, const flo
                 const int8_t *ge = pool.kge + size_t(b) * f.wkp;
                 const int16_t *gz = pool.kgz + size_t(b) * f.wkp;
                 const uint8_t *k = pool.kq + size_t(s) * f.k_row;
-                if (f.dtype == KVP_DTYPE_Q8) {
-                    Q.prep(x.qg, f.wkp, rows, ge, gz, f.wkp, x.qs, f.wkp, x.bias);
-                    Q.qk_q8(x.qs, f.wkp, rows, x.bias, k, f.k_row, m, f.wkp, c->scale, logits + t, ldl);
+                if (f.dtype == KVP_DTYPE_Q8) {  // integer dot products (kernels/attn_q.h)
+                    Q.prep8(x.qg, f.wkp, rows, ge, gz, f.wkp, x.qs, f.wkp, x.qi, f.wkp, x.qsc, x.bias);
+                    Q.qk_q8(x.qi, f.wkp, rows, x.qsc, x.bias, k, f.k_row, m, f.wkp, c->scale, logits + t, ldl);
                 } else {
                     Q.prep4(x.qg, f.wkp, rows, ge, gz, f.wkp, x.qs, f.wkp, x.qi, f.wkp, x.qsc, x.bias);
                     Q.qk_q4(x.qi, f.wkp, rows, x.qsc, x.bias, k, f.k_row, m, f.wkp, c->scale, logits + t, ldl);

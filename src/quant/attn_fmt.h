@@ -21,7 +21,7 @@ struct FmtIn {
     StagedNew nw;           // this call's staged tokens
     float *qg, *qs, *bias;  // [rows][wkp], [rows][wkp], [rows]
     float *oacc, *zacc;     // [rows][wvp], [rows][v_groups]
-    int8_t *qi;             // q4: [rows][wkp] int8 query (kern::AttnQ::prep4)
+    int8_t *qi;             // q8/q4: [rows][wkp] int8 query (kern::AttnQ::prep8 / prep4)
     float *qsc;             // q4: [rows] its steps
 };
 
