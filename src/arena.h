@@ -135,6 +135,10 @@ struct ArenaPlan {
     // rows are replaced by its layout, its cache-wide region sits at off_fmt, each thread's part
     // at scr_fmt of its scratch.
     size_t off_fmt, scr_fmt;
+    // kv_rotate=hadamard with formatted storage (issue 23): a thread's rotated copies of a staged
+    // prefill chunk's V rows [max_cap][stride] (the caller's V rows are read in place otherwise);
+    // 0 bytes when off.
+    size_t scr_rotv;
     size_t total;
 };
 

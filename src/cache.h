@@ -7,6 +7,7 @@
 
 #include "arena.h"
 #include "kernels/attn_f32.h"
+#include "kernels/rotate_f32.h"
 #include "kernels/score_f32.h"
 #include "kernels/vec_f32.h"
 #include "kvprune/kvprune.h"
@@ -66,6 +67,7 @@ struct kvp_cache {
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
+    const kvp::kern::RotateF32 *rot;  // kv_rotate=hadamard: the rotation (kernels/rotate_f32.h); NULL: none
     char last_error[256];
 };
 
@@ -75,6 +77,12 @@ constexpr uint32_t kMagic = 0x4b565052u;      // "KVPR"
 constexpr uint32_t kDeadMagic = 0x4b564444u;  // "KVDD": set by kvp_destroy
 
 inline bool fixed_scores(const kvp_cache *c) { return c->cfg.score == KVP_SCORE_FIXED; }
+
+// kv_rotate=hadamard (issue 23, docs/rotate.md): rotates n head rows x[j*ld] in place; nothing
+// when off. Stored K (after RoPE) and V, the queries (after RoPE) and the outputs go through it.
+inline void rotate_rows(const kvp_cache *c, float *x, uint32_t n, size_t ld) {
+    if (c->rot) c->rot->hadamard(x, n, ld, c->cfg.model.head_dim);
+}
 
 // A thread's fixed-point scratch (score=fixed; ArenaPlan::fx_*).
 struct FixedWork {

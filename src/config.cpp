@@ -19,6 +19,7 @@ constexpr const char *kScoreNames[] = {"float", "fixed", nullptr};
 constexpr const char *kPoolNames[] = {"avg", "max", nullptr};
 constexpr const char *kLazyModeNames[] = {"prefill", "decode", nullptr};
 constexpr const char *kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
+constexpr const char *kRotateNames[] = {"none", "hadamard", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 // Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
@@ -130,6 +131,8 @@ constexpr Key kKeys[] = {
     KVP_F32(attn_scale, 0.0, 0.0, 1.0, kAll,
             "attention logit scale: logits = q.k * attn_scale (Gemma: 1/sqrt(query_pre_attn_scalar)); 0 = 1/sqrt(head_dim)"),
     KVP_F32(logit_softcap, 0.0, 0.0, 1e6, kAll, "attention logit soft-capping: logits = c * tanh(logits / c) (Gemma 2: 50); 0 = off"),
+    KVP_ENUM(kv_rotate, KVP_ROTATE_NONE, kRotateNames, kAllNames, "none|hadamard", kAll,
+             "rotate stored K (after RoPE) and V by an orthonormal Walsh-Hadamard transform per head, queries and outputs to match (exact in exact arithmetic; for f16/q8/q4 storage); not with policy=think"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -823,6 +826,14 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
     if (c.logit_softcap > 0.0f && c.score == KVP_SCORE_FIXED) {
         m.s("logit_softcap is not implemented for score=fixed (fixed-point scores have no tanh); use score=float");
         return KVP_ERR_UNSUPPORTED;
+    }
+    // issue 23: ThinK prunes key and value channels by their magnitude in the model's basis; the
+    // rotation spreads every channel over all of them, so ThinK's ranking would act on mixtures.
+    if (c.kv_rotate == KVP_ROTATE_HADAMARD && c.policy == KVP_POLICY_THINK) {
+        m.s("kv_rotate=hadamard does not compose with policy=think: ThinK prunes key/value channels by magnitude, "
+            "and the rotation mixes every channel into all of them (docs/rotate.md); use kv_rotate=none with think, "
+            "or a token policy with kv_rotate=hadamard");
+        return KVP_ERR_CONFIG;
     }
     return KVP_OK;
 }
