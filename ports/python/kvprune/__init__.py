@@ -82,6 +82,7 @@ class _Config(ctypes.Structure):
         ("token_policy", _enum), ("quant_group", _u32),
         ("lazy_force", _u32),
         ("max_draft", _u32), ("attn_scale", _f32), ("logit_softcap", _f32),  # issue 21
+        ("kv_rotate", _enum),  # issue 23
     ]
 
 

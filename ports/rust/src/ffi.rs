@@ -123,6 +123,8 @@ pub struct kvp_config {
     pub max_draft: u32,
     pub attn_scale: f32,
     pub logit_softcap: f32,
+    // appended for issue 23: kv_rotate=none (0) | hadamard (1)
+    pub kv_rotate: u32,
 }
 
 #[repr(C)]
