@@ -60,7 +60,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 42u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 43u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -113,7 +113,8 @@ TEST(Keys, TableCoversEveryFieldWithItsDefault) {
 // Which policy uses which key (docs/design.md's semantics, also for policies not implemented yet).
 TEST(Keys, PolicyRelevanceLivesInTheTable) {
     const std::set<std::string> common = {"policy", "capacity", "positions", "threads",
-                                          "kv_dtype", "score",  "block",     "total_capacity", "quant_group", "max_draft", "attn_scale", "logit_softcap"};
+                                          "kv_dtype", "score",  "block",     "total_capacity", "quant_group", "max_draft", "attn_scale", "logit_softcap",
+                                          "kv_rotate"};
     const std::map<kvp_policy, std::set<std::string>> own = {
         {KVP_POLICY_FULL, {}},
         {KVP_POLICY_WINDOW, {"window"}},
