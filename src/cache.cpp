@@ -161,8 +161,8 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
             ap.nw.ldk = c->plan.stride;
             ap.nw.v = v + size_t(h) * m.head_dim;
             ap.nw.ldv = size_t(m.n_kv_heads) * m.head_dim;
-            if (c->rot) {  // kv_rotate: the staged V rows are rotated copies (ArenaPlan::scr_rotv)
-                float *rv = reinterpret_cast<float *>(c->scratch + tid * c->plan.scratch_bytes + c->plan.scr_rotv);
+            if (c->rot) {  // kv_rotate: the staged V rows are rotated copies (cache.h rotv_scratch)
+                float *rv = rotv_scratch(c, tid);
                 for (uint32_t i = 0; i < n; ++i)
                     memcpy(rv + size_t(i) * c->plan.stride, ap.nw.v + i * ap.nw.ldv, m.head_dim * sizeof(float));
                 rotate_rows(c, rv, n, c->plan.stride);
@@ -544,7 +544,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     c->kern = kern::attn_f32_best();
     c->skern = kern::score_f32_best();
     c->vkern = kern::vec_f32_best();
-    c->rot = cfg.kv_rotate == KVP_ROTATE_HADAMARD ? kern::rotate_f32_best() : nullptr;
+    c->rot = cfg.kv_rotate == KVP_ROTATE_HADAMARD ? kern::rotate_f32_best_id() : 0;
 
     double *freqs = reinterpret_cast<double *>(base + plan.off_freqs);
     c->rope.style = m.rope;

@@ -57,6 +57,8 @@ struct kvp_cache {
     int64_t fixed_K;           // score=fixed: logit scale (fixed::logit_scale)
     const int16_t *fixed_rope; // score=fixed: precomputed Q14 tables [fixed_rope_n][2*pairs] (realign)
     uint32_t fixed_rope_n;
+    uint32_t rot;              // kv_rotate=hadamard: the rotation kernel's id (kernels/rotate_f32.h); 0: none
+                               // (an id, not a pointer: it fills padding, kvp_cache keeps its size)
     kvp::ThreadPool *tpool;    // the worker threads (NULL: threads == 1 or no thread support)
     uint64_t par_work;         // work a call needs before a second thread joins (cache.cpp)
     uint32_t par_shift;        // back-off: the threshold is par_work << par_shift (cache.cpp)
@@ -67,7 +69,6 @@ struct kvp_cache {
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
-    const kvp::kern::RotateF32 *rot;  // kv_rotate=hadamard: the rotation (kernels/rotate_f32.h); NULL: none
     char last_error[256];
 };
 
@@ -81,7 +82,13 @@ inline bool fixed_scores(const kvp_cache *c) { return c->cfg.score == KVP_SCORE_
 // kv_rotate=hadamard (issue 23, docs/rotate.md): rotates n head rows x[j*ld] in place; nothing
 // when off. Stored K (after RoPE) and V, the queries (after RoPE) and the outputs go through it.
 inline void rotate_rows(const kvp_cache *c, float *x, uint32_t n, size_t ld) {
-    if (c->rot) c->rot->hadamard(x, n, ld, c->cfg.model.head_dim);
+    if (c->rot) kern::rotate_f32_variant(c->rot)->hadamard(x, n, ld, c->cfg.model.head_dim);
+}
+// kv_rotate with formatted storage: thread tid's rows for the rotated copies of a staged
+// prefill chunk's V (arena.h: after the formatted part of its scratch).
+inline float *rotv_scratch(kvp_cache *c, size_t tid) {
+    return reinterpret_cast<float *>(c->scratch + tid * c->plan.scratch_bytes + c->plan.scr_fmt +
+                                     align_up(c->fmt->fp.scr_bytes, kAlign));
 }
 
 // A thread's fixed-point scratch (score=fixed; ArenaPlan::fx_*).

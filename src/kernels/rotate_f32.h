@@ -37,6 +37,11 @@ const RotateF32 *rotate_f32_avx2();  // nullptr where not compiled in or not sup
 // avx2, else simde; KVP_KERNEL=scalar|simde picks those (as vec_f32_best). Call once at create.
 const RotateF32 *rotate_f32_best();
 
+// The variants by id (kvp_cache stores an id): 1 scalar, 2 simde, 3 avx2 (where available; the
+// id of an unavailable variant gives simde). rotate_f32_best_id: rotate_f32_best's id.
+const RotateF32 *rotate_f32_variant(uint32_t id);
+uint32_t rotate_f32_best_id();
+
 // Internal tables of rotate_f32_simd.inc (no CPU check; use the functions above).
 const RotateF32 *rotate_f32_simde_table();
 const RotateF32 *rotate_f32_avx2_table();

@@ -62,5 +62,18 @@ const RotateF32 *rotate_f32_best() {
     return a ? a : rotate_f32_simde();
 }
 
+const RotateF32 *rotate_f32_variant(uint32_t id) {
+    if (id == 1) return rotate_f32_scalar();
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+    if (id == 3) return rotate_f32_avx2_table();  // only ever the id of a checked CPU (rotate_f32_best_id)
+#endif
+    return rotate_f32_simde();
+}
+
+uint32_t rotate_f32_best_id() {
+    const RotateF32 *b = rotate_f32_best();
+    return b == rotate_f32_scalar() ? 1u : b == rotate_f32_simde() ? 2u : 3u;
+}
+
 }  // namespace kern
 }  // namespace kvp
