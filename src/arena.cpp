@@ -207,6 +207,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     }
     p->scr_fmt = fx;
     p->scratch_bytes = z.add(p->scr_fmt, fp.on ? z.al(fp.scr_bytes) : 0);
+    if (fp.on && cfg.kv_rotate == KVP_ROTATE_HADAMARD)  // rotated staged V rows (arena.h, after scr_fmt)
+        p->scratch_bytes = z.add(p->scratch_bytes, z.al(z.mul(z.mul(max_cap, st), sizeof(float))));
     p->off_scratch = off;
     off = z.add(off, z.mul(p->scratch_bytes, cfg.threads));
     off = z.add(off, z.mul(head_area_plan(*p, cfg.threads, G, z).bytes, H));

@@ -134,6 +134,10 @@ struct ArenaPlan {
     // Formatted storage (quant/store_fmt.h FmtPlan, recomputed by cache_init): the pools' K/V
     // rows are replaced by its layout, its cache-wide region sits at off_fmt, each thread's part
     // at scr_fmt of its scratch.
+    // kv_rotate=hadamard with formatted storage (issue 23) adds, after the formatted part of a
+    // thread's scratch (at scr_fmt + the 64-aligned FmtPlan::scr_bytes: cache.h rotv_scratch),
+    // the rotated copies of a staged prefill chunk's V rows [max_cap][stride] (the caller's V
+    // rows are read in place otherwise). No field: kvp_cache's size stays that of 0.2.
     size_t off_fmt, scr_fmt;
     size_t total;
 };

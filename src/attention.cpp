@@ -24,8 +24,8 @@ void load_rotated(const kvp_cache *c, RopeMemo &memo, int64_t rpos, const float 
                   uint32_t rows, float *dst) {
     const uint32_t hd = c->cfg.model.head_dim, st = c->plan.stride;
     for (uint32_t r = 0; r < rows; ++r) memcpy(dst + size_t(r) * st, src + r * src_ld, hd * sizeof(float));
-    if (c->rope.style == KVP_ROPE_NONE) return;
-    rope_apply(c->rope, rope_table_memo(c->rope, memo, rpos), dst, rows, st);
+    if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rpos), dst, rows, st);
+    rotate_rows(c, dst, rows, st);  // kv_rotate: the keys' basis (after RoPE, as they were stored)
 }
 
 // Rotates the tile's query rows (tq tokens x G heads, token t at q + (i0+t)*tok_stride) for a

@@ -76,6 +76,8 @@ void write_token(kvp_cache *c, BlockPool &pool, uint32_t slot, int64_t orig, int
     memcpy(kr, k, hd * sizeof(float));
     if (vr) memcpy(vr, v, hd * sizeof(float));
     if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rot), kr, 1, c->plan.stride);
+    rotate_rows(c, kr, 1, c->plan.stride);  // kv_rotate: after RoPE
+    if (vr) rotate_rows(c, vr, 1, c->plan.stride);
     pool.pos[slot] = int32_t(orig);
     pool.rot[slot] = int32_t(rot);
     memset(pool.score + slot, 0, sizeof(float));  // 0 as float and as fixed-point bits
@@ -186,6 +188,14 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
             ap.nw.ldk = c->plan.stride;
             ap.nw.v = v + size_t(h) * m.head_dim;
             ap.nw.ldv = size_t(m.n_kv_heads) * m.head_dim;
+            if (c->rot) {  // kv_rotate: the staged V rows are rotated copies (cache.h rotv_scratch)
+                float *rv = rotv_scratch(c, tid);
+                for (uint32_t i = 0; i < n; ++i)
+                    memcpy(rv + size_t(i) * c->plan.stride, ap.nw.v + i * ap.nw.ldv, m.head_dim * sizeof(float));
+                rotate_rows(c, rv, n, c->plan.stride);
+                ap.nw.v = rv;
+                ap.nw.ldv = c->plan.stride;
+            }
         }
     }
     hs.len_after_append = hs.len() + ap.staged;  // what the queries see
@@ -570,6 +580,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     c->kern = kern::attn_f32_best();
     c->skern = kern::score_f32_best();
     c->vkern = kern::vec_f32_best();
+    c->rot = cfg.kv_rotate == KVP_ROTATE_HADAMARD ? kern::rotate_f32_best_id() : 0;
 
     double *freqs = reinterpret_cast<double *>(base + plan.off_freqs);
     c->rope.style = m.rope;
@@ -1039,6 +1050,8 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }
+    // kv_rotate: the outputs come out in the rotated basis of V; the rotation is its own inverse.
+    if (out) rotate_rows(c, out, n * m.n_q_heads, m.head_dim);
     if (mode == StepMode::kDecode) ls.observe_decode = false;  // only the first decode is observed
     if (mode == StepMode::kDecode) {  // heads reduced in fixed order
         float hoyer = 0.0f;

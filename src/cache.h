@@ -7,6 +7,7 @@
 
 #include "arena.h"
 #include "kernels/attn_f32.h"
+#include "kernels/rotate_f32.h"
 #include "kernels/score_f32.h"
 #include "kernels/vec_f32.h"
 #include "kvprune/kvprune.h"
@@ -42,6 +43,8 @@ struct kvp_cache {
     uint32_t group;            // query heads per KV head
     kvp_positions positions;   // ORIGINAL or REALIGN
     float scale;               // 1/sqrt(head_dim)
+    uint32_t rot;              // kv_rotate=hadamard: the rotation kernel's id (kernels/rotate_f32.h); 0: none
+                               // (an id, not a pointer: it fills padding, kvp_cache keeps its size)
     kvp::Rope rope;
     const kvp::kern::AttnF32 *kern;
     const kvp::kern::ScoreF32 *skern;
@@ -56,18 +59,21 @@ struct kvp_cache {
     int64_t fixed_K;           // score=fixed: logit scale (fixed::logit_scale)
     const int16_t *fixed_rope; // score=fixed: precomputed Q14 tables [fixed_rope_n][2*pairs] (realign)
     uint32_t fixed_rope_n;
-    uint32_t rope_fp;          // fingerprint of the caller's RoPE table (rope.h; 0: theta), checked by kvp_state_load
     kvp::ThreadPool *tpool;    // the worker threads (NULL: threads == 1 or no thread support)
     uint64_t par_work;         // work a call needs before a second thread joins (cache.cpp)
     uint32_t par_shift;        // back-off: the threshold is par_work << par_shift (cache.cpp)
     uint32_t par_skips;        // calls run alone since the last back-off or probe
     float par_late;            // running average of the callers' join-wait share of parallel calls
+    uint32_t rope_fp;          // fingerprint of the caller's RoPE table (rope.h; 0: theta), checked by kvp_state_load (fills padding)
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
-    char last_error[256];
+    // sizeof(kvp_cache) is part of every arena size that the committed results and tests pin
+    // (arena.cpp rounds it up to 64 bytes: 1216 now); a new field goes into padding (after
+    // scale, par_late are taken) or costs every pinned figure. 248 keeps the struct at 1216.
+    char last_error[248];
 };
 
 namespace kvp {
@@ -76,6 +82,18 @@ constexpr uint32_t kMagic = 0x4b565052u;      // "KVPR"
 constexpr uint32_t kDeadMagic = 0x4b564444u;  // "KVDD": set by kvp_destroy
 
 inline bool fixed_scores(const kvp_cache *c) { return c->cfg.score == KVP_SCORE_FIXED; }
+
+// kv_rotate=hadamard (issue 23, docs/rotate.md): rotates n head rows x[j*ld] in place; nothing
+// when off. Stored K (after RoPE) and V, the queries (after RoPE) and the outputs go through it.
+inline void rotate_rows(const kvp_cache *c, float *x, uint32_t n, size_t ld) {
+    if (c->rot) kern::rotate_f32_variant(c->rot)->hadamard(x, n, ld, c->cfg.model.head_dim);
+}
+// kv_rotate with formatted storage: thread tid's rows for the rotated copies of a staged
+// prefill chunk's V (arena.h: after the formatted part of its scratch).
+inline float *rotv_scratch(kvp_cache *c, size_t tid) {
+    return reinterpret_cast<float *>(c->scratch + tid * c->plan.scratch_bytes + c->plan.scr_fmt +
+                                     align_up(c->fmt->fp.scr_bytes, kAlign));
+}
 
 // A thread's fixed-point scratch (score=fixed; ArenaPlan::fx_*).
 struct FixedWork {

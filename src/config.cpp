@@ -19,6 +19,7 @@ constexpr const char *kScoreNames[] = {"float", "fixed", nullptr};
 constexpr const char *kPoolNames[] = {"avg", "max", nullptr};
 constexpr const char *kLazyModeNames[] = {"prefill", "decode", nullptr};
 constexpr const char *kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
+constexpr const char *kRotateNames[] = {"none", "hadamard", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 // Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
@@ -136,6 +137,8 @@ constexpr Key kKeys[] = {
             "sliding-window layers: a local layer's query at position p sees keys p-W < pos <= p and the layer holds only those (blocks go back to the pool); 0 = none"),
     KVP_U32(sliding_pattern, 0, 0, kMaxLayers, kAll,
             "with sliding_window: layer l is global (full attention, the policy runs there) iff P > 0 and (l+1) % P == 0, the others local (Gemma 3: 6, Gemma 2: 2); 0 = every layer local (Mistral)"),
+    KVP_ENUM(kv_rotate, KVP_ROTATE_NONE, kRotateNames, kAllNames, "none|hadamard", kAll,
+             "rotate stored K (after RoPE) and V by an orthonormal Walsh-Hadamard transform per head, queries and outputs to match (exact in exact arithmetic; for f16/q8/q4 storage); not with policy=think"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -873,6 +876,14 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
     if (c.logit_softcap > 0.0f && c.score == KVP_SCORE_FIXED) {
         m.s("logit_softcap is not implemented for score=fixed (fixed-point scores have no tanh); use score=float");
         return KVP_ERR_UNSUPPORTED;
+    }
+    // issue 23: ThinK prunes key and value channels by their magnitude in the model's basis; the
+    // rotation spreads every channel over all of them, so ThinK's ranking would act on mixtures.
+    if (c.kv_rotate == KVP_ROTATE_HADAMARD && c.policy == KVP_POLICY_THINK) {
+        m.s("kv_rotate=hadamard does not compose with policy=think: ThinK prunes key/value channels by magnitude, "
+            "and the rotation mixes every channel into all of them (docs/rotate.md); use kv_rotate=none with think, "
+            "or a token policy with kv_rotate=hadamard");
+        return KVP_ERR_CONFIG;
     }
     return KVP_OK;
 }

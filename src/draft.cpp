@@ -79,6 +79,8 @@ void draft_head(DraftJob &j, uint32_t h, size_t tid) {
         memcpy(kr, dl.k + off, hd * sizeof(float));
         memcpy(vr, dl.v + off, hd * sizeof(float));
         if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, c->memos[tid], rot), kr, 1, p.stride);
+        rotate_rows(c, kr, 1, p.stride);  // kv_rotate: as write_token
+        rotate_rows(c, vr, 1, p.stride);
         pool.pos[dslot + d] = dl.pos[d];
         pool.rot[dslot + d] = int32_t(rot);
     }
@@ -184,6 +186,7 @@ void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         if (c->par_work == 0 || work >= double(c->par_work)) nt = c->cfg.threads < m.n_kv_heads ? c->cfg.threads : m.n_kv_heads;
     }
     if (out || decode) pool_run(c->tpool, nt, draft_worker, &j);
+    if (out) rotate_rows(c, out, n * m.n_q_heads, m.head_dim);  // kv_rotate: back from V's basis
 }
 
 kvp_status draft_begin(kvp_cache *c, Msg &m) {

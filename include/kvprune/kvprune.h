@@ -164,6 +164,9 @@ typedef enum { KVP_SCORE_FLOAT = 0, KVP_SCORE_FIXED = 1, KVP_SCORE_FORCE_INT32_ 
 /** Pooling of SnapKV votes (spec key `pool`). */
 typedef enum { KVP_POOL_AVG = 0, KVP_POOL_MAX = 1, KVP_POOL_FORCE_INT32_ = 0x7fffffff } kvp_pool;
 
+/** Rotation of stored K and V (spec key `kv_rotate`, issue 23; docs/rotate.md). */
+typedef enum { KVP_ROTATE_NONE = 0, KVP_ROTATE_HADAMARD = 1, KVP_ROTATE_FORCE_INT32_ = 0x7fffffff } kvp_rotate;
+
 /**
  * Cache configuration. A plain struct: fill it with kvp_config_default(), change
  * fields directly or through kvp_config_apply(). `struct_size` is first so fields can
@@ -252,6 +255,12 @@ typedef struct kvp_config {
     uint32_t sliding_pattern;    /* sliding_pattern=P: with sliding_window, layer l is global (full attention, runs
                                     the policy) iff P > 0 and (l+1) % P == 0, else local (Gemma 3: 6, Gemma 2: 2);
                                     0 (default) = every layer local (Mistral) */
+    /* appended in 0.2 (issue 23): rotated low-bit storage */
+    uint32_t kv_rotate;          /* kv_rotate=none|hadamard (kvp_rotate): hadamard stores K (after RoPE) and V
+                                    rotated by an orthonormal Walsh-Hadamard transform per head and
+                                    rotates queries and outputs to match (q.k and the output are
+                                    unchanged in exact arithmetic; spreads outlier channels before
+                                    f16/q8/q4 rounding); default none. Not with policy=think. */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */

@@ -85,6 +85,7 @@ class _Config(ctypes.Structure):
         ("max_draft", _u32), ("attn_scale", _f32), ("logit_softcap", _f32),  # issue 21
         ("rope_attn_factor", _f32),  # issue 21: RoPE frequencies from the caller
         ("sliding_window", _u32), ("sliding_pattern", _u32),  # issue 21 item 5
+        ("kv_rotate", _enum),  # issue 23
     ]
 
 

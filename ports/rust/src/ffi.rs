@@ -127,6 +127,8 @@ pub struct kvp_config {
     pub rope_attn_factor: f32,
     pub sliding_window: u32,
     pub sliding_pattern: u32,
+    // appended for issue 23: kv_rotate=none (0) | hadamard (1)
+    pub kv_rotate: u32,
 }
 
 #[repr(C)]
