@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "kernels/attn_q.h"
+#include "io.h"
 #include "kvprune/kvprune.h"
 #include "pool.h"
 #include "quant/format.h"
@@ -73,7 +74,7 @@ struct FmtPlan {
     size_t bytes, o_stores, o_pools, o_side, o_kidx, o_vidx;
     // One thread's scratch (offsets from its base): staging K rows, gathered / scaled queries,
     // value accumulator, ThinK's selection buffers.
-    size_t scr_bytes, s_stage, s_qg, s_qs, s_bias, s_oacc, s_zacc, s_qi, s_qsc, s_think;
+    size_t scr_bytes, s_stage, s_stage_v, s_qg, s_qs, s_bias, s_oacc, s_zacc, s_qi, s_qsc, s_think;
 };
 
 // Cache-wide state of formatted storage (in the arena; kvp_cache::fx).
@@ -135,8 +136,8 @@ struct StepObs {
     Run *runs;                // the thread's run buffer
     bool realign;
     char *scratch;            // the thread's formatted-storage scratch (FmtPlan::scr_bytes)
-    const float *q;           // this head's query rows (token i at q + i*tok_stride), NULL: none
-    float *out;               // this head's attention output rows (same layout), NULL: none
+    In q;                     // this head's query rows (token i at q + i*tok_stride), NULL: none
+    float *out;               // this head's attention output rows (same layout), NULL: none (or not f32)
     size_t tok_stride;
     uint32_t n;               // tokens of the call
     const QueryPos *qp;
