@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "io.h"
 #include "kvprune/kvprune.h"
 #include "reference.h"
 
@@ -81,6 +82,43 @@ TEST(Half, OwnConversionsRoundTrip) {
     EXPECT_EQ(ref_to_f16(1.0f + 3.0f / 2048), 0x3c02);
     EXPECT_EQ(ref_to_f16(65519.0f), 0x7bff);
     EXPECT_EQ(ref_to_f16(65520.0f), 0x7c00);
+}
+
+// The library's conversions (io.h: the scalar code, and io_load / io_store, which use F16C where
+// the CPU has it) against the test's, on every half value and on floats of every binade
+// (ties, subnormal results, overflow).
+TEST(Half, LibraryConversions) {
+    std::vector<uint16_t> all(0x10000);
+    for (uint32_t h = 0; h < 0x10000; ++h) all[h] = uint16_t(h);
+    std::vector<float> wf(all.size()), wb(all.size());
+    kvp::io_load(wf.data(), all.data(), kvp::kIoF16, all.size());
+    kvp::io_load(wb.data(), all.data(), kvp::kIoBF16, all.size());
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+        if ((h & 0x7c00) != 0x7c00) {
+            ASSERT_EQ(kvp::f16_to_f32(uint16_t(h)), ref_from_f16(uint16_t(h))) << std::hex << h;
+            ASSERT_EQ(wf[h], ref_from_f16(uint16_t(h))) << std::hex << h;
+        }
+        if ((h & 0x7f80) != 0x7f80) {
+            ASSERT_EQ(wb[h], kvp::bf16_to_f32(uint16_t(h))) << std::hex << h;
+        }
+    }
+    ref::Rng g(3);
+    std::vector<float> x(1 << 16);
+    for (size_t i = 0; i < x.size(); ++i) {
+        const int e = int(g.next() % 50) - 30;  // 2^-30 .. 2^19
+        float f = std::ldexp(g.uniform(1.0f, 2.0f), e);
+        if (i % 7 == 0) f = std::ldexp(float(g.next() % 4096) + 0.5f, e - 12);  // ties at many scales
+        x[i] = (g.next() & 1) ? -f : f;
+    }
+    std::vector<uint16_t> hf(x.size()), hb(x.size());
+    kvp::io_store(hf.data(), kvp::kIoF16, x.data(), x.size());
+    kvp::io_store(hb.data(), kvp::kIoBF16, x.data(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        ASSERT_EQ(kvp::f32_to_f16(x[i]), ref_to_f16(x[i])) << x[i];
+        ASSERT_EQ(hf[i], ref_to_f16(x[i])) << x[i];
+        ASSERT_EQ(kvp::f32_to_bf16(x[i]), ref_to_bf16(x[i])) << x[i];
+        ASSERT_EQ(hb[i], ref_to_bf16(x[i])) << x[i];
+    }
 }
 
 // ---- twins ----
