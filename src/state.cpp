@@ -18,10 +18,10 @@ namespace {
 
 // ---- bulk paths (the same bytes and checksum as the plain loops; DECISIONS.md "State bandwidth") ----
 
-// Pieces at least this long are copied with non-temporal stores: a state of hundreds of MB does not
+// Pieces at least this long (a q8 block of rows is about 2 KiB) are copied with non-temporal stores: a state of hundreds of MB does not
 // fit any cache, and streaming stores skip the read-for-ownership of every destination line (what
 // memcpy does for copies this large), so a save or load moves each byte once each way.
-constexpr size_t kStreamBytes = 4096;
+constexpr size_t kStreamBytes = 1024;
 
 #if KVP_STATE_X86
 bool cpu_avx512dq() {
@@ -36,10 +36,12 @@ bool cpu_avx512dq() {
 #endif
 }
 
-// dst[0..n) = src[0..n) with 16-byte streaming stores once dst is 16-byte aligned (SSE2: every
-// x86-64); the caller fences (stream_fence) before anything else reads dst.
+// dst[0..n) = src[0..n): the whole 64-byte lines of dst with 16-byte streaming stores (SSE2: every
+// x86-64), the partial lines at either end with ordinary stores (a line half written by streaming
+// stores is flushed as a partial write: slow); the caller fences (stream_fence) before anything
+// else reads dst.
 void stream_copy(uint8_t *dst, const uint8_t *src, size_t n) {
-    const size_t head = (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15;
+    const size_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
     if (head >= n) {
         memcpy(dst, src, n);
         return;
