@@ -14,14 +14,22 @@ namespace {
 #if KVP_IO_F16C
 // F16C and AVX2 (CPUID.1:ECX bits 29 and 28, leaf 7 EBX bit 5): the hardware conversions, which
 // round to nearest even as f32_to_f16 does and widen exactly (the same bits as the scalar code).
+// Detected once per process: 0 not yet, 1 no, 2 yes (a race only repeats the detection; no
+// function-local static, whose guard would pull in the C++ runtime).
+int g_f16c = 0;
 bool has_f16c() {
-    static const bool yes = [] {
+    int v = __atomic_load_n(&g_f16c, __ATOMIC_RELAXED);
+    if (!v) {
         unsigned a = 0, b = 0, c = 0, d = 0;
-        if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 29)) || !(c & (1u << 28))) return false;
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx2") != 0;
-    }();
-    return yes;
+        bool yes = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && (c & (1u << 28));
+        if (yes) {
+            __builtin_cpu_init();
+            yes = __builtin_cpu_supports("avx2") != 0;
+        }
+        v = yes ? 2 : 1;
+        __atomic_store_n(&g_f16c, v, __ATOMIC_RELAXED);
+    }
+    return v == 2;
 }
 
 __attribute__((target("avx2,f16c"))) void load_f16c(float *dst, const uint16_t *s, size_t n) {

@@ -24,13 +24,18 @@ namespace {
 constexpr size_t kStreamBytes = 1024;
 
 #if KVP_STATE_X86
+#if defined(KVP_HAVE_AVX512)
+int g_avx512dq = 0;  // 0 not yet, 1 no, 2 yes (no function-local static: its guard is C++ runtime)
+#endif
 bool cpu_avx512dq() {
 #if defined(KVP_HAVE_AVX512)
-    static const bool yes = [] {
+    int v = __atomic_load_n(&g_avx512dq, __ATOMIC_RELAXED);
+    if (!v) {
         __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-    }();
-    return yes;
+        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? 2 : 1;
+        __atomic_store_n(&g_avx512dq, v, __ATOMIC_RELAXED);
+    }
+    return v == 2;
 #else
     return false;
 #endif
