@@ -220,6 +220,16 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
         return KVP_ERR_ARG;
     }
     const size_t nq = size_t(nq64), nkv = size_t(nkv64);
+    // Formatted stores keep a prefill/append chunk's V rows in the caller's array until they convert;
+    // half rows are widened into the chunk's staging rows after its K rows, which hold max_cap rows
+    // in all (prompt staging, a prefill with q under snapkv/pyramidkv/asl, uses other rows).
+    const bool fmt_chunk = c->fmt && !(prefill && q && c->layers[layer].geom.lp.staged_prefill) && !kvp::draft_open(c);
+    if (dt != kvp::kIoF32 && fmt_chunk && n > 1 && uint64_t(n) * 2 > c->plan.max_cap) {
+        m.s("a half-precision chunk of ").u(n).s(" tokens exceeds ").u(c->plan.max_cap / 2)
+            .s(" (half the largest layer capacity) under kv_dtype!=f32 or ThinK: their V rows are widened into the "
+               "chunk's staging area; chunk the call");
+        return KVP_ERR_FULL;
+    }
     if (out && (overlaps(out, nq * es, q, nq * es) || overlaps(out, nq * es, k, nkv * es) ||
                 overlaps(out, nq * es, v, nkv * es) ||
                 overlaps(out, nq * es, positions, positions ? size_t(n) * sizeof(int32_t) : 0))) {

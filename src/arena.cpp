@@ -182,8 +182,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));
     p->scr_part = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
     p->scr_priv = z.add(p->scr_part, z.al(z.mul(z.mul(p->max_chunks, p->part_floats), sizeof(float))));
-    // priv: the decode query rows [G][st], then [G][st] for a half call's output rows (io.h)
-    p->scr_policy = z.add(p->scr_priv, z.al(z.mul(z.al16(z.mul(z.mul(2, G), st)), sizeof(float))));
+    p->scr_policy = z.add(p->scr_priv, z.al(z.mul(z.al16(z.mul(G, st)), sizeof(float))));
     size_t fx = z.add(p->scr_policy, z.al(pol_scratch));
     p->fx_qx = p->fx_qr = p->fx_qe = p->fx_z = p->fx_cs = p->fx_y = p->fx_obs = 0;
     if (fixed) {

@@ -60,8 +60,15 @@ void fixed_load_queries(const kvp_cache *c, const FixedWork &w, In q, float *row
     }
 }
 
-// The second half of AttnIn::priv (arena.cpp scr_priv): a half call's output rows, a query row.
-float *priv_half(const AttnIn &a) { return a.priv + size_t(a.c->group) * a.c->plan.stride; }
+// One row of head_dim floats in AvnIn::priv ([G][stride] floats) after decode_finish's 2G floats
+// (inv, wv; with G = 1 they are locals there and the row starts at 0): a half call's output row,
+// or a half query row before its fixed-point quantization. It fits: with G >= 2,
+// G*stride - head_dim >= (G-1)*16 >= align16(2G). Free once the query rows are dead (decode_finish),
+// and in prefill observation (priv is decode-only).
+float *priv_stage(const AttnIn &a) {
+    const size_t G = a.c->group;
+    return a.priv + (G == 1 ? 0 : align_up(2 * G, kR16));
+}
 
 // score=fixed: rotates the quantized query rows to position p into w.qr.
 void fixed_rotate_queries(const kvp_cache *c, const FixedWork &w, int64_t p) {
@@ -93,7 +100,7 @@ void fixed_decode_scores(const AttnIn &a, In q, int64_t qpos) {
     const FixedWork &w = *a.fx;
     const uint32_t G = c->group;
     const size_t ld = c->plan.logit_ld;
-    fixed_load_queries(c, w, q, priv_half(a));
+    fixed_load_queries(c, w, q, priv_stage(a));
     int64_t cur = INT64_MIN;
     for (uint32_t r = 0; r < a.nr; ++r) {
         const Run &run = a.runs[r];
@@ -181,10 +188,11 @@ float decode_finish(const AttnIn &a, In q, int64_t qpos, Out out, bool scores) {
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride, L = a.L;
     const size_t ld = c->plan.logit_ld, pf = c->plan.part_floats, ooff = align_up(3 * size_t(G), kR16);
     const uint32_t nch = decode_chunks(a);
-    float *inv = a.priv, *wv = a.priv + G;  // the query rows are no longer needed
-    // f32 outputs are merged in place; a half call's rows go through priv's second half and are
-    // rounded as they are written
-    float *of = out.f32() ? out.f32() : priv_half(a);
+    float loc[2];  // G = 1: inv and wv here, priv_stage is priv itself
+    float *inv = G == 1 ? loc : a.priv, *wv = G == 1 ? loc + 1 : a.priv + G;  // the query rows are no longer needed
+    // f32 outputs are merged in place; a half call's row is merged into priv_stage and rounded as
+    // it is written
+    float *of = out.f32();
     float hoyer = 0.0f;
     const double rl = sqrt(double(L));
     for (uint32_t g = 0; g < G; ++g) {
@@ -202,7 +210,13 @@ float decode_finish(const AttnIn &a, In q, int64_t qpos, Out out, bool scores) {
         inv[g] = 1.0f / sum;
         const float ig = inv[g];
         // out = (sum_c w_c o_c) * inv, in chunk order (with one chunk w = 1: o_0 * inv)
-        K.merge(a.part + ooff + size_t(g) * st, pf, a.part + g, pf, nch, ig, hd, of + size_t(g) * hd);
+        if (of) {
+            K.merge(a.part + ooff + size_t(g) * st, pf, a.part + g, pf, nch, ig, hd, of + size_t(g) * hd);
+        } else {
+            float *row = priv_stage(a);
+            K.merge(a.part + ooff + size_t(g) * st, pf, a.part + g, pf, nch, ig, hd, row);
+            (out + size_t(g) * hd).store(row, hd);
+        }
         if (L > 1) {
             const double l2 = sqrt(sq) * double(ig);  // |p|_2, |p|_1 = 1
             double h = l2 > 0 ? (rl - 1.0 / l2) / (rl - 1.0) : 0.0;
@@ -210,7 +224,6 @@ float decode_finish(const AttnIn &a, In q, int64_t qpos, Out out, bool scores) {
             hoyer += float(h);
         }
     }
-    if (!out.f32()) out.store(of, size_t(G) * hd);
     if (scores && a.fx) {
         fixed_decode_scores(a, q, qpos);
     } else if (scores) {
@@ -387,7 +400,7 @@ const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPo
     for (uint32_t g = 0; g < G; ++g) memset(fw.obs + g * ld, 0, size_t(L) * sizeof(uint32_t));
     for (uint32_t t = n - w; t < n; ++t) {
         const uint32_t vis = L0 + t + 1;  // causal: keys 0..L0+t
-        fixed_load_queries(c, fw, q + t * tok_stride, priv_half(a));
+        fixed_load_queries(c, fw, q + t * tok_stride, priv_stage(a));
         int64_t cur = INT64_MIN;
         for (uint32_t r = 0; r < a.nr && a.runs[r].logical < vis; ++r) {
             const Run &run = a.runs[r];

@@ -41,8 +41,8 @@ struct AttnIn {
     float *work;       // attention scratch (ArenaPlan::scr_work): prefill tiles (the running
                        // thread's), decode logits [G][logit_ld] (the head's)
     float *part;       // decode partials, ArenaPlan::part_floats per chunk (the head's)
-    float *priv;       // decode query rows [G][stride], then [G][stride] for a half call's output rows and
-                       // a score=fixed query row (io.h) (the running thread's)
+    float *priv;       // decode query rows [G][stride] (the running thread's); once they are dead, also
+                       // a half call's output row or score=fixed query row (attention.cpp priv_stage)
     const FixedWork *fx = nullptr;  // score=fixed: the running thread's fixed-point scratch, else NULL
     const FmtIn *fmt = nullptr;     // formatted store (quant/attn_fmt.h); NULL: plain f32 rows.
                                     // Its scratch is the running thread's: a formatted store's

@@ -149,8 +149,10 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
         // (in the running thread's scratch: such a step stays on one thread).
         const FmtPlan *fp = c->fmt ? &c->fmt->fp : nullptr;
         float *stage = fp && fmt_stage ? reinterpret_cast<float *>(scratch_of(c, tid).fmt + fp->s_stage) : nullptr;
-        // the V rows stay in the caller's array, or, half, are widened into the V staging rows here
-        float *stage_v = stage && !v.f32() ? reinterpret_cast<float *>(scratch_of(c, tid).fmt + fp->s_stage_v) : nullptr;
+        // The V rows stay in the caller's array, or, half, are widened here into the staging rows
+        // after the chunk's K rows (the staging area holds max_cap rows: the C API refuses a half
+        // chunk of more than max_cap / 2 tokens, io_stage_limit).
+        float *stage_v = stage && !v.f32() ? stage + size_t(n) * c->plan.stride : nullptr;
         for (uint32_t i = 0; i < n; ++i) {
             const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
             if (stage_v) (v + kv_off).load(stage_v + size_t(i) * c->plan.stride, m.head_dim);

@@ -189,9 +189,6 @@ bool fmt_plan(const kvp_config &cfg, uint32_t stride, uint32_t block, uint32_t n
     fp->s_qi = z.add(fp->s_zacc, z.al(z.mul(z.mul(tile_rows, f.v_groups), sizeof(float))));
     fp->s_qsc = z.add(fp->s_qi, z.al(z.mul(tile_rows, f.wkp)));
     fp->s_think = z.add(fp->s_qsc, z.al(z.mul(tile_rows, sizeof(float))));
-    // a half call's V rows of a prefill/append chunk, widened (the f32 call reads the caller's)
-    fp->s_stage_v = fp->s_think;
-    fp->s_think = z.add(fp->s_stage_v, z.al(z.mul(z.mul(max_cap, stride), sizeof(float))));
     size_t think = 0;
     if (lists) {
         fp->obs_rows = cfg.obs_window < max_cap ? cfg.obs_window : max_cap;

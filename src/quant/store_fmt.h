@@ -74,7 +74,7 @@ struct FmtPlan {
     size_t bytes, o_stores, o_pools, o_side, o_kidx, o_vidx;
     // One thread's scratch (offsets from its base): staging K rows, gathered / scaled queries,
     // value accumulator, ThinK's selection buffers.
-    size_t scr_bytes, s_stage, s_stage_v, s_qg, s_qs, s_bias, s_oacc, s_zacc, s_qi, s_qsc, s_think;
+    size_t scr_bytes, s_stage, s_qg, s_qs, s_bias, s_oacc, s_zacc, s_qi, s_qsc, s_think;
 };
 
 // Cache-wide state of formatted storage (in the arena; kvp_cache::fx).
