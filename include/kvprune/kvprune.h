@@ -620,7 +620,10 @@ typedef enum {
  * Input range as kvp_prefill: a binary16 Inf or NaN, a bfloat16 Inf or NaN or |x| >= 2^56 is
  * KVP_ERR_NONFINITE (the message names the element and its value). out must not overlap q, k, v
  * or positions (byte ranges of `dtype` elements). Errors as kvp_prefill, and KVP_ERR_ARG for a
- * dtype that is not a kvp_io_dtype. On failure the cache is unchanged.
+ * dtype that is not a kvp_io_dtype; with kv_dtype != f32 or ThinK (formatted storage) a half chunk
+ * of more than half the largest layer capacity is KVP_ERR_FULL (its V rows are widened into the
+ * chunk's staging rows; kvp_prefill_room does not count this: chunk the call). On failure the
+ * cache is unchanged.
  */
 kvp_status kvp_prefill_ex(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                           kvp_io_dtype dtype, const void *q, const void *k, const void *v, void *out,
@@ -637,8 +640,9 @@ kvp_status kvp_decode_ex(kvp_cache *c, uint32_t layer, kvp_io_dtype dtype, const
 
 /**
  * kvp_append with k and v of element type `dtype`, widened to float32 as they are stored (the
- * state of kvp_append on the widened inputs). Errors as kvp_append, and KVP_ERR_ARG for a dtype
- * that is not a kvp_io_dtype. On failure the cache is unchanged.
+ * state of kvp_append on the widened inputs). Errors as kvp_append, KVP_ERR_ARG for a dtype that
+ * is not a kvp_io_dtype, and KVP_ERR_FULL for a half chunk beyond half the largest layer capacity
+ * under formatted storage (as kvp_prefill_ex). On failure the cache is unchanged.
  */
 kvp_status kvp_append_ex(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                          kvp_io_dtype dtype, const void *k, const void *v);
