@@ -9,6 +9,7 @@
 #include "cache.h"
 #include "config.h"
 #include "draft.h"
+#include "io.h"
 #include "state.h"
 #include "kvprune/kvprune.h"
 #include "msg.h"
@@ -153,13 +154,23 @@ static_assert(KVP_INPUT_LIMIT == 72057594037927936.0, "KVP_INPUT_LIMIT is 2^56")
 
 static_assert(kInputLimitBits == kvp::kern::kOutOfRangeBits, "the scan kernel's limit");
 
-kvp_status check_finite(const kvp_cache *c, const char *name, const float *x, size_t n, Msg &m) {
-    const size_t i = c->vkern->first_out_of_range(x, n);  // SIMD scan (kernels/vec_f32.h)
+kvp_status check_finite(const kvp_cache *c, const char *name, kvp::In in, size_t n, Msg &m) {
+    // SIMD scan (kernels/vec_f32.h); half rows: io.h (f16: Inf/NaN; bf16: as f32, its range)
+    const size_t i = in.f32() ? c->vkern->first_out_of_range(in.f32(), n) : kvp::io_first_out_of_range(in.p, in.dt, n);
     if (i == n) return KVP_OK;
-    m.s(name).s("[").u(i).s("]=").f(double(x[i]));
-    if (x[i] != x[i] || x[i] - x[i] != 0.0f) m.s(" is NaN or Inf");
+    float x;
+    (in + i).load(&x, 1);
+    m.s(name).s("[").u(i).s("]=").f(double(x));
+    if (x != x || x - x != 0.0f) m.s(" is NaN or Inf");
     else m.s(" is out of range: |x| must be < KVP_INPUT_LIMIT = 2^56 (attention could overflow)");
     return KVP_ERR_NONFINITE;
+}
+
+// A kvp_io_dtype the library knows; else a message.
+bool io_dtype_ok(kvp_io_dtype dt, Msg &m) {
+    if (dt == KVP_IO_F32 || dt == KVP_IO_F16 || dt == KVP_IO_BF16) return true;
+    m.s("dtype=").i(int64_t(dt)).s(" is not a kvp_io_dtype (KVP_IO_F32=0, KVP_IO_F16=1, KVP_IO_BF16=2)");
+    return false;
 }
 
 // Byte ranges [a, a+an) and [b, b+bn) overlap (addresses compared as integers).
@@ -172,8 +183,8 @@ bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
 // Shared validation of the token-adding calls. q == NULL skips the query checks; out (may be
 // NULL) must not overlap the inputs; `prefill`: a kvp_prefill call (with q, staged policies take
 // the chunk through their staging area).
-kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions,
-                        const float *q, const float *k, const float *v, const float *out, bool prefill, Msg &m) {
+kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, uint32_t dt,
+                        const void *q, const void *k, const void *v, const void *out, bool prefill, Msg &m) {
     const kvp_model &md = c->cfg.model;
     if (layer >= md.n_layers) {
         m.s("layer ").u(layer).s(" out of range (n_layers=").u(md.n_layers).s(")");
@@ -184,7 +195,7 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     // The room first: a chunk that cannot fit is refused before any of the caller's n tokens of
     // positions, q, k or v are read (n may be far larger than the buffers, e.g. 0x7fffffff). With a
     // draft open the room is the draft area's and the commit's (draft.h).
-    kvp_status st = kvp::draft_open(c) ? kvp::draft_check(c, layer, n, q, m)
+    kvp_status st = kvp::draft_open(c) ? kvp::draft_check(c, layer, n, q != nullptr, m)
                                        : kvp::cache_room_check(c, layer, n, prefill && q, m);  // q: read (see kvp_prefill)
     if (st != KVP_OK) return st;
     const int64_t next = kvp::draft_next_pos(c, layer);  // draft tokens included (draft.h)
@@ -203,21 +214,31 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     // Sizes of the caller's arrays: in 64 bits (n * heads * head_dim < 2^52), then they must fit
     // this platform's size_t (32-bit targets) before any pointer arithmetic uses them.
     const uint64_t nq64 = uint64_t(n) * md.n_q_heads * md.head_dim, nkv64 = uint64_t(n) * md.n_kv_heads * md.head_dim;
+    const size_t es = kvp::io_size(dt);  // element bytes (kvp_io_dtype)
     if (nq64 > SIZE_MAX / sizeof(float)) {
-        m.s("n_tokens=").u(n).s(": q and out would need ").u(nq64 * sizeof(float)).s(" bytes, beyond this platform's address space");
+        m.s("n_tokens=").u(n).s(": q and out would need ").u(nq64 * es).s(" bytes, beyond this platform's address space");
         return KVP_ERR_ARG;
     }
     const size_t nq = size_t(nq64), nkv = size_t(nkv64);
-    if (out && (overlaps(out, nq * sizeof(float), q, nq * sizeof(float)) ||
-                overlaps(out, nq * sizeof(float), k, nkv * sizeof(float)) ||
-                overlaps(out, nq * sizeof(float), v, nkv * sizeof(float)) ||
-                overlaps(out, nq * sizeof(float), positions, positions ? size_t(n) * sizeof(int32_t) : 0))) {
+    // Formatted stores keep a prefill/append chunk's V rows in the caller's array until they convert;
+    // half rows are widened into the chunk's staging rows after its K rows, which hold max_cap rows
+    // in all (prompt staging, a prefill with q under snapkv/pyramidkv/asl, uses other rows).
+    const bool fmt_chunk = c->fmt && !(prefill && q && c->layers[layer].geom.lp.staged_prefill) && !kvp::draft_open(c);
+    if (dt != kvp::kIoF32 && fmt_chunk && n > 1 && uint64_t(n) * 2 > c->plan.max_cap) {
+        m.s("a half-precision chunk of ").u(n).s(" tokens exceeds ").u(c->plan.max_cap / 2)
+            .s(" (half the largest layer capacity) under kv_dtype!=f32 or ThinK: their V rows are widened into the "
+               "chunk's staging area; chunk the call");
+        return KVP_ERR_FULL;
+    }
+    if (out && (overlaps(out, nq * es, q, nq * es) || overlaps(out, nq * es, k, nkv * es) ||
+                overlaps(out, nq * es, v, nkv * es) ||
+                overlaps(out, nq * es, positions, positions ? size_t(n) * sizeof(int32_t) : 0))) {
         m.s("out overlaps q, k, v or positions: outputs are written while the inputs are still read (use a separate buffer)");
         return KVP_ERR_ARG;
     }
-    if (q && (st = check_finite(c, "q", q, nq, m)) != KVP_OK) return st;
-    if ((st = check_finite(c, "k", k, nkv, m)) != KVP_OK) return st;
-    if ((st = check_finite(c, "v", v, nkv, m)) != KVP_OK) return st;
+    if (q && (st = check_finite(c, "q", kvp::In(q, dt), nq, m)) != KVP_OK) return st;
+    if ((st = check_finite(c, "k", kvp::In(k, dt), nkv, m)) != KVP_OK) return st;
+    if ((st = check_finite(c, "v", kvp::In(v, dt), nkv, m)) != KVP_OK) return st;
     return KVP_OK;
 }
 
@@ -399,13 +420,20 @@ kvp_status kvp_reset(kvp_cache *h) {
     return KVP_OK;
 }
 
-kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
-                       const float *q, const float *k, const float *v, float *out, kvp_selection *sel) {
+}  // extern "C"
+
+namespace {
+
+// kvp_prefill / kvp_prefill_ex: q, k, v and out are rows of type dt (checked).
+kvp_status prefill_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions, kvp_io_dtype dtype,
+                        const void *q, const void *k, const void *v, void *out, kvp_selection *sel) {
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
     char buf[256];
     Msg m(buf, sizeof buf);
+    if (!io_dtype_ok(dtype, m)) return fail(c, KVP_ERR_ARG, m);
+    const uint32_t dt = uint32_t(dtype);
     if (out && !q) { m.s("q must not be NULL when out is given"); return fail(c, KVP_ERR_ARG, m); }
     if (sel && (!kvp::struct_size_ok(sel->struct_size, kSelectionFirstSize, sizeof(kvp_selection)) || (sel->capacity && !sel->indices))) {
         m.s("sel: struct_size must be sizeof(kvp_selection) and indices non-NULL when capacity > 0");
@@ -415,11 +443,13 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
                                                                           c->layers[layer].geom.lp.obs_extra ||
                                                                           c->layers[layer].geom.lp.staged_prefill)));
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, kvp::draft_open(c) || reads_q ? q : nullptr, k, v, out, true, m);
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, dt, kvp::draft_open(c) || reads_q ? q : nullptr, k, v, out, true, m);
     if (st != KVP_OK) return fail(c, st, m);
+    const kvp::In qi(q, dt), ki(k, dt), vi(v, dt);
+    const kvp::Out oi(out, dt);
     if (kvp::draft_open(c)) {  // a draft call: appends and attends only (draft.h)
         if (sel) { sel->n = 0; sel->selected = 0; }
-        kvp::draft_step(c, layer, n_tokens, positions, q, k, v, out, false);
+        kvp::draft_step(c, layer, n_tokens, positions, qi, ki, vi, oi, false);
         return KVP_OK;
     }
     // A call that may make a selection (asl) needs room for it before anything changes.
@@ -433,7 +463,7 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
         else m.s(" (sel is NULL)");
         return fail(c, KVP_ERR_BUFFER, m);
     }
-    kvp::cache_step(c, layer, n_tokens, positions, q, k, v, out, kvp::StepMode::kPrefill);
+    kvp::cache_step(c, layer, n_tokens, positions, qi, ki, vi, oi, kvp::StepMode::kPrefill);
     if (sel) {
         sel->n = 0;
         sel->selected = 0;
@@ -448,36 +478,78 @@ kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     return KVP_OK;
 }
 
-kvp_status kvp_decode(kvp_cache *h, uint32_t layer, const float *q, const float *k, const float *v,
-                      float *out) {
+kvp_status decode_impl(kvp_cache *h, uint32_t layer, kvp_io_dtype dtype, const void *q, const void *k, const void *v,
+                       void *out) {
     Guard g(h);
     if (!g.ok()) return g.status();
     kvp_cache *c = g.get();
     char buf[256];
     Msg m(buf, sizeof buf);
+    if (!io_dtype_ok(dtype, m)) return fail(c, KVP_ERR_ARG, m);
+    const uint32_t dt = uint32_t(dtype);
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
-    kvp_status st = check_tokens(c, layer, 1, nullptr, q, k, v, out, false, m);
+    kvp_status st = check_tokens(c, layer, 1, nullptr, dt, q, k, v, out, false, m);
     if (st != KVP_OK) return fail(c, st, m);
+    const kvp::In qi(q, dt), ki(k, dt), vi(v, dt);
+    const kvp::Out oi(out, dt);
     if (kvp::draft_open(c)) {  // draft.h
-        kvp::draft_step(c, layer, 1, nullptr, q, k, v, out, true);
+        kvp::draft_step(c, layer, 1, nullptr, qi, ki, vi, oi, true);
         return KVP_OK;
     }
-    kvp::cache_step(c, layer, 1, nullptr, q, k, v, out, kvp::StepMode::kDecode);
+    kvp::cache_step(c, layer, 1, nullptr, qi, ki, vi, oi, kvp::StepMode::kDecode);
     return KVP_OK;
+}
+
+kvp_status append_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions, kvp_io_dtype dtype,
+                       const void *k, const void *v) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    kvp_cache *c = g.get();
+    char buf[256];
+    Msg m(buf, sizeof buf);
+    if (!io_dtype_ok(dtype, m)) return fail(c, KVP_ERR_ARG, m);
+    const uint32_t dt = uint32_t(dtype);
+    if (kvp::draft_open(c)) { m.s("a draft is open: kvp_append is refused until kvp_draft_commit (draft with kvp_prefill)"); return fail(c, KVP_ERR_STATE, m); }
+    kvp_status st = check_tokens(c, layer, n_tokens, positions, dt, nullptr, k, v, nullptr, false, m);
+    if (st != KVP_OK) return fail(c, st, m);
+    kvp::cache_step(c, layer, n_tokens, positions, kvp::In(), kvp::In(k, dt), kvp::In(v, dt), kvp::Out(),
+                    kvp::StepMode::kAppend);
+    return KVP_OK;
+}
+
+}  // namespace
+
+extern "C" {
+
+kvp_status kvp_prefill(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+                       const float *q, const float *k, const float *v, float *out, kvp_selection *sel) {
+    return prefill_impl(h, layer, n_tokens, positions, KVP_IO_F32, q, k, v, out, sel);
+}
+
+kvp_status kvp_prefill_ex(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+                          kvp_io_dtype dtype, const void *q, const void *k, const void *v, void *out,
+                          kvp_selection *sel) {
+    return prefill_impl(h, layer, n_tokens, positions, dtype, q, k, v, out, sel);
+}
+
+kvp_status kvp_decode(kvp_cache *h, uint32_t layer, const float *q, const float *k, const float *v,
+                      float *out) {
+    return decode_impl(h, layer, KVP_IO_F32, q, k, v, out);
+}
+
+kvp_status kvp_decode_ex(kvp_cache *h, uint32_t layer, kvp_io_dtype dtype, const void *q, const void *k,
+                         const void *v, void *out) {
+    return decode_impl(h, layer, dtype, q, k, v, out);
 }
 
 kvp_status kvp_append(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                       const float *k, const float *v) {
-    Guard g(h);
-    if (!g.ok()) return g.status();
-    kvp_cache *c = g.get();
-    char buf[256];
-    Msg m(buf, sizeof buf);
-    if (kvp::draft_open(c)) { m.s("a draft is open: kvp_append is refused until kvp_draft_commit (draft with kvp_prefill)"); return fail(c, KVP_ERR_STATE, m); }
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, nullptr, k, v, nullptr, false, m);
-    if (st != KVP_OK) return fail(c, st, m);
-    kvp::cache_step(c, layer, n_tokens, positions, nullptr, k, v, nullptr, kvp::StepMode::kAppend);
-    return KVP_OK;
+    return append_impl(h, layer, n_tokens, positions, KVP_IO_F32, k, v);
+}
+
+kvp_status kvp_append_ex(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+                         kvp_io_dtype dtype, const void *k, const void *v) {
+    return append_impl(h, layer, n_tokens, positions, dtype, k, v);
 }
 
 namespace {

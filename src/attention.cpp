@@ -20,17 +20,17 @@ namespace {
 constexpr size_t kR16 = kAlign / sizeof(float);
 
 // Copies `rows` query rows (src stride src_ld) to dst (stride = plan.stride) and rotates them to rpos.
-void load_rotated(const kvp_cache *c, RopeMemo &memo, int64_t rpos, const float *src, size_t src_ld,
-                  uint32_t rows, float *dst) {
+// Half rows (io.h) are widened in this copy.
+void load_rotated(const kvp_cache *c, RopeMemo &memo, int64_t rpos, In src, size_t src_ld, uint32_t rows, float *dst) {
     const uint32_t hd = c->cfg.model.head_dim, st = c->plan.stride;
-    for (uint32_t r = 0; r < rows; ++r) memcpy(dst + size_t(r) * st, src + r * src_ld, hd * sizeof(float));
+    for (uint32_t r = 0; r < rows; ++r) (src + r * src_ld).load(dst + size_t(r) * st, hd);
     if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rpos), dst, rows, st);
     rotate_rows(c, dst, rows, st);  // kv_rotate: the keys' basis (after RoPE, as they were stored)
 }
 
 // Rotates the tile's query rows (tq tokens x G heads, token t at q + (i0+t)*tok_stride) for a
 // run of delta d, unless they already are (*cur).
-void rotate_tile(const AttnIn &a, const QueryPos &qp, const float *q, size_t tok_stride, uint32_t i0, uint32_t tq,
+void rotate_tile(const AttnIn &a, const QueryPos &qp, In q, size_t tok_stride, uint32_t i0, uint32_t tq,
                  int64_t d, int64_t *cur, float *qt) {
     if (*cur == d) return;
     const uint32_t G = a.c->group, hd = a.c->cfg.model.head_dim, st = a.c->plan.stride;
@@ -42,10 +42,29 @@ void rotate_tile(const AttnIn &a, const QueryPos &qp, const float *q, size_t tok
 // Key i of run r (slot index).
 inline uint32_t slot_at(const Run &r, uint32_t logical) { return r.slot + (logical - r.logical); }
 
-// score=fixed: quantizes the G query rows q[g*hd] (pre-RoPE) into w.qx / w.qe.
-void fixed_load_queries(const kvp_cache *c, const FixedWork &w, const float *q) {
+// score=fixed: quantizes the G query rows q[g*hd] (pre-RoPE) into w.qx / w.qe; a half row is
+// widened into row[0..hd) first (the running thread's, AttnIn::priv's second half).
+void fixed_load_queries(const kvp_cache *c, const FixedWork &w, In q, float *row) {
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, kst = c->plan.kq_stride;
-    for (uint32_t g = 0; g < G; ++g) w.qe[g] = fixed::quantize_row(q + size_t(g) * hd, hd, w.qx + size_t(g) * kst);
+    for (uint32_t g = 0; g < G; ++g) {
+        const In qg = q + size_t(g) * hd;
+        const float *x = qg.f32();
+        if (!x) {
+            qg.load(row, hd);
+            x = row;
+        }
+        w.qe[g] = fixed::quantize_row(x, hd, w.qx + size_t(g) * kst);
+    }
+}
+
+// One row of head_dim floats in AvnIn::priv ([G][stride] floats) after decode_finish's 2G floats
+// (inv, wv; with G = 1 they are locals there and the row starts at 0): a half call's output row,
+// or a half query row before its fixed-point quantization. It fits: with G >= 2,
+// G*stride - head_dim >= (G-1)*16 >= align16(2G). Free once the query rows are dead (decode_finish),
+// and in prefill observation (priv is decode-only).
+float *priv_stage(const AttnIn &a) {
+    const size_t G = a.c->group;
+    return a.priv + (G == 1 ? 0 : align_up(2 * G, kR16));
 }
 
 // score=fixed: rotates the quantized query rows to position p into w.qr.
@@ -73,12 +92,12 @@ void fixed_logits(const AttnIn &a, const FixedWork &w, const Run &run, uint32_t 
 
 // score=fixed, decode: each token's Q16 weight summed over the group, added to its slot score
 // (saturating).
-void fixed_decode_scores(const AttnIn &a, const float *q, int64_t qpos) {
+void fixed_decode_scores(const AttnIn &a, In q, int64_t qpos) {
     const kvp_cache *c = a.c;
     const FixedWork &w = *a.fx;
     const uint32_t G = c->group;
     const size_t ld = c->plan.logit_ld;
-    fixed_load_queries(c, w, q);
+    fixed_load_queries(c, w, q, priv_stage(a));
     int64_t cur = INT64_MIN;
     for (uint32_t r = 0; r < a.nr; ++r) {
         const Run &run = a.runs[r];
@@ -119,7 +138,7 @@ uint32_t first_run(const AttnIn &a, uint32_t j) {
 
 uint32_t decode_chunks(const AttnIn &a) { return decode_chunk_count(a.c->plan, a.L); }
 
-void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, int64_t *cur) {
+void decode_chunk(const AttnIn &a, In q, int64_t qpos, uint32_t ci, int64_t *cur) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
@@ -160,13 +179,17 @@ void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, in
     if (a.fmt) fmt_pv_end(a, G, o, st);
 }
 
-float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
+float decode_finish(const AttnIn &a, In q, int64_t qpos, Out out, bool scores) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride, L = a.L;
     const size_t ld = c->plan.logit_ld, pf = c->plan.part_floats, ooff = align_up(3 * size_t(G), kR16);
     const uint32_t nch = decode_chunks(a);
-    float *inv = a.priv, *wv = a.priv + G;  // the query rows are no longer needed
+    float loc[2];  // G = 1: inv and wv here, priv_stage is priv itself
+    float *inv = G == 1 ? loc : a.priv, *wv = G == 1 ? loc + 1 : a.priv + G;  // the query rows are no longer needed
+    // f32 outputs are merged in place; a half call's row is merged into priv_stage and rounded as
+    // it is written
+    float *of = out.f32();
     float hoyer = 0.0f;
     const double rl = sqrt(double(L));
     for (uint32_t g = 0; g < G; ++g) {
@@ -184,7 +207,15 @@ float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, b
         inv[g] = 1.0f / sum;
         const float ig = inv[g];
         // out = (sum_c w_c o_c) * inv, in chunk order (with one chunk w = 1: o_0 * inv)
-        K.merge(a.part + ooff + size_t(g) * st, pf, a.part + g, pf, nch, ig, hd, out + size_t(g) * hd);
+        if (of) {
+            K.merge(a.part + ooff + size_t(g) * st, pf, a.part + g, pf, nch, ig, hd, of + size_t(g) * hd);
+            rotate_rows(a.c, of + size_t(g) * hd, 1, hd);  // kv_rotate: back from V's basis (its own inverse)
+        } else {
+            float *row = priv_stage(a);
+            K.merge(a.part + ooff + size_t(g) * st, pf, a.part + g, pf, nch, ig, hd, row);
+            rotate_rows(a.c, row, 1, hd);  // before the rounding to the caller's type
+            (out + size_t(g) * hd).store(row, hd);
+        }
         if (L > 1) {
             const double l2 = sqrt(sq) * double(ig);  // |p|_2, |p|_1 = 1
             double h = l2 > 0 ? (rl - 1.0 / l2) / (rl - 1.0) : 0.0;
@@ -211,13 +242,13 @@ float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, b
     return hoyer;
 }
 
-float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores) {
+float attend_decode(const AttnIn &a, In q, int64_t qpos, Out out, bool scores) {
     int64_t cur = INT64_MIN;
     for (uint32_t ci = 0, nch = decode_chunks(a); ci < nch; ++ci) decode_chunk(a, q, qpos, ci, &cur);
     return decode_finish(a, q, qpos, out, scores);
 }
 
-void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out, size_t tok_stride) {
+void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, Out out, size_t tok_stride) {
     attend_prefill_tiles(a, n, qp, q, out, tok_stride, 0, n);
 }
 
@@ -249,7 +280,7 @@ uint32_t window_lo(const AttnIn &a, int64_t lim) {
 
 }  // namespace
 
-void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out,
+void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, Out out,
                           size_t tok_stride, uint32_t i_begin, uint32_t i_end) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
@@ -351,14 +382,22 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const
             for (uint32_t g = 0; g < G; ++g) {
                 const size_t r = size_t(t) * G + g;
                 const float il = 1.0f / lrow[r];
-                float *o = out + (i0 + t) * tok_stride + size_t(g) * hd;
-                for (uint32_t j = 0; j < hd; ++j) o[j] = O[r * st + j] * il;
+                const Out og = out + (i0 + t) * tok_stride + size_t(g) * hd;
+                if (float *o = og.f32()) {
+                    for (uint32_t j = 0; j < hd; ++j) o[j] = O[r * st + j] * il;
+                    rotate_rows(c, o, 1, hd);  // kv_rotate: back from V's basis (its own inverse)
+                } else {  // rounded to the caller's type as written (io.h)
+                    float *x = O + r * st;
+                    for (uint32_t j = 0; j < hd; ++j) x[j] = x[j] * il;
+                    rotate_rows(c, x, 1, hd);
+                    og.store(x, hd);
+                }
             }
         }
     }
 }
 
-const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, size_t tok_stride,
+const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, size_t tok_stride,
                              uint32_t w) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
@@ -402,7 +441,7 @@ const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, co
     return obs;
 }
 
-const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q,
+const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPos &qp, In q,
                                       size_t tok_stride, uint32_t w) {
     const kvp_cache *c = a.c;
     const FixedWork &fw = *a.fx;
@@ -412,7 +451,7 @@ const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPo
     for (uint32_t g = 0; g < G; ++g) memset(fw.obs + g * ld, 0, size_t(L) * sizeof(uint32_t));
     for (uint32_t t = n - w; t < n; ++t) {
         const uint32_t vis = L0 + t + 1;  // causal: keys 0..L0+t
-        fixed_load_queries(c, fw, q + t * tok_stride);
+        fixed_load_queries(c, fw, q + t * tok_stride, priv_stage(a));
         int64_t cur = INT64_MIN;
         for (uint32_t r = 0; r < a.nr && a.runs[r].logical < vis; ++r) {
             const Run &run = a.runs[r];

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "cache.h"
+#include "io.h"
 #include "quant/attn_fmt.h"
 
 namespace kvp {
@@ -40,7 +41,8 @@ struct AttnIn {
     float *work;       // attention scratch (ArenaPlan::scr_work): prefill tiles (the running
                        // thread's), decode logits [G][logit_ld] (the head's)
     float *part;       // decode partials, ArenaPlan::part_floats per chunk (the head's)
-    float *priv;       // decode query rows [G][stride] (the running thread's)
+    float *priv;       // decode query rows [G][stride] (the running thread's); once they are dead, also
+                       // a half call's output row or score=fixed query row (attention.cpp priv_stage)
     const FixedWork *fx = nullptr;  // score=fixed: the running thread's fixed-point scratch, else NULL
     uint32_t window = 0;            // sliding-window layer (sliding.h): prefill masks keys at pos <= p - window
                                     // per query at original position p; 0: causal only
@@ -70,27 +72,27 @@ struct AttnIn {
 // *cur: the position a.priv holds the query rotated at (INT64_MIN: none yet); a thread that
 // runs several chunks of one head in a row keeps it.
 uint32_t decode_chunks(const AttnIn &a);
-void decode_chunk(const AttnIn &a, const float *q, int64_t qpos, uint32_t ci, int64_t *cur);
-float decode_finish(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores);
+void decode_chunk(const AttnIn &a, In q, int64_t qpos, uint32_t ci, int64_t *cur);
+float decode_finish(const AttnIn &a, In q, int64_t qpos, Out out, bool scores);
 // All chunks in order, then decode_finish.
-float attend_decode(const AttnIn &a, const float *q, int64_t qpos, float *out, bool scores);
+float attend_decode(const AttnIn &a, In q, int64_t qpos, Out out, bool scores);
 
 // Prefill: the n newest tokens attend causally. Token i's G query rows are at q + i*tok_stride
 // (+ g*hd), its output rows at out + i*tok_stride. Tiles of kTileTokens tokens x G heads sweep
 // logical key blocks of kKeyBlock keys with an online softmax (exact, one read of K/V per tile).
-void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out, size_t tok_stride);
+void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, Out out, size_t tok_stride);
 // The same for new tokens [i_begin, i_end) only (i_begin a multiple of kTileTokens): tiles are
 // independent, so any split of [0, n) gives the bits of attend_prefill.
-void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, float *out,
+void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, Out out,
                           size_t tok_stride, uint32_t i_begin, uint32_t i_end);
 
 // Prefill observation: full softmax rows of the last w new tokens' queries over every key they
 // see; returns obs with obs[g * plan.logit_ld + j] = sum over those queries of query head g's
 // normalised weight on logical token j (j < L). Lives in the thread's scratch.
-const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q, size_t tok_stride,
+const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, size_t tok_stride,
                              uint32_t w);
 // The same in fixed point (score=fixed): Q16 weight sums, saturating (kernels/score_fixed.h).
-const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPos &qp, const float *q,
+const uint32_t *observe_prefill_fixed(const AttnIn &a, uint32_t n, const QueryPos &qp, In q,
                                       size_t tok_stride, uint32_t w);
 
 }  // namespace kvp

@@ -66,30 +66,32 @@ namespace {
 // Writes one token's K/V row into `slot`, K rotated at `rot` (storage.h), score 0.
 // kr / vr: where the K and V rows go (NULL: the pool slot's rows; vr is also NULL for a formatted
 // store's staged token, whose V stays in the caller's array).
-void write_token(kvp_cache *c, BlockPool &pool, uint32_t slot, int64_t orig, int64_t rot, const float *k,
-                 const float *v, RopeMemo &memo, size_t tid, float *kr = nullptr, float *vr = nullptr) {
+// Half rows (io.h) are widened in this copy; the fixed-point key copy is quantized from the
+// widened row before its rotation (the caller's values, as the f32 call's).
+void write_token(kvp_cache *c, BlockPool &pool, uint32_t slot, int64_t orig, int64_t rot, In k, In v, RopeMemo &memo,
+                 size_t tid, float *kr = nullptr, float *vr = nullptr) {
     const uint32_t hd = c->cfg.model.head_dim;
     if (!c->fmt) {
         kr = pool.k_row(slot);
         vr = pool.v_row(slot);
     }
-    memcpy(kr, k, hd * sizeof(float));
-    if (vr) memcpy(vr, v, hd * sizeof(float));
+    k.load(kr, hd);
+    if (vr) v.load(vr, hd);
+    if (pool.kq) fixed_store_key(c, pool, slot, kr, rot, tid);
     if (c->rope.style != KVP_ROPE_NONE) rope_apply(c->rope, rope_table_memo(c->rope, memo, rot), kr, 1, c->plan.stride);
     rotate_rows(c, kr, 1, c->plan.stride);  // kv_rotate: after RoPE
     if (vr) rotate_rows(c, vr, 1, c->plan.stride);
     pool.pos[slot] = int32_t(orig);
     pool.rot[slot] = int32_t(rot);
     memset(pool.score + slot, 0, sizeof(float));  // 0 as float and as fixed-point bits
-    if (pool.kq) fixed_store_key(c, pool, slot, k, rot, tid);
 }
 
 // Stores one token's K/V row for a head in its next slot (room was made), K rotated at the
 // position its mode gives (storage.h: rot). Formatted stores (quant/store_fmt.h) put the rows in
 // the side rows (decode) or the staging row `stage` (prefill/append; V stays in the caller's
 // array) until the token's group is converted.
-void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, const float *k,
-                 const float *v, RopeMemo &memo, size_t tid, float *stage) {
+void store_token(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, int64_t orig, In k, In v,
+                 RopeMemo &memo, size_t tid, float *stage) {
     uint32_t slot = 0;
     store_reserve(hs, pool, layer, &slot);
     const bool pinned = hs.next_pinned();
@@ -131,8 +133,8 @@ struct Appended {
 // Makes room in one head and appends the call's n tokens (thread tid's memo and policy
 // scratch): to the staging slots when `staged` (policy.h), else to the store; a formatted
 // store stages prefill/append rows when `fmt_stage`.
-Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, const float *k,
-                     const float *v, bool staged, bool fmt_stage, size_t tid) {
+Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const NewPositions &pos, In k, In v,
+                     bool staged, bool fmt_stage, size_t tid) {
     const kvp_model &m = c->cfg.model;
     const Policy &pol = *c->policy;
     HeadStore &hs = head_of(c, layer, h);
@@ -176,8 +178,13 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
         // (in the running thread's scratch: such a step stays on one thread).
         const FmtPlan *fp = c->fmt ? &c->fmt->fp : nullptr;
         float *stage = fp && fmt_stage ? reinterpret_cast<float *>(scratch_of(c, tid).fmt + fp->s_stage) : nullptr;
+        // The V rows stay in the caller's array, or, half, are widened here into the staging rows
+        // after the chunk's K rows (the staging area holds max_cap rows: the C API refuses a half
+        // chunk of more than max_cap / 2 tokens, io_stage_limit).
+        float *stage_v = stage && !v.f32() ? stage + size_t(n) * c->plan.stride : nullptr;
         for (uint32_t i = 0; i < n; ++i) {
             const size_t kv_off = (size_t(i) * m.n_kv_heads + h) * m.head_dim;
+            if (stage_v) (v + kv_off).load(stage_v + size_t(i) * c->plan.stride, m.head_dim);
             store_token(c, hs, pool, layer, pos.at(i), k + kv_off, v + kv_off, c->memos[tid], tid,
                         stage ? stage + size_t(i) * c->plan.stride : nullptr);
         }
@@ -186,8 +193,8 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
             ap.nw.n = n;
             ap.nw.k = stage;
             ap.nw.ldk = c->plan.stride;
-            ap.nw.v = v + size_t(h) * m.head_dim;
-            ap.nw.ldv = size_t(m.n_kv_heads) * m.head_dim;
+            ap.nw.v = stage_v ? stage_v : v.f32() + size_t(h) * m.head_dim;
+            ap.nw.ldv = stage_v ? c->plan.stride : size_t(m.n_kv_heads) * m.head_dim;
             if (c->rot) {  // kv_rotate: the staged V rows are rotated copies (cache.h rotv_scratch)
                 float *rv = rotv_scratch(c, tid);
                 for (uint32_t i = 0; i < n; ++i)
@@ -229,8 +236,8 @@ struct StepJob {
     kvp_cache *c;
     uint32_t layer, n;
     NewPositions pos;
-    const float *q, *k, *v;
-    float *out;
+    In q, k, v;  // f32 or half rows (io.h)
+    Out out;
     StepMode mode;
     bool split;
     uint32_t nitems, parts;  // parts: participants (split decode)
@@ -308,7 +315,8 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
     if (c->fmt && !ap.staged) {  // completed groups convert after attention, before the policy prunes
-        const StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : nullptr, j.out ? j.out + qoff : nullptr,
+        // ThinK reads f32 outputs; with half outputs it recomputes them (think.cpp), the same bits
+        const StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : In(), j.out.f32() ? j.out.f32() + qoff : nullptr,
                          tok_stride, j.n, &qp};
         fmt_convert(c, hs, pool, ap.nw, so);
         // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
@@ -340,8 +348,8 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         const uint32_t ow = c->cfg.obs_window, w = ow < mc ? (ow < j.n ? ow : j.n) : (mc < j.n ? mc : j.n);
         const NewPositions np{j.pos.given ? j.pos.given + (j.n - w) : nullptr, j.pos.first + (j.n - w)};
         const QueryPos qw{&np, realign, L - w};
-        const StepObs so{&a2, s.runs, realign, s.fmt, j.q + qoff + size_t(j.n - w) * tok_stride,
-                         j.out ? j.out + qoff + size_t(j.n - w) * tok_stride : nullptr, tok_stride, w, &qw};
+        const StepObs so{&a2, s.runs, realign, s.fmt, j.q + (qoff + size_t(j.n - w) * tok_stride),
+                         j.out.f32() ? j.out.f32() + qoff + size_t(j.n - w) * tok_stride : nullptr, tok_stride, w, &qw};
         fmt_convert(c, hs, pool, nw, so);
     }
 }
@@ -941,8 +949,8 @@ void threads_feedback(kvp_cache *c, uint32_t nt, double late) {
 
 }  // namespace
 
-void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q,
-                const float *k, const float *v, float *out, StepMode mode) {
+void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out,
+                StepMode mode) {
     const kvp_model &m = c->cfg.model;
     LayerState &ls = c->layers[layer];
     NewPositions pos{positions, ls.next_pos};
@@ -1050,8 +1058,6 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }
-    // kv_rotate: the outputs come out in the rotated basis of V; the rotation is its own inverse.
-    if (out) rotate_rows(c, out, n * m.n_q_heads, m.head_dim);
     if (mode == StepMode::kDecode) ls.observe_decode = false;  // only the first decode is observed
     if (mode == StepMode::kDecode) {  // heads reduced in fixed order
         float hoyer = 0.0f;

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "io.h"
 #include "arena.h"
 #include "kernels/attn_f32.h"
 #include "kernels/rotate_f32.h"
@@ -142,8 +143,9 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool
 // kvp_prefill_room: the largest chunk every layer can take in turn (see kvprune.h).
 uint32_t cache_prefill_room(const kvp_cache *c);
 // Appends n tokens to a layer, runs attention per mode, applies the policy.
-void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q,
-                const float *k, const float *v, float *out, StepMode mode);
+// q, k, v and out are f32 or half rows (io.h: converted where they are first read / written).
+void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out,
+                StepMode mode);
 inline HeadStore &head_of(kvp_cache *c, uint32_t layer, uint32_t h) {
     return c->heads[size_t(layer) * c->cfg.model.n_kv_heads + h];
 }

@@ -46,8 +46,8 @@ float *draft_rows(const kvp_cache *c, uint32_t h, uint32_t which) {
 struct DraftJob {
     kvp_cache *c;
     uint32_t layer, n, d0;
-    const float *q;
-    float *out;
+    const float *q;  // the call's rows in the draft region
+    Out out;
     bool decode;
     std::atomic<uint32_t> next;
 };
@@ -136,7 +136,7 @@ int64_t draft_next_pos(const kvp_cache *c, uint32_t layer) {
     return d ? int64_t(draft_layer(c, layer).pos[d - 1]) + 1 : c->layers[layer].next_pos;
 }
 
-kvp_status draft_check(const kvp_cache *c, uint32_t layer, uint32_t n, const float *q, Msg &m) {
+kvp_status draft_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool q, Msg &m) {
     const uint32_t d0 = draft_header(c)[1 + layer];
     if (!q) {
         m.s("a draft is open: kvp_prefill needs q (kvp_draft_commit replays the accepted tokens with it)");
@@ -158,24 +158,24 @@ kvp_status draft_check(const kvp_cache *c, uint32_t layer, uint32_t n, const flo
     return KVP_OK;
 }
 
-void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q, const float *k,
-                const float *v, float *out, bool decode) {
+void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out,
+                bool decode) {
     const kvp_model &m = c->cfg.model;
     const DraftLayer dl = draft_layer(c, layer);
     const uint32_t d0 = draft_header(c)[1 + layer];
     const int64_t first = draft_next_pos(c, layer);
     const size_t nq = size_t(m.n_q_heads) * m.head_dim, nkv = size_t(m.n_kv_heads) * m.head_dim;
     for (uint32_t i = 0; i < n; ++i) dl.pos[d0 + i] = positions ? positions[i] : int32_t(first + i);
-    memcpy(dl.q + d0 * nq, q, n * nq * sizeof(float));
-    memcpy(dl.k + d0 * nkv, k, n * nkv * sizeof(float));
-    memcpy(dl.v + d0 * nkv, v, n * nkv * sizeof(float));
+    q.load(dl.q + d0 * nq, n * nq);
+    k.load(dl.k + d0 * nkv, n * nkv);
+    v.load(dl.v + d0 * nkv, n * nkv);
     draft_header(c)[1 + layer] = d0 + n;
     DraftJob j;
     j.c = c;
     j.layer = layer;
     j.n = n;
     j.d0 = d0;
-    j.q = q;
+    j.q = dl.q + d0 * nq;  // the same bits as the caller's (widened) rows
     j.out = out;
     j.decode = decode;
     j.next.store(0, std::memory_order_relaxed);
@@ -186,7 +186,6 @@ void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         if (c->par_work == 0 || work >= double(c->par_work)) nt = c->cfg.threads < m.n_kv_heads ? c->cfg.threads : m.n_kv_heads;
     }
     if (out || decode) pool_run(c->tpool, nt, draft_worker, &j);
-    if (out) rotate_rows(c, out, n * m.n_q_heads, m.head_dim);  // kv_rotate: back from V's basis
 }
 
 kvp_status draft_begin(kvp_cache *c, Msg &m) {

@@ -38,10 +38,11 @@ int64_t draft_next_pos(const kvp_cache *c, uint32_t layer);
 // While a draft is open: whether n more draft tokens fit `layer` (max_draft, and the room a
 // prefill of all its draft tokens would need at commit; prefill needs q; no ASL selection).
 // KVP_OK or a status with a message; changes nothing.
-kvp_status draft_check(const kvp_cache *c, uint32_t layer, uint32_t n, const float *q, Msg &m);
+kvp_status draft_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool q, Msg &m);
 // A checked draft call: stores the tokens, attends (out may be NULL for a prefill).
-void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, const float *q, const float *k,
-                const float *v, float *out, bool decode);
+// q, k and v (f32 or half) are widened into the draft region as they are copied there.
+void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out,
+                bool decode);
 
 // kvp_draft_begin / kvp_draft_commit after the handle checks.
 kvp_status draft_begin(kvp_cache *c, Msg &m);

@@ -6,8 +6,73 @@
 #include "config.h"
 #include "draft.h"
 
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#define KVP_STATE_X86 1
+#include <immintrin.h>
+#else
+#define KVP_STATE_X86 0
+#endif
+
 namespace kvp {
 namespace {
+
+// ---- bulk paths (the same bytes and checksum as the plain loops; DECISIONS.md "State bandwidth") ----
+
+// Pieces at least this long (a q8 block of rows is about 2 KiB) are copied with non-temporal stores: a state of hundreds of MB does not
+// fit any cache, and streaming stores skip the read-for-ownership of every destination line (what
+// memcpy does for copies this large), so a save or load moves each byte once each way.
+constexpr size_t kStreamBytes = 1024;
+
+#if KVP_STATE_X86
+#if defined(KVP_HAVE_AVX512)
+int g_avx512dq = 0;  // 0 not yet, 1 no, 2 yes (no function-local static: its guard is C++ runtime)
+#endif
+bool cpu_avx512dq() {
+#if defined(KVP_HAVE_AVX512)
+    int v = __atomic_load_n(&g_avx512dq, __ATOMIC_RELAXED);
+    if (!v) {
+        __builtin_cpu_init();
+        v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") ? 2 : 1;
+        __atomic_store_n(&g_avx512dq, v, __ATOMIC_RELAXED);
+    }
+    return v == 2;
+#else
+    return false;
+#endif
+}
+
+// dst[0..n) = src[0..n): the whole 64-byte lines of dst with 16-byte streaming stores (SSE2: every
+// x86-64), the partial lines at either end with ordinary stores (a line half written by streaming
+// stores is flushed as a partial write: slow); the caller fences (stream_fence) before anything
+// else reads dst.
+void stream_copy(uint8_t *dst, const uint8_t *src, size_t n) {
+    const size_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+    if (head >= n) {
+        memcpy(dst, src, n);
+        return;
+    }
+    memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i + 16));
+        const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i + 32));
+        const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i *>(src + i + 48));
+        _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i), a);
+        _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i + 16), b);
+        _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i + 32), c);
+        _mm_stream_si128(reinterpret_cast<__m128i *>(dst + i + 48), d);
+    }
+    memcpy(dst + i, src + i, n - i);
+}
+void stream_fence() { _mm_sfence(); }
+#else
+void stream_copy(uint8_t *dst, const uint8_t *src, size_t n) { memcpy(dst, src, n); }
+void stream_fence() {}
+#endif
 
 constexpr char kMagic8[8] = {'K', 'V', 'P', 'S', 'T', 'A', 'T', 'E'};
 constexpr size_t kHeaderFixed = 40;
@@ -50,6 +115,9 @@ struct Hasher {
         memcpy(w, p, 64);
         for (int i = 0; i < 8; ++i) v[i] = rotl((v[i] ^ w[i]) * P1, 29);
     }
+    // ns whole stripes: the eight lanes in one AVX-512 register where the CPU has AVX512DQ (its
+    // 64-bit multiply: the same products), else the scalar stripe.
+    void stripes(const uint8_t *p, size_t ns);
     void update(const void *data, size_t len) {
         const uint8_t *p = static_cast<const uint8_t *>(data);
         n += len;
@@ -63,7 +131,9 @@ struct Hasher {
             stripe(tail);
             nt = 0;
         }
-        for (; len >= 64; p += 64, len -= 64) stripe(p);
+        stripes(p, len / 64);
+        p += len / 64 * 64;
+        len %= 64;
         memcpy(tail, p, len);
         nt = uint32_t(len);
     }
@@ -77,6 +147,30 @@ struct Hasher {
         return h;
     }
 };
+
+#if KVP_STATE_X86 && defined(KVP_HAVE_AVX512)
+// GCC 12's _mm512_set1_epi64 starts from an undefined vector (a false maybe-uninitialized).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+__attribute__((target("avx512f,avx512dq"))) void stripes_avx512(uint64_t *v, const uint8_t *p, size_t ns) {
+    __m512i acc = _mm512_loadu_si512(v);
+    const __m512i k = _mm512_set1_epi64(int64_t(Hasher::P1));
+    for (size_t i = 0; i < ns; ++i)
+        acc = _mm512_rol_epi64(_mm512_mullo_epi64(_mm512_xor_si512(acc, _mm512_loadu_si512(p + 64 * i)), k), 29);
+    _mm512_storeu_si512(v, acc);
+}
+#pragma GCC diagnostic pop
+#endif
+
+void Hasher::stripes(const uint8_t *p, size_t ns) {
+#if KVP_STATE_X86 && defined(KVP_HAVE_AVX512)
+    if (cpu_avx512dq()) {
+        stripes_avx512(v, p, ns);
+        return;
+    }
+#endif
+    for (size_t i = 0; i < ns; ++i) stripe(p + 64 * i);
+}
 
 // The archive: sizes (no buffer), writes, checks a buffer without touching the cache (dry), or
 // loads it. Scalars go through locals (value-by-reference): written from them, read into them.
@@ -133,12 +227,21 @@ struct Ar {
         if (reading()) x = v != 0;
     }
     // n bytes of fixed-width little-endian data (the host is little-endian: state_save refuses others).
+    // Large pieces: hashed from the source (the same bytes), then streamed out (stream_copy).
     void bytes(void *p, size_t n) {
         if (!take(n)) return;
         if (mode == kWrite) {
-            memcpy(w + pos, p, n);
-            if (hash) hash->update(w + pos, n);
-        } else if (mode == kLoad) memcpy(p, r + pos, n);
+            if (n >= kStreamBytes) {
+                if (hash) hash->update(p, n);
+                stream_copy(w + pos, static_cast<const uint8_t *>(p), n);
+            } else {
+                memcpy(w + pos, p, n);
+                if (hash) hash->update(w + pos, n);
+            }
+        } else if (mode == kLoad) {
+            if (n >= kStreamBytes) stream_copy(static_cast<uint8_t *>(p), r + pos, n);
+            else memcpy(p, r + pos, n);
+        }
         pos += n;
     }
 };
@@ -373,6 +476,7 @@ kvp_status state_save(const kvp_cache *c, void *buf, size_t size, size_t *writte
     ar.hash = &hash;
     ar.pos = kHeaderFixed + size_t(kConfigWords) * 4;
     visit(const_cast<kvp_cache *>(c), ar);
+    stream_fence();  // the streamed pieces are in memory before the caller reads the buffer
     put_le(o + 24, hash.final(), 8);
     return KVP_OK;
 }
@@ -502,6 +606,7 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
     ld.pos = kHeaderFixed + size_t(words) * 4;
     ld.end = size;
     visit(c, ld);
+    stream_fence();  // the streamed rows are in memory before the next call reads them
     return KVP_OK;
 }
 

@@ -89,3 +89,27 @@ TEST(Cxx, FailedCreateKeepsTheOldCache) {
     ASSERT_EQ(cache.create(good.get()), KVP_OK);  // success replaces it
     EXPECT_EQ(cache.layer_len(0), 0u);
 }
+
+// Half-precision rows through the wrapper (kvp_*_ex): the same cache state and the rounded
+// outputs of the f32 calls on the widened inputs (1.0, 0.5 and -0.5 are exact in f16).
+TEST(Cxx, HalfRows) {
+    const kvp_model m = {1, 4, 2, 16, KVP_ROPE_NEOX, 0, 10000.0f};
+    kvprune::Config cfg(m);
+    ASSERT_EQ(cfg.apply("policy=window window=8"), KVP_OK);
+    kvprune::Cache a, b;
+    ASSERT_EQ(a.create(cfg.get()), KVP_OK);
+    ASSERT_EQ(b.create(cfg.get()), KVP_OK);
+    std::vector<uint16_t> hq(3 * 64, 0x3c00), hk(3 * 32, 0x3800), hv(3 * 32, 0xb800), ho(3 * 64);
+    std::vector<float> q(3 * 64, 1.0f), k(3 * 32, 0.5f), v(3 * 32, -0.5f), out(3 * 64);
+    ASSERT_EQ(a.prefill(0, 2, nullptr, KVP_IO_F16, hq.data(), hk.data(), hv.data(), ho.data()), KVP_OK) << a.last_error();
+    ASSERT_EQ(b.prefill(0, 2, nullptr, q.data(), k.data(), v.data(), out.data()), KVP_OK);
+    ASSERT_EQ(a.append(0, 1, nullptr, KVP_IO_F16, hk.data(), hv.data()), KVP_OK);
+    ASSERT_EQ(b.append(0, 1, nullptr, k.data(), v.data()), KVP_OK);
+    ASSERT_EQ(a.decode(0, KVP_IO_F16, hq.data(), hk.data(), hv.data(), ho.data()), KVP_OK);
+    ASSERT_EQ(b.decode(0, q.data(), k.data(), v.data(), out.data()), KVP_OK);
+    EXPECT_EQ(out[0], -0.5f);
+    for (int i = 0; i < 64; ++i) EXPECT_EQ(ho[i], 0xb800) << i;  // -0.5 as f16
+    hk[3] = 0x7c00;  // Inf
+    EXPECT_EQ(a.decode(0, KVP_IO_F16, hq.data(), hk.data(), hv.data(), ho.data()), KVP_ERR_NONFINITE);
+    EXPECT_EQ(a.layer_len(0), b.layer_len(0));
+}

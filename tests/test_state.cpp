@@ -401,3 +401,63 @@ TEST(State, CommittedStatesArePortable) {
 }
 
 }  // namespace
+
+namespace {
+
+// The format's checksum written out plainly (src/state.h: eight 64-bit lanes over 64-byte stripes,
+// lane = rotl((lane ^ word) * P1, 29); then length, lanes and tail mixed): the library's bulk paths
+// (AVX-512 lanes where the CPU has them, pieces fed from wherever they are) must give its bits.
+uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+uint64_t plain_checksum(const uint8_t *p, size_t n) {
+    const uint64_t P1 = 0x9e3779b185ebca87ull, P2 = 0xc2b2ae3d27d4eb4full, P3 = 0x165667b19e3779f9ull;
+    uint64_t v[8] = {P1, P2, P3, P1 ^ P2, P2 ^ P3, P1 ^ P3, P1 + P2, P2 + P3};
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64)
+        for (int l = 0; l < 8; ++l) {
+            uint64_t w = 0;
+            for (int b = 0; b < 8; ++b) w |= uint64_t(p[i + 8 * l + b]) << (8 * b);
+            v[l] = rotl64((v[l] ^ w) * P1, 29);
+        }
+    uint64_t h = uint64_t(n) * P3;
+    for (int l = 0; l < 8; ++l) h = rotl64(h ^ (v[l] * P2), 27) * P1;
+    for (; i < n; ++i) h = rotl64(h ^ (uint64_t(p[i]) * P3), 11) * P1;
+    h ^= h >> 33;
+    h *= P2;
+    h ^= h >> 29;
+    return h;
+}
+
+}  // namespace
+
+TEST(State, ChecksumBulkPathsMatchThePlainDefinition) {
+    std::vector<uint8_t> buf(70000 + 64);
+    uint64_t x = 12345;
+    for (uint8_t &b : buf) b = uint8_t((x = x * 6364136223846793005ull + 1442695040888963407ull) >> 56);
+    for (size_t off : {0, 1, 7, 33})
+        for (size_t n : {0, 1, 63, 64, 65, 127, 128, 4095, 4096, 4160, 65536, 70000})
+            ASSERT_EQ(kvp::state_checksum(buf.data() + off, n), plain_checksum(buf.data() + off, n)) << off << " " << n;
+}
+
+// Pieces of 4096 bytes and more (here 16-token blocks of 128-float rows: 8 KiB) are hashed from the
+// cache and streamed into the buffer, and streamed back on load: the saved state loads, saves again
+// to the same bytes, and a flipped byte inside such a piece is refused.
+TEST(State, StreamedPiecesRoundTrip) {
+    const kvp_model m = ref::model(2, 4, 2, 128);
+    ref::Cache a(m, "policy=full capacity=256"), b(m, "policy=full capacity=256");
+    ref::Inputs in(m, 200, 9, 1.0f);
+    for (uint32_t l = 0; l < 2; ++l) ASSERT_EQ(kvp_append(a.c, l, 200, nullptr, in.k.data(), in.v.data()), KVP_OK);
+    std::vector<uint8_t> s1(kvp_state_size(a.c)), s2(s1.size());
+    ASSERT_GT(s1.size(), size_t(200) * 2 * 2 * 2 * 128 * 4);
+    ASSERT_EQ(kvp_state_save(a.c, s1.data(), s1.size(), nullptr), KVP_OK);
+    ASSERT_EQ(kvp_state_load(b.c, s1.data(), s1.size()), KVP_OK) << kvp_last_error(b.c);
+    ASSERT_EQ(kvp_state_save(b.c, s2.data(), s2.size(), nullptr), KVP_OK);
+    EXPECT_EQ(s1, s2);
+    std::vector<float> oa(in.nq), ob(in.nq);
+    ASSERT_EQ(kvp_decode(a.c, 1, in.qt(0), in.kt(0), in.vt(0), oa.data()), KVP_OK);
+    ASSERT_EQ(kvp_decode(b.c, 1, in.qt(0), in.kt(0), in.vt(0), ob.data()), KVP_OK);
+    EXPECT_EQ(0, memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)));
+    s1[s1.size() / 2] ^= 0x10;
+    ref::Cache c(m, "policy=full capacity=256");
+    EXPECT_EQ(kvp_state_load(c.c, s1.data(), s1.size()), KVP_ERR_ARG);
+    EXPECT_NE(strstr(kvp_last_error(c.c), "checksum"), nullptr) << kvp_last_error(c.c);
+}

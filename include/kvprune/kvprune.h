@@ -696,6 +696,56 @@ kvp_status kvp_rope_freqs_yarn(double *inv_freq, uint32_t n, double theta, doubl
  */
 kvp_status kvp_rope_freqs_divided(double *inv_freq, uint32_t n, double theta, const float *divisors, char *err,
                                   size_t err_len);
+/* ---- Half-precision inputs and outputs (issue 21) ---- */
+
+/**
+ * Element type of the q, k, v and out arrays of the _ex token calls (the numbers are pinned).
+ * KVP_IO_F16 is IEEE 754 binary16, KVP_IO_BF16 bfloat16 (the high half of a float32), both in
+ * the host's byte order, 2-byte aligned.
+ */
+typedef enum {
+    KVP_IO_F32 = 0,   /**< float32: the plain calls */
+    KVP_IO_F16 = 1,   /**< IEEE binary16 */
+    KVP_IO_BF16 = 2,  /**< bfloat16 */
+    KVP_IO_FORCE_INT32_ = 0x7fffffff
+} kvp_io_dtype;
+
+/**
+ * kvp_prefill with q, k, v and out of element type `dtype` (same shapes, `dtype` elements instead
+ * of floats). The rows are widened to float32 where the call first reads them (the copy of K/V
+ * into the cache or its staging rows, the copy of a query row for its rotation) and outputs are
+ * computed in float32 and rounded to `dtype` (to nearest, ties to even) as they are written: the
+ * cache afterwards, and the outputs, are bit for bit those of kvp_prefill on the inputs converted
+ * to float32 (exact), with that call's outputs rounded to `dtype`. KVP_IO_F32 is kvp_prefill.
+ * Input range as kvp_prefill: a binary16 Inf or NaN, a bfloat16 Inf or NaN or |x| >= 2^56 is
+ * KVP_ERR_NONFINITE (the message names the element and its value). out must not overlap q, k, v
+ * or positions (byte ranges of `dtype` elements). Errors as kvp_prefill, and KVP_ERR_ARG for a
+ * dtype that is not a kvp_io_dtype; with kv_dtype != f32 or ThinK (formatted storage) a half chunk
+ * of more than half the largest layer capacity is KVP_ERR_FULL (its V rows are widened into the
+ * chunk's staging rows; kvp_prefill_room does not count this: chunk the call). On failure the
+ * cache is unchanged.
+ */
+kvp_status kvp_prefill_ex(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+                          kvp_io_dtype dtype, const void *q, const void *k, const void *v, void *out,
+                          kvp_selection *sel);
+
+/**
+ * kvp_decode with q, k, v and out of element type `dtype`, converted as in kvp_prefill_ex (the
+ * same cache state and outputs as kvp_decode on the inputs widened to float32, its outputs
+ * rounded to `dtype`). Errors as kvp_decode, and KVP_ERR_ARG for a dtype that is not a
+ * kvp_io_dtype. On failure the cache is unchanged.
+ */
+kvp_status kvp_decode_ex(kvp_cache *c, uint32_t layer, kvp_io_dtype dtype, const void *q, const void *k,
+                         const void *v, void *out);
+
+/**
+ * kvp_append with k and v of element type `dtype`, widened to float32 as they are stored (the
+ * state of kvp_append on the widened inputs). Errors as kvp_append, KVP_ERR_ARG for a dtype that
+ * is not a kvp_io_dtype, and KVP_ERR_FULL for a half chunk beyond half the largest layer capacity
+ * under formatted storage (as kvp_prefill_ex). On failure the cache is unchanged.
+ */
+kvp_status kvp_append_ex(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
+                         kvp_io_dtype dtype, const void *k, const void *v);
 
 /* ---- Configuration keys: the library's own table (names, types, defaults, ranges, policies) ---- */
 

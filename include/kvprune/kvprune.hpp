@@ -97,6 +97,19 @@ public:
     kvp_status append(uint32_t layer, uint32_t n, const int32_t *pos, const float *k, const float *v) {
         return kvp_append(handle_, layer, n, pos, k, v);
     }
+    // Half-precision rows (kvp_prefill_ex / kvp_decode_ex / kvp_append_ex): q, k, v and out hold
+    // `dtype` elements (uint16_t for KVP_IO_F16 / KVP_IO_BF16).
+    kvp_status prefill(uint32_t layer, uint32_t n, const int32_t *pos, kvp_io_dtype dtype, const void *q,
+                       const void *k, const void *v, void *out, kvp_selection *sel = nullptr) {
+        return kvp_prefill_ex(handle_, layer, n, pos, dtype, q, k, v, out, sel);
+    }
+    kvp_status decode(uint32_t layer, kvp_io_dtype dtype, const void *q, const void *k, const void *v, void *out) {
+        return kvp_decode_ex(handle_, layer, dtype, q, k, v, out);
+    }
+    kvp_status append(uint32_t layer, uint32_t n, const int32_t *pos, kvp_io_dtype dtype, const void *k,
+                      const void *v) {
+        return kvp_append_ex(handle_, layer, n, pos, dtype, k, v);
+    }
     kvp_status reset() { return kvp_reset(handle_); }
     // Speculative decoding (kvp_draft_begin / kvp_draft_commit).
     kvp_status draft_begin() { return kvp_draft_begin(handle_); }

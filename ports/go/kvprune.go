@@ -632,6 +632,116 @@ func (c *Cache) Append(layer int, k, v []float32, positions []int32) error {
 	return c.status(s)
 }
 
+// Half is the element type of the *Half calls' rows (kvp_io_dtype; the numbers are pinned).
+type Half uint32
+
+const (
+	F16  Half = 1 // IEEE binary16 bits
+	BF16 Half = 2 // bfloat16 bits (the high half of a float32)
+)
+
+func hptr(x []uint16) unsafe.Pointer {
+	if len(x) == 0 {
+		return nil
+	}
+	return unsafe.Pointer(&x[0])
+}
+
+// halfTokens checks the lengths of 2-byte rows as tokens does for float rows.
+func (c *Cache) halfTokens(q []uint16, checkQ bool, k, v, out []uint16, positions []int32) (int, error) {
+	kw := int(c.model.KVHeads * c.model.HeadDim)
+	qw := int(c.model.QHeads * c.model.HeadDim)
+	if len(k) == 0 || len(k)%kw != 0 {
+		return 0, argErr("k has %d elements: expected a positive multiple of n_kv_heads*head_dim = %d", len(k), kw)
+	}
+	n := len(k) / kw
+	if qw != 0 && n > int(^uint(0)>>1)/qw {
+		return 0, argErr("%d tokens: q would hold more elements than int counts", n)
+	}
+	if len(v) != len(k) {
+		return 0, argErr("v has %d elements, k has %d", len(v), len(k))
+	}
+	if checkQ && len(q) != n*qw {
+		return 0, argErr("q has %d elements, expected %d (%d tokens)", len(q), n*qw, n)
+	}
+	if out != nil && len(out) != n*qw {
+		return 0, argErr("out has %d elements, expected %d (%d tokens)", len(out), n*qw, n)
+	}
+	if positions != nil && len(positions) != n {
+		return 0, argErr("positions has %d entries, expected %d", len(positions), n)
+	}
+	if uint64(n) > 0xffffffff {
+		return 0, argErr("%d tokens in one call", n)
+	}
+	return n, nil
+}
+
+// DecodeHalf is Decode with 2-byte rows (kvp_decode_ex): q, k, v and out hold the bits of IEEE
+// half (F16) or bfloat16 (BF16) values. The cache and outputs are those of Decode on the widened
+// values, its outputs rounded to nearest even.
+func (c *Cache) DecodeHalf(layer int, dtype Half, q, k, v, out []uint16) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	if out == nil {
+		return argErr("out is nil")
+	}
+	n, err := c.halfTokens(q, true, k, v, out, nil)
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		return argErr("decode takes one token, k holds %d", n)
+	}
+	l, err := u32("layer", layer)
+	if err != nil {
+		return err
+	}
+	s := C.kvp_decode_ex(c.c, l, C.kvp_io_dtype(dtype), hptr(q), hptr(k), hptr(v), hptr(out))
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
+// PrefillHalf is Prefill with 2-byte rows (kvp_prefill_ex; see DecodeHalf).
+func (c *Cache) PrefillHalf(layer int, dtype Half, q, k, v []uint16, positions []int32, out []uint16) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	n, err := c.halfTokens(q, true, k, v, out, positions)
+	if err != nil {
+		return err
+	}
+	l, err := u32("layer", layer)
+	if err != nil {
+		return err
+	}
+	s := C.kvp_prefill_ex(c.c, l, C.uint32_t(n), iptr(positions), C.kvp_io_dtype(dtype), hptr(q), hptr(k), hptr(v),
+		hptr(out), nil)
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
+// AppendHalf is Append with 2-byte rows (kvp_append_ex; see DecodeHalf).
+func (c *Cache) AppendHalf(layer int, dtype Half, k, v []uint16, positions []int32) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	n, err := c.halfTokens(nil, false, k, v, nil, positions)
+	if err != nil {
+		return err
+	}
+	l, err := u32("layer", layer)
+	if err != nil {
+		return err
+	}
+	s := C.kvp_append_ex(c.c, l, C.uint32_t(n), iptr(positions), C.kvp_io_dtype(dtype), hptr(k), hptr(v))
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
 // LayerLen is the number of tokens layer keeps (max over KV heads); 0 for a bad layer or a closed cache.
 func (c *Cache) LayerLen(layer int) int {
 	if c.lock() != nil {

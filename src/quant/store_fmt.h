@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "kernels/attn_q.h"
+#include "io.h"
 #include "kvprune/kvprune.h"
 #include "pool.h"
 #include "quant/format.h"
@@ -135,8 +136,8 @@ struct StepObs {
     Run *runs;                // the thread's run buffer
     bool realign;
     char *scratch;            // the thread's formatted-storage scratch (FmtPlan::scr_bytes)
-    const float *q;           // this head's query rows (token i at q + i*tok_stride), NULL: none
-    float *out;               // this head's attention output rows (same layout), NULL: none
+    In q;                     // this head's query rows (token i at q + i*tok_stride), NULL: none
+    float *out;               // this head's attention output rows (same layout), NULL: none (or not f32)
     size_t tok_stride;
     uint32_t n;               // tokens of the call
     const QueryPos *qp;

@@ -123,7 +123,7 @@ void think_select(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew 
                 const uint32_t i = obs.n - w + t;
                 float *dst = s.qrot + size_t(t) * G * st;
                 for (uint32_t g = 0; g < G; ++g)
-                    memcpy(dst + size_t(g) * st, obs.q + i * obs.tok_stride + size_t(g) * hd, hd * sizeof(float));
+                    (obs.q + (i * obs.tok_stride + size_t(g) * hd)).load(dst + size_t(g) * st, hd);
                 if (c->rope.style != KVP_ROPE_NONE)
                     rope_apply(c->rope, rope_table_memo(c->rope, *obs.a->memo, obs.qp->at(i) + cur), dst, G, st);
             }
@@ -188,7 +188,7 @@ void think_select(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew 
             } else {
                 const size_t row = size_t(G) * hd;
                 for (uint32_t t = 0; t < w; ++t)
-                    memcpy(s.qc + t * row, obs.q + (obs.n - w + t) * obs.tok_stride, row * sizeof(float));
+                    (obs.q + (obs.n - w + t) * obs.tok_stride).load(s.qc + t * row, row);
                 NewPositions np{obs.qp->pos->given ? obs.qp->pos->given + (obs.n - w) : nullptr,
                                 obs.qp->pos->first + (obs.n - w)};
                 QueryPos qp{&np, obs.qp->realign, hs.len() - w};

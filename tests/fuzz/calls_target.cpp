@@ -241,6 +241,7 @@ struct Sequence {
     std::vector<int64_t> last_pos;        // per layer: last position appended (-1: none)
     uint64_t seen0 = 0;                   // tokens appended to layer 0
     std::vector<float> q, k, v, oa, ot;
+    std::vector<uint16_t> hq, hk, hv, ho;  // a half call's rows (kvp_*_ex with KVP_IO_F16)
     std::vector<int32_t> pos;
     std::vector<int32_t> sel_a, sel_t;  // kvp_selection indices of the cache and of the twin
     kvp_selection sa{}, st_{};
@@ -366,7 +367,39 @@ struct Sequence {
         }
     }
 
-    // decode / prefill / append with an optional defect.
+    // IEEE binary16 <-> float for the half calls (the twin gets the widened values).
+    static float f16_value(uint16_t h) {
+        const int e = (h >> 10) & 31, mant = h & 1023;
+        const float sgn = (h & 0x8000) ? -1.0f : 1.0f;
+        if (e == 31) return mant ? NAN : sgn * INFINITY;
+        return sgn * (e ? ldexpf(float(1024 + mant), e - 25) : ldexpf(float(mant), -24));
+    }
+    static uint16_t f16_bits(float x) {  // to nearest, ties to even
+        if (x != x) return 0x7e00;
+        const uint16_t sgn = signbit(x) ? 0x8000 : 0;
+        const double a = fabs(double(x));
+        if (a >= 65520.0) return uint16_t(sgn | 0x7c00);
+        int e;
+        frexp(a, &e);
+        const int ue = e - 1 < -14 ? -14 : e - 1;
+        const double r = nearbyint(a / ldexp(1.0, ue - 10)) * ldexp(1.0, ue - 10);
+        if (r < ldexp(1.0, -14)) return uint16_t(sgn | uint16_t(r / ldexp(1.0, -24)));
+        const double fr = frexp(r, &e);
+        return uint16_t(sgn | uint16_t((e + 14) << 10) | uint16_t(ldexp(fr, 11) - 1024.0));
+    }
+    // Half copies of the call's rows; the float rows become their widened values (the twin's input).
+    void to_half(size_t nq, size_t nkv) {
+        hq.assign(q.size(), 0);
+        hk.assign(k.size(), 0);
+        hv.assign(v.size(), 0);
+        ho.assign(oa.size(), 0);
+        for (size_t i = 0; i < nq; ++i) q[i] = f16_value(hq[i] = f16_bits(q[i]));
+        for (size_t i = 0; i < nkv; ++i) k[i] = f16_value(hk[i] = f16_bits(k[i]));
+        for (size_t i = 0; i < nkv; ++i) v[i] = f16_value(hv[i] = f16_bits(v[i]));
+    }
+
+    // decode / prefill / append with an optional defect; one call in four through the half calls
+    // (kvp_*_ex, f16) on the cache, the twin taking the widened values through the f32 calls.
     void token_call(int kind) {
         const uint32_t L = m.n_layers;
         const Defect d = b.pick(3) == 0 ? Defect(1 + b.pick(kNumDefects - 1)) : kNone;
@@ -376,7 +409,9 @@ struct Sequence {
         const bool with_out = kind == 1 ? b.pick(4) != 0 : kind == 0;
         const bool with_q = kind == 0 || (kind == 1 && (with_out || b.pick(2)));
         static const float scales[] = {1.0f, 1.0f, 0.01f, 30.0f, 1e6f, 3e16f};
-        fill(n, (uint64_t(b.u16()) << 16) | b.u8(), scales[b.pick(6)], with_q);
+        const bool half = b.pick(4) == 0;
+        // f16 tops out at 65504: larger scales would make the defect-free rows Inf
+        fill(n, (uint64_t(b.u16()) << 16) | b.u8(), scales[half ? b.pick(4) : b.pick(6)], with_q);
         const int32_t *p = positions(layer, n, given);
         const size_t nq = size_t(n) * m.n_q_heads * m.head_dim, nkv = size_t(n) * m.n_kv_heads * m.head_dim;
         const float *qa = with_q ? q.data() : nullptr, *ka = k.data(), *va = v.data();
@@ -411,6 +446,10 @@ struct Sequence {
                 break;
             default: break;
         }
+        if (half) to_half(nq, nkv);
+        const void *hqa = qa ? hq.data() : nullptr, *hka = ka ? hk.data() : nullptr;
+        void *hout = !out ? nullptr : out == q.data() ? static_cast<void *>(hq.data())
+                                   : out == k.data() ? static_cast<void *>(hk.data()) : ho.data();
         if (stats) {
             ++stats->calls;
             if (d != kNone) ++stats->bad_inputs;
@@ -418,7 +457,15 @@ struct Sequence {
         const View before = observe(a, m, "before");
         kvp_status st;
         const char *what = kind == 0 ? "decode" : kind == 1 ? "prefill" : "append";
-        if (kind == 0) st = kvp_decode(a, la, qa, ka, va, out);
+        if (half) {
+            if (kind == 0) st = kvp_decode_ex(a, la, KVP_IO_F16, hqa, hka, hv.data(), hout);
+            else if (kind == 1) {
+                selections(n);
+                st = kvp_prefill_ex(a, la, na, pa, KVP_IO_F16, hqa, hka, hv.data(), hout, &sa);
+            } else {
+                st = kvp_append_ex(a, la, na, pa, KVP_IO_F16, hka, hv.data());
+            }
+        } else if (kind == 0) st = kvp_decode(a, la, qa, ka, va, out);
         else if (kind == 1) {
             selections(n);
             st = kvp_prefill(a, la, na, pa, qa, ka, va, out, &sa);
@@ -443,7 +490,14 @@ struct Sequence {
         else st2 = kvp_append(t, layer, n, p, ka, va);
         KVPF_CHECK(st2 == KVP_OK, "the twin refused a %s the cache took: %d (%s)", what, int(st2), kvp_last_error(t));
         if (kind == 1) compare_selections(what);
-        if (with_out) compare_outputs(nq, what);
+        if (with_out && half) {
+            if (stats) ++stats->half_calls;
+            for (size_t i = 0; i < nq; ++i)
+                KVPF_CHECK(ho[i] == f16_bits(ot[i]), "%s (f16): output %zu is %04x, the twin's %g rounds to %04x", what, i,
+                           unsigned(ho[i]), double(ot[i]), unsigned(f16_bits(ot[i])));
+        } else if (with_out) {
+            compare_outputs(nq, what);
+        }
         last_pos[layer] = p ? p[n - 1] : last_pos[layer] + n;
         if (layer == 0) seen0 += n;
         KVPF_CHECK(observe(a, m, "cache") == observe(t, m, "twin"), "cache and twin differ after a %s", what);

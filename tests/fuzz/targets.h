@@ -17,6 +17,7 @@ struct CallStats {
     uint64_t selections = 0;  // prefills that returned an ASL selection (equal to the twin's)
     uint64_t policy_runs[16] = {};
     uint64_t drafts = 0, drafts_accepted = 0;  // kvp_draft_commit calls that succeeded, and of them with accepted > 0
+    uint64_t half_calls = 0;  // successful f16 calls (kvp_*_ex) whose outputs were checked against the twin
 };
 
 // Config strings: kvp_config_apply on a default config (model from the first bytes), then

@@ -69,7 +69,10 @@ TEST(FuzzCalls, SeededSequences) {
     printf("ASL selections returned (equal to the twin's): %llu\n", (unsigned long long)st.selections);
     printf("drafts committed (equal to the twin's prefill of the accepted tokens): %llu, %llu with accepted > 0\n",
            (unsigned long long)st.drafts, (unsigned long long)st.drafts_accepted);
+    printf("f16 calls with outputs (kvp_*_ex; equal to the twin's f32 outputs rounded): %llu\n",
+           (unsigned long long)st.half_calls);
     EXPECT_GT(st.sequences, uint64_t(n / 4));
+    EXPECT_GT(st.half_calls, 0u);
     EXPECT_GT(st.selections, 0u);
     EXPECT_GT(st.drafts_accepted, 0u);
     EXPECT_GT(st.calls_failed, 0u);

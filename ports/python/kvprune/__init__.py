@@ -56,6 +56,7 @@ POS_DEFAULT, POS_ORIGINAL, POS_REALIGN = 0, 1, 2
 DTYPE_F32, DTYPE_F16, DTYPE_Q8, DTYPE_Q4 = 0, 1, 2, 3
 SCORE_FLOAT, SCORE_FIXED = 0, 1
 POOL_AVG, POOL_MAX = 0, 1
+IO_F32, IO_F16, IO_BF16 = 0, 1, 2  # kvp_io_dtype: element type of the *_half calls' rows
 
 _u32, _f32, _enum = ctypes.c_uint32, ctypes.c_float, ctypes.c_uint32  # C enums are int-sized
 
@@ -143,6 +144,11 @@ def _declare(lib):
         "kvp_prefill": (_u32, [_CP, _u32, _u32, _IP, _FP, _FP, _FP, _FP, ctypes.POINTER(_Selection)]),
         "kvp_decode": (_u32, [_CP, _u32, _FP, _FP, _FP, _FP]),
         "kvp_append": (_u32, [_CP, _u32, _u32, _IP, _FP, _FP]),
+        "kvp_prefill_ex": (_u32, [_CP, _u32, _u32, _IP, _enum, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                  ctypes.c_void_p, ctypes.POINTER(_Selection)]),
+        "kvp_decode_ex": (_u32, [_CP, _u32, _enum, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_void_p]),
+        "kvp_append_ex": (_u32, [_CP, _u32, _u32, _IP, _enum, ctypes.c_void_p, ctypes.c_void_p]),
         "kvp_layer_len": (_u32, [_CP, _u32]),
         "kvp_layer_positions": (_u32, [_CP, _u32, _u32, _IP, _u32, ctypes.POINTER(_u32)]),
         "kvp_layer_capacity": (_u32, [_CP, _u32]),
@@ -512,6 +518,51 @@ def _as_floats(x, name, writable=False):
     return arr, (arr, mv, x), n
 
 
+_HALF_DTYPES = {"f16": IO_F16, "bf16": IO_BF16, IO_F16: IO_F16, IO_BF16: IO_BF16}
+
+
+def _half_dtype(dtype):
+    try:
+        return _HALF_DTYPES[dtype]
+    except (KeyError, TypeError):
+        raise _arg_error("dtype=%r: expected 'f16' or 'bf16' (IO_F16, IO_BF16)" % (dtype,))
+
+
+def _as_halves(x, name, dt, writable=False):
+    """(ctypes uint16 array sharing or copying x's 2-byte elements, keepalive, n). Accepts numpy
+    float16 arrays (f16), numpy uint16 arrays (the bits, f16 or bf16), array('H'), and buffers of
+    format 'e' or 'H'; nothing is converted from another type (a half call takes half rows)."""
+    if x is None:
+        return None, None, 0
+    if _is_numpy(x):
+        ok = x.dtype == _np.uint16 or (x.dtype == _np.float16 and dt == IO_F16)
+        if not ok or not x.flags.c_contiguous:
+            raise _arg_error("%s must be a C-contiguous %s numpy array" %
+                             (name, "float16 or uint16" if dt == IO_F16 else "uint16 (bfloat16 bits)"))
+    try:
+        mv = memoryview(x)
+    except TypeError:
+        raise _arg_error("%s: expected a buffer of 2-byte elements (array('H'), numpy float16/uint16), got %s"
+                         % (name, type(x).__name__))
+    if mv.format not in ("e", "<e", "=e", "@e", "H", "<H", "=H", "@H") or not mv.c_contiguous:
+        raise _arg_error("%s: buffer of format %r (need contiguous 2-byte halves: 'e' or 'H')" % (name, mv.format))
+    if mv.format.endswith("e") and dt != IO_F16:
+        raise _arg_error("%s: a float16 buffer for dtype bf16 (pass the bfloat16 bits as uint16)" % name)
+    mv = mv.cast("B")
+    n = mv.nbytes // 2
+    if mv.readonly:
+        if writable:
+            raise _arg_error("%s is read-only" % name)
+        arr = (ctypes.c_uint16 * n).from_buffer_copy(mv)
+        return arr, arr, n
+    arr = (ctypes.c_uint16 * n).from_buffer(mv)
+    return arr, (arr, mv, x), n
+
+
+def _vp(arr):
+    return ctypes.cast(arr, ctypes.c_void_p) if arr is not None else None
+
+
 def _fp(arr):
     return ctypes.cast(arr, _FP) if arr is not None else None
 
@@ -735,6 +786,67 @@ class Cache:
         with self._lock:
             self._check(self._lib.kvp_append(self._h(), layer, n, ctypes.cast(pa, _IP) if pa is not None else None,
                                              _fp(ka), _fp(va)))
+
+    # -- half-precision rows (kvp_*_ex) --
+    def _new_half_out(self, n, like, dt):
+        if _is_numpy(like):
+            shape = like.shape if like.size == n else (n,)
+            return _np.zeros(shape, dtype=like.dtype)
+        return array.array("H", bytes(2 * n))
+
+    def decode_half(self, layer, q, k, v, dtype="f16", out=None):
+        """decode with q, k, v and out of 2-byte elements (kvp_decode_ex): ``dtype`` 'f16' (IEEE
+        half; numpy float16 works) or 'bf16' (bfloat16 bits in uint16). Returns ``out`` (new: numpy
+        of q's dtype and shape for a numpy q, else array('H') of the bits)."""
+        layer = _index(layer, "layer")
+        dt = _half_dtype(dtype)
+        qa, qk, qn = _as_halves(q, "q", dt)
+        ka, kk, kn = _as_halves(k, "k", dt)
+        va, vk, vn = _as_halves(v, "v", dt)
+        n = self._tokens(kn, vn, qn)
+        if n != 1:
+            raise _arg_error("decode takes one token, k holds %d" % n)
+        if out is None:
+            out = self._new_half_out(self._qw, q, dt)
+        oa, ok_, on = _as_halves(out, "out", dt, writable=True)
+        if on != self._qw:
+            raise _arg_error("out has %d elements, expected %d" % (on, self._qw))
+        with self._lock:
+            self._check(self._lib.kvp_decode_ex(self._h(), layer, dt, _vp(qa), _vp(ka), _vp(va), _vp(oa)))
+        return out
+
+    def prefill_half(self, layer, q, k, v, dtype="f16", positions=None, out=True):
+        """prefill with 2-byte rows (kvp_prefill_ex; see decode_half). ``out`` as in prefill."""
+        layer = _index(layer, "layer")
+        dt = _half_dtype(dtype)
+        qa, qk, qn = _as_halves(q, "q", dt)
+        ka, kk, kn = _as_halves(k, "k", dt)
+        va, vk, vn = _as_halves(v, "v", dt)
+        n = self._tokens(kn, vn, qn if q is not None else None)
+        pa = _positions(positions, n)
+        if out is True:
+            out = self._new_half_out(n * self._qw, q, dt) if q is not None else None
+        elif out is False:
+            out = None
+        oa, ok_, on = _as_halves(out, "out", dt, writable=True)
+        if out is not None and on != n * self._qw:
+            raise _arg_error("out has %d elements, expected %d (%d tokens)" % (on, n * self._qw, n))
+        with self._lock:
+            self._check(self._lib.kvp_prefill_ex(self._h(), layer, n, ctypes.cast(pa, _IP) if pa is not None else None,
+                                                 dt, _vp(qa), _vp(ka), _vp(va), _vp(oa), None))
+        return out
+
+    def append_half(self, layer, k, v, dtype="f16", positions=None):
+        """append with 2-byte rows (kvp_append_ex; see decode_half)."""
+        layer = _index(layer, "layer")
+        dt = _half_dtype(dtype)
+        ka, kk, kn = _as_halves(k, "k", dt)
+        va, vk, vn = _as_halves(v, "v", dt)
+        n = self._tokens(kn, vn)
+        pa = _positions(positions, n)
+        with self._lock:
+            self._check(self._lib.kvp_append_ex(self._h(), layer, n, ctypes.cast(pa, _IP) if pa is not None else None,
+                                                dt, _vp(ka), _vp(va)))
 
     def layer_len(self, layer):
         layer = _index(layer, "layer")

@@ -45,6 +45,12 @@ pub const KVP_DTYPE_F16: kvp_dtype = 1;
 pub const KVP_DTYPE_Q8: kvp_dtype = 2;
 pub const KVP_DTYPE_Q4: kvp_dtype = 3;
 
+/// `kvp_io_dtype`: element type of the `_ex` calls' q/k/v/out rows.
+pub type kvp_io_dtype = u32;
+pub const KVP_IO_F32: kvp_io_dtype = 0;
+pub const KVP_IO_F16: kvp_io_dtype = 1;
+pub const KVP_IO_BF16: kvp_io_dtype = 2;
+
 pub type kvp_score_mode = u32;
 pub const KVP_SCORE_FLOAT: kvp_score_mode = 0;
 pub const KVP_SCORE_FIXED: kvp_score_mode = 1;
@@ -247,6 +253,36 @@ extern "C" {
         positions: *const i32,
         k: *const f32,
         v: *const f32,
+    ) -> kvp_status;
+    pub fn kvp_prefill_ex(
+        c: *mut kvp_cache,
+        layer: u32,
+        n_tokens: u32,
+        positions: *const i32,
+        dtype: kvp_io_dtype,
+        q: *const u16,
+        k: *const u16,
+        v: *const u16,
+        out: *mut u16,
+        sel: *mut kvp_selection,
+    ) -> kvp_status;
+    pub fn kvp_decode_ex(
+        c: *mut kvp_cache,
+        layer: u32,
+        dtype: kvp_io_dtype,
+        q: *const u16,
+        k: *const u16,
+        v: *const u16,
+        out: *mut u16,
+    ) -> kvp_status;
+    pub fn kvp_append_ex(
+        c: *mut kvp_cache,
+        layer: u32,
+        n_tokens: u32,
+        positions: *const i32,
+        dtype: kvp_io_dtype,
+        k: *const u16,
+        v: *const u16,
     ) -> kvp_status;
     pub fn kvp_layer_len(c: *const kvp_cache, layer: u32) -> u32;
     pub fn kvp_layer_positions(c: *const kvp_cache, layer: u32, kv_head: u32, out: *mut i32, cap: u32, n: *mut u32)

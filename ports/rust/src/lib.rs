@@ -144,6 +144,16 @@ fn check_with_buf(status: ffi::kvp_status, buf: &[u8]) -> Result<()> {
     }
 }
 
+/// Element type of the `*_half` calls' rows (`kvp_io_dtype`; the numbers are pinned).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Half {
+    /// IEEE binary16 bits.
+    F16 = 1,
+    /// bfloat16 bits (the high half of an f32).
+    BF16 = 2,
+}
+
 /// RoPE style.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rope {
@@ -688,6 +698,49 @@ impl Cache {
         let n = self.tokens(None, k.len(), v.len(), None, positions.map(|p| p.len()))?;
         let pos = positions.map_or(ptr::null(), |p| p.as_ptr());
         let s = unsafe { ffi::kvp_append(self.handle.as_ptr(), layer, n, pos, k.as_ptr(), v.as_ptr()) };
+        self.check(s)
+    }
+
+    /// [`Cache::decode`] with 2-byte rows (`kvp_decode_ex`): q, k, v and out hold the bits of
+    /// IEEE half (`Half::F16`) or bfloat16 (`Half::BF16`) values; the cache and the outputs are
+    /// those of the f32 call on the widened values, its outputs rounded to nearest even.
+    pub fn decode_half(&mut self, layer: u32, dtype: Half, q: &[u16], k: &[u16], v: &[u16], out: &mut [u16]) -> Result<()> {
+        let n = self.tokens(Some(q.len()), k.len(), v.len(), Some(out.len()), None)?;
+        if n != 1 {
+            return Err(arg_error(format!("decode takes one token, k holds {}", n)));
+        }
+        let s = unsafe {
+            ffi::kvp_decode_ex(self.handle.as_ptr(), layer, dtype as u32, q.as_ptr(), k.as_ptr(), v.as_ptr(), out.as_mut_ptr())
+        };
+        self.check(s)
+    }
+
+    /// [`Cache::prefill`] with 2-byte rows (`kvp_prefill_ex`; see [`Cache::decode_half`]).
+    pub fn prefill_half(
+        &mut self,
+        layer: u32,
+        dtype: Half,
+        q: &[u16],
+        k: &[u16],
+        v: &[u16],
+        positions: Option<&[i32]>,
+        out: Option<&mut [u16]>,
+    ) -> Result<()> {
+        let n = self.tokens(Some(q.len()), k.len(), v.len(), out.as_ref().map(|o| o.len()), positions.map(|p| p.len()))?;
+        let pos = positions.map_or(ptr::null(), |p| p.as_ptr());
+        let outp = out.map_or(ptr::null_mut(), |o| o.as_mut_ptr());
+        let s = unsafe {
+            ffi::kvp_prefill_ex(self.handle.as_ptr(), layer, n, pos, dtype as u32, q.as_ptr(), k.as_ptr(), v.as_ptr(), outp,
+                                ptr::null_mut())
+        };
+        self.check(s)
+    }
+
+    /// [`Cache::append`] with 2-byte rows (`kvp_append_ex`; see [`Cache::decode_half`]).
+    pub fn append_half(&mut self, layer: u32, dtype: Half, k: &[u16], v: &[u16], positions: Option<&[i32]>) -> Result<()> {
+        let n = self.tokens(None, k.len(), v.len(), None, positions.map(|p| p.len()))?;
+        let pos = positions.map_or(ptr::null(), |p| p.as_ptr());
+        let s = unsafe { ffi::kvp_append_ex(self.handle.as_ptr(), layer, n, pos, dtype as u32, k.as_ptr(), v.as_ptr()) };
         self.check(s)
     }
 
