@@ -227,6 +227,11 @@ View observe(kvp_cache *c, const kvp_model &m, const char *who) {
     return w;
 }
 
+// Sliding-window layers (src/sliding.h's rule, restated): local unless the pattern makes it global.
+bool layer_is_local(const kvp_config &c, uint32_t layer) {
+    return c.sliding_window > 0 && (c.sliding_pattern == 0 || (layer + 1) % c.sliding_pattern != 0);
+}
+
 // One defect injected into an otherwise valid call, and the status it must give.
 enum Defect { kNone, kBadLayer, kNanQ, kInfK, kHugeV, kNullK, kZeroN, kBackwards, kAliasOut, kNumDefects };
 
@@ -423,7 +428,9 @@ struct Sequence {
             case kNone: break;
             case kBadLayer: la = L + b.pick(3); break;
             case kNanQ:
-                if (!qa || (!out && !kPolicies[row].observes)) return;  // q not read: not checked
+                // q not read, so not checked: no output and no policy observing it (a
+                // sliding-window local layer runs no policy)
+                if (!qa || (!out && (!kPolicies[row].observes || layer_is_local(cfg, layer)))) return;
                 q[b.u16() % nq] = NAN;
                 break;
             case kInfK: k[b.u16() % nkv] = -INFINITY; break;
