@@ -214,6 +214,9 @@ void cache_reset(kvp_cache *c) {
     for (uint32_t h = 0; h < m.n_kv_heads; ++h) c->pools[h].reset();
     c->live_rows = c->peak_rows = c->tokens_seen = 0;
     c->live_bytes = c->peak_bytes = 0;
+    // The policy's region starts as zeros, whatever the arena held or earlier calls left: a saved
+    // state (state.cpp writes the whole region) then depends only on the calls made since.
+    if (c->pstate) memset(c->pstate, 0, c->plan.pstate_bytes);
     if (c->policy->reset) c->policy->reset(c);
     draft_reset(c);
 }

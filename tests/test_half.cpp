@@ -14,6 +14,7 @@
 
 #include "io.h"
 #include "kvprune/kvprune.h"
+#include "cache.h"
 #include "reference.h"
 
 namespace {
@@ -184,13 +185,18 @@ struct Half {
     }
 };
 
-// The two caches hold the same state: their saved states are the same bytes. Two cases save
-// bytes that the calls do not determine (two caches fed the same f32 calls differ there too,
-// reported to the lead): ASL's policy region, and simlayerkv lazy_mode=decode (kv_dtype=f16 after a
-// few steps). For those the kept positions of every layer and head and the stats are compared.
+// The two caches hold the same state: their saved states are the same bytes. One case still
+// saves bytes that the calls do not determine: simlayerkv lazy_mode=decode with kv_dtype=f16 (after
+// a few steps ~800 bytes of stored rows differ while kept positions, stats and every output agree;
+// open, in the stop-19 closing note). For it the kept positions of every layer and head and the
+// stats are compared. (ASL's policy region was the other case: fixed, the region now starts as
+// zeros at create and reset; test_state BytesDependOnlyOnTheCalls.)
 void expect_same(const ref::Cache &a, const ref::Cache &b, const kvp_model &m, const std::string &where) {
-    if (where.find("policy=asl") == std::string::npos && where.find("lazy_mode=decode") == std::string::npos) {
-        ASSERT_EQ(state_of(a.c), state_of(b.c)) << where;
+    if (where.find("lazy_mode=decode") == std::string::npos) {
+        const std::vector<uint8_t> sa = state_of(a.c), sb = state_of(b.c);
+        size_t first = 0;  // bytes 24..31: the checksum
+        while (first < sa.size() && first < sb.size() && (sa[first] == sb[first] || (first >= 24 && first < 32))) ++first;
+        ASSERT_TRUE(sa == sb) << where << ": the saved states differ first at byte " << first << " of " << sa.size();
         return;
     }
     for (uint32_t l = 0; l < m.n_layers; ++l)
