@@ -486,26 +486,32 @@ func argErr(format string, a ...interface{}) error {
 
 // tokens checks slice sizes and returns the token count (from k).
 func (c *Cache) tokens(q []float32, checkQ bool, k, v, out []float32, positions []int32) (int, error) {
+	return c.rowTokens("floats", len(q), checkQ, len(k), len(v), len(out), out != nil, len(positions), positions != nil)
+}
+
+// rowTokens checks the lengths of a token call's rows (in elements of `unit`) and returns the
+// token count (from k): tokens for float rows, halfTokens for 2-byte rows.
+func (c *Cache) rowTokens(unit string, lq int, checkQ bool, lk, lv, lout int, hasOut bool, lpos int, hasPos bool) (int, error) {
 	kw := int(c.model.KVHeads * c.model.HeadDim)
 	qw := int(c.model.QHeads * c.model.HeadDim)
-	if len(k) == 0 || len(k)%kw != 0 {
-		return 0, argErr("k has %d floats: expected a positive multiple of n_kv_heads*head_dim = %d", len(k), kw)
+	if lk == 0 || lk%kw != 0 {
+		return 0, argErr("k has %d %s: expected a positive multiple of n_kv_heads*head_dim = %d", lk, unit, kw)
 	}
-	n := len(k) / kw
+	n := lk / kw
 	if qw != 0 && n > int(^uint(0)>>1)/qw { // 32-bit targets: n*qw must not wrap (a short q would pass)
-		return 0, argErr("%d tokens: q would hold more floats than int counts", n)
+		return 0, argErr("%d tokens: q would hold more %s than int counts", n, unit)
 	}
-	if len(v) != len(k) {
-		return 0, argErr("v has %d floats, k has %d", len(v), len(k))
+	if lv != lk {
+		return 0, argErr("v has %d %s, k has %d", lv, unit, lk)
 	}
-	if checkQ && len(q) != n*qw {
-		return 0, argErr("q has %d floats, expected %d (%d tokens)", len(q), n*qw, n)
+	if checkQ && lq != n*qw {
+		return 0, argErr("q has %d %s, expected %d (%d tokens)", lq, unit, n*qw, n)
 	}
-	if out != nil && len(out) != n*qw {
-		return 0, argErr("out has %d floats, expected %d (%d tokens)", len(out), n*qw, n)
+	if hasOut && lout != n*qw {
+		return 0, argErr("out has %d %s, expected %d (%d tokens)", lout, unit, n*qw, n)
 	}
-	if positions != nil && len(positions) != n {
-		return 0, argErr("positions has %d entries, expected %d", len(positions), n)
+	if hasPos && lpos != n {
+		return 0, argErr("positions has %d entries, expected %d", lpos, n)
 	}
 	if uint64(n) > 0xffffffff {
 		return 0, argErr("%d tokens in one call", n)
@@ -649,31 +655,7 @@ func hptr(x []uint16) unsafe.Pointer {
 
 // halfTokens checks the lengths of 2-byte rows as tokens does for float rows.
 func (c *Cache) halfTokens(q []uint16, checkQ bool, k, v, out []uint16, positions []int32) (int, error) {
-	kw := int(c.model.KVHeads * c.model.HeadDim)
-	qw := int(c.model.QHeads * c.model.HeadDim)
-	if len(k) == 0 || len(k)%kw != 0 {
-		return 0, argErr("k has %d elements: expected a positive multiple of n_kv_heads*head_dim = %d", len(k), kw)
-	}
-	n := len(k) / kw
-	if qw != 0 && n > int(^uint(0)>>1)/qw {
-		return 0, argErr("%d tokens: q would hold more elements than int counts", n)
-	}
-	if len(v) != len(k) {
-		return 0, argErr("v has %d elements, k has %d", len(v), len(k))
-	}
-	if checkQ && len(q) != n*qw {
-		return 0, argErr("q has %d elements, expected %d (%d tokens)", len(q), n*qw, n)
-	}
-	if out != nil && len(out) != n*qw {
-		return 0, argErr("out has %d elements, expected %d (%d tokens)", len(out), n*qw, n)
-	}
-	if positions != nil && len(positions) != n {
-		return 0, argErr("positions has %d entries, expected %d", len(positions), n)
-	}
-	if uint64(n) > 0xffffffff {
-		return 0, argErr("%d tokens in one call", n)
-	}
-	return n, nil
+	return c.rowTokens("elements", len(q), checkQ, len(k), len(v), len(out), out != nil, len(positions), positions != nil)
 }
 
 // DecodeHalf is Decode with 2-byte rows (kvp_decode_ex): q, k, v and out hold the bits of IEEE
