@@ -391,7 +391,16 @@ void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &
         uint32_t m = 0;
         for (uint32_t v = vb > hs.roff ? vb : hs.roff; v < vb + block; ++v) {
             const uint32_t slot = bid * block + v % block;
-            if (pool.pos[slot] == kDeadSlot) continue;
+            if (pool.pos[slot] == kDeadSlot) {
+                // Evicted while residual: it gets no converted rows. Zeros, not what the block's
+                // bytes held before (arena bytes or an older token), so that a saved state
+                // (which writes the block's slots, live and dead) depends only on the calls.
+                const FmtPool &fpo = fmt_pool(fc, pool);
+                memset(k_row(fpo, f, slot), 0, f.k_row);
+                memset(v_row(fpo, f, slot), 0, f.v_row);
+                if (f.v_groups) memset(v_sz(fpo, f, slot), 0, vgroups_halves(f) * sizeof(uint16_t));
+                continue;
+            }
             s[m].slot = s[m].from = slot;
             s[m].kf = s[m].vf = nullptr;
             if (v >= vres) full(v >= vstaged, size_t(L - (vend - v)) - nw.L0, fc.pin_side + v % block, &s[m]);
