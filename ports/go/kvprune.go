@@ -226,6 +226,21 @@ func (cfg *Config) Check() error {
 	return errFromBuf(s, buf)
 }
 
+// RopeCheck checks a RoPE table (rope_dim/2 inverse frequencies, each finite and > 0) against the
+// configuration without creating anything (kvp_rope_check); nil or empty means no table.
+func (cfg *Config) RopeCheck(invFreq []float64) error {
+	if len(invFreq) > math.MaxUint32 {
+		return newError(ErrArg, "the RoPE table has more than 2^32-1 entries")
+	}
+	var tab *C.double
+	if len(invFreq) > 0 {
+		tab = (*C.double)(unsafe.Pointer(&invFreq[0]))
+	}
+	buf := make([]byte, errLen)
+	s := C.kvp_rope_check(&cfg.raw, tab, C.uint32_t(len(invFreq)), (*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	return errFromBuf(s, buf)
+}
+
 // ArenaSize is the exact arena size in bytes; 0 when the configuration is invalid.
 func (cfg *Config) ArenaSize() int { return int(C.kvp_arena_size(&cfg.raw)) }
 
@@ -434,8 +449,14 @@ func NewCacheRope(cfg *Config, invFreq []float64) (*Cache, error) {
 	}
 	var h *C.kvp_cache
 	buf := make([]byte, errLen)
-	if s := C.kvp_create_rope(&cfg.raw, tab, C.uint32_t(len(invFreq)), arena, C.size_t(n), &h,
-		(*C.char)(unsafe.Pointer(&buf[0])), errLen); s != C.KVP_OK {
+	var s C.kvp_status
+	if tab == nil { // no table: the plain create (kvp_create_rope with none is the same call)
+		s = C.kvp_create_ex(&cfg.raw, arena, C.size_t(n), &h, (*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	} else {
+		s = C.kvp_create_rope(&cfg.raw, tab, C.uint32_t(len(invFreq)), arena, C.size_t(n), &h,
+			(*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	}
+	if s != C.KVP_OK {
 		C.free(arena)
 		return nil, errFromBuf(s, buf)
 	}

@@ -126,6 +126,20 @@ func TestRopeTableIsUsed(t *testing.T) {
 	if _, err := NewCacheRope(cfg, tab[:7]); statusOf(err) != ErrConfig || !strings.Contains(err.Error(), "rope_dim/2=8") {
 		t.Fatalf("short table: %v", err)
 	}
+	if err := cfg.RopeCheck(tab); err != nil {
+		t.Fatalf("RopeCheck of a good table: %v", err)
+	}
+	if err := cfg.RopeCheck(nil); err != nil {
+		t.Fatalf("RopeCheck of no table: %v", err)
+	}
+	bad := append([]float64(nil), tab...)
+	bad[3] = math.Inf(1)
+	if err := cfg.RopeCheck(bad); statusOf(err) != ErrConfig {
+		t.Fatalf("RopeCheck of an Inf entry: %v", err)
+	}
+	if err := cfg.RopeCheck(tab[:7]); statusOf(err) != ErrConfig {
+		t.Fatalf("RopeCheck of a short table: %v", err)
+	}
 	if err := cfg.Set("rope_attn_factor", 1.25); err != nil || cfg.raw.rope_attn_factor != 1.25 {
 		t.Fatalf("rope_attn_factor: %v", err)
 	}

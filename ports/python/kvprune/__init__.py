@@ -414,6 +414,15 @@ class Config:
         buf = ctypes.create_string_buffer(_ERR_LEN)
         _check_buf(load_library().kvp_config_check(ctypes.byref(self._raw), buf, _ERR_LEN), buf)
 
+    def rope_check(self, inv_freq):
+        """kvp_rope_check: raises KvpError unless inv_freq (rope_dim/2 inverse frequencies, each
+        finite and > 0; empty or None = no table) fits this configuration. Creates nothing."""
+        tab = [float(x) for x in (inv_freq or [])]
+        n = _uint32(len(tab), "len(inv_freq)")
+        arr = (ctypes.c_double * n)(*tab) if n else None
+        buf = ctypes.create_string_buffer(_ERR_LEN)
+        _check_buf(load_library().kvp_rope_check(ctypes.byref(self._raw), arr, n, buf, _ERR_LEN), buf)
+
     def arena_size(self):
         """Exact arena bytes a cache of this configuration needs (kvp_arena_size); 0 if invalid."""
         return load_library().kvp_arena_size(ctypes.byref(self._raw))

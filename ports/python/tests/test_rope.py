@@ -88,6 +88,13 @@ class RopeTable(unittest.TestCase):
         self.assertIn("rope_dim/2=8", str(e.exception))
         with self.assertRaises(KvpError):
             kvprune.Cache(m, "policy=full capacity=32", rope_freqs=[1.0] * 7 + [float("nan")])
+        cfg = kvprune.Config(m, "policy=full capacity=32")
+        cfg.rope_check([1.0] * 8)
+        cfg.rope_check(None)
+        for bad in ([1.0] * 7, [1.0] * 7 + [float("inf")], [1.0] * 7 + [0.0]):
+            with self.assertRaises(KvpError) as e:
+                cfg.rope_check(bad)
+            self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
 
     def test_attn_factor_key(self):
         m = kvprune.Model(1, NQ, NKV, HD, rope=kvprune.ROPE_NEOX)

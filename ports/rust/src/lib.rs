@@ -267,6 +267,20 @@ impl Config {
         check_with_buf(s, &buf)
     }
 
+    /// kvp_rope_check: whether a RoPE table (rope_dim/2 inverse frequencies, each finite and > 0)
+    /// fits this configuration; creates nothing. An empty slice means no table.
+    pub fn rope_check(&self, inv_freq: &[f64]) -> Result<()> {
+        if inv_freq.len() > u32::MAX as usize {
+            return Err(Error::new(Status::Arg, "the RoPE table has more than 2^32-1 entries"));
+        }
+        let tab = if inv_freq.is_empty() { ptr::null() } else { inv_freq.as_ptr() };
+        let mut buf = [0u8; ERR_LEN];
+        let s = unsafe {
+            ffi::kvp_rope_check(&self.raw, tab, inv_freq.len() as u32, buf.as_mut_ptr() as *mut c_char, ERR_LEN)
+        };
+        check_with_buf(s, &buf)
+    }
+
     /// Exact arena bytes a cache of this configuration needs; 0 when it is invalid.
     pub fn arena_size(&self) -> usize {
         unsafe { ffi::kvp_arena_size(&self.raw) }

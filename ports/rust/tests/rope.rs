@@ -77,4 +77,10 @@ fn the_table_is_used() {
     let mut cfg = Config::from_spec(&m, spec).unwrap();
     cfg.set("rope_attn_factor", 1.25).unwrap();
     assert!(cfg.set("rope_attn_factor", 0.0).is_err());
+    cfg.rope_check(&tab).unwrap();
+    cfg.rope_check(&[]).unwrap();
+    assert_eq!(cfg.rope_check(&tab[..7]).unwrap_err().status, Status::Config);
+    let mut bad = tab.clone();
+    bad[3] = f64::INFINITY;
+    assert_eq!(cfg.rope_check(&bad).unwrap_err().status, Status::Config);
 }
