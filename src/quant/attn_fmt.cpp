@@ -122,9 +122,20 @@ void fmt_pv_end(const AttnIn &a, uint32_t rows, float *o, size_t ldo) {
         const float *acc = x.oacc + size_t(r) * f.wvp;
         const float *z = x.zacc + size_t(r) * f.v_groups;
         float *orow = o + r * ldo;
-        for (uint32_t ch = 0; ch < f.wv; ++ch) {
-            const float val = f.v_groups ? acc[ch] + z[ch / kVGroup] : acc[ch];
-            orow[f.thin_v ? x.fs->vidx[ch] : ch] += val;
+        if (f.thin_v) {
+            for (uint32_t ch = 0; ch < f.wv; ++ch)
+                orow[x.fs->vidx[ch]] += f.v_groups ? acc[ch] + z[ch / kVGroup] : acc[ch];
+            continue;
+        }
+        // per value group, so the compiler vectorizes (the same additions per element)
+        if (!f.v_groups) {
+            for (uint32_t ch = 0; ch < f.wv; ++ch) orow[ch] += acc[ch];
+            continue;
+        }
+        for (uint32_t g = 0, ch0 = 0; ch0 < f.wv; ++g, ch0 += kVGroup) {
+            const float zg = z[g];
+            const uint32_t ch1 = ch0 + kVGroup < f.wv ? ch0 + kVGroup : f.wv;
+            for (uint32_t ch = ch0; ch < ch1; ++ch) orow[ch] += acc[ch] + zg;
         }
     }
 }
