@@ -1,7 +1,8 @@
 // Stored-format attention kernels (kernels/attn_q.h) and the element formats (quant/format.h):
 // every SIMD variant against the scalar reference, the reference against double precision,
 // widths below / at / above the vector width and rows 1..9, bitwise equalities where the
-// arithmetic is the same (avx512 = avx2; q4 integer dot products in every variant), and the
+// arithmetic is the same (avx512 = avx2; q4 integer dot products in every variant; the FMA
+// variants' pv and f16 qk against a std::fma emulation of the order attn_q.h pins), and the
 // conversion error bounds.
 #include "kernels/attn_q.h"
 
@@ -9,6 +10,7 @@
 #include <math.h>
 #include <string.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -295,6 +297,75 @@ TEST(QuantKernels, Avx512IsBitIdenticalToAvx2) {
 
 // A run split into calls gives the same bits as one call (the store's physical layout never
 // changes an output bit): qk per logit, pv per element with zero terms carried across calls.
+// The FMA variants (avx2, avx512) against the arithmetic attn_q.h pins, emulated with std::fma:
+// pv: o[c] = fma(w_t, x_tc, o[c]) in token order with w_t = p_t * s_tg rounded to float (f16:
+// w_t = p_t); f16 qk: lane l of one 8-lane accumulator takes fma(q_c, x_c, .) for c = l mod 8 in
+// chunk order, ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)), plus the bias, times the scale. This pins
+// avx2 = avx512 on a machine without AVX-512, where Avx512IsBitIdenticalToAvx2 is skipped, and
+// any change of either variant's order fails here whatever the machine.
+TEST(QuantKernels, FmaVariantsFollowThePinnedOrder) {
+    std::vector<const AttnQ *> fma;
+    if (kvp::kern::attn_q_avx2()) fma.push_back(kvp::kern::attn_q_avx2());
+    if (kvp::kern::attn_q_avx512()) fma.push_back(kvp::kern::attn_q_avx512());
+    if (fma.empty()) GTEST_SKIP() << "no FMA variant on this machine";
+    for (Kind kind : {kF16, kQ8, kQ4}) {
+        for (uint32_t w : kWidths) {
+            if (kind == kQ4 && w % 16) continue;
+            const uint32_t G = (w + 31) / 32;
+            for (uint32_t rows_n : {1u, 2u, 3u, 4u, 6u}) {
+                for (uint32_t n : kNs) {
+                    Rng g(w * 11 + n * 5 + rows_n + kind * 7919);
+                    const Rows r = rows(kind, n, w, g);
+                    const size_t ldp = n + 1, ldo = w + 1;
+                    std::vector<float> p(rows_n * ldp), o0(rows_n * ldo), z0(rows_n * G + 1);
+                    g.fill(p, 0.0f, 1.0f);
+                    g.fill(o0);
+                    g.fill(z0);
+                    std::vector<float> want = o0;
+                    for (uint32_t i = 0; i < rows_n; ++i)
+                        for (uint32_t c = 0; c < w; ++c) {
+                            float acc = o0[i * ldo + c];
+                            for (uint32_t t = 0; t < n; ++t) {
+                                const float pt = p[i * ldp + t];
+                                const float wt =
+                                    kind == kF16 ? pt : pt * kvp::f32_from_f16(r.sz[t * r.ldsz + c / 32]);
+                                acc = std::fma(wt, float(elem(kind, &r.k[t * r.ld], c)), acc);
+                            }
+                            want[i * ldo + c] = acc;
+                        }
+                    for (const AttnQ *A : fma) {
+                        std::vector<float> o = o0, z = z0;
+                        auto pv = kind == kF16 ? A->pv_f16 : kind == kQ8 ? A->pv_q8 : A->pv_q4;
+                        pv(p.data(), ldp, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, o.data(), ldo, z.data(), G);
+                        ASSERT_EQ(memcmp(o.data(), want.data(), o.size() * 4), 0)
+                            << A->name << " pv " << kKindName[kind] << " w=" << w << " rows=" << rows_n << " n=" << n;
+                    }
+                    if (kind != kF16) continue;
+                    std::vector<float> q(rows_n * w), bias(rows_n);
+                    g.fill(q);
+                    g.fill(bias);
+                    const float scale = 0.37f;
+                    std::vector<float> lw(rows_n * ldp, -5.0f);
+                    for (uint32_t i = 0; i < rows_n; ++i)
+                        for (uint32_t t = 0; t < n; ++t) {
+                            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                            for (uint32_t c = 0; c < w; ++c)
+                                lane[c % 8] = std::fma(q[i * w + c], float(elem(kind, &r.k[t * r.ld], c)), lane[c % 8]);
+                            const float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+                            lw[i * ldp + t] = (s + bias[i]) * scale;
+                        }
+                    for (const AttnQ *A : fma) {
+                        std::vector<float> l(rows_n * ldp, -5.0f);
+                        A->qk_f16(q.data(), w, rows_n, bias.data(), r.k.data(), r.ld, n, w, scale, l.data(), ldp);
+                        ASSERT_EQ(memcmp(l.data(), lw.data(), l.size() * 4), 0)
+                            << A->name << " qk f16 w=" << w << " rows=" << rows_n << " n=" << n;
+                    }
+                }
+            }
+        }
+    }
+}
+
 TEST(QuantKernels, SplitCallsGiveTheSameBits) {
     for (const AttnQ *A : simd_variants()) {
         for (Kind kind : {kF16, kQ8, kQ4}) {
