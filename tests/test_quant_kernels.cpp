@@ -208,62 +208,69 @@ TEST(QuantKernels, IntegerDotIsExactInEveryVariant) {
     }
 }
 
-TEST(QuantKernels, PvMatchesReference) {
-    const AttnQ *S = kvp::kern::attn_q_scalar();
-    for (Kind kind : {kF16, kQ8, kQ4}) {
+// The pv sweep: every kind x width (q4: multiples of 16) x rows 1..6 x n in kNs; stops at the
+// first fatal failure (an ASSERT inside f returns from f only).
+template <class F>
+void each_pv_case(F f) {
+    for (Kind kind : {kF16, kQ8, kQ4})
         for (uint32_t w : kWidths) {
             if (kind == kQ4 && w % 16) continue;
-            const uint32_t G = (w + 31) / 32;
-            for (uint32_t rows_n : {1u, 2u, 3u, 4u, 6u}) {
+            for (uint32_t rows_n : {1u, 2u, 3u, 4u, 6u})
                 for (uint32_t n : kNs) {
-                    Rng g(w * 7 + n * 13 + rows_n + kind * 100000);
-                    const Rows r = rows(kind, n, w, g);
-                    const size_t ldp = n + 2, ldo = w + 3;
-                    std::vector<float> p(rows_n * ldp);
-                    g.fill(p, 0.0f, 1.0f);
-                    std::vector<float> o0(rows_n * ldo), z0(rows_n * G + 1);
-                    g.fill(o0);
-                    g.fill(z0);
-                    const auto pv = [&](const AttnQ *A) {
-                        return kind == kF16 ? A->pv_f16 : kind == kQ8 ? A->pv_q8 : A->pv_q4;
-                    };
-                    std::vector<float> ow = o0, zw = z0;
-                    pv(S)(p.data(), ldp, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, ow.data(), ldo, zw.data(), G);
-                    for (uint32_t i = 0; i < rows_n; ++i) {  // reference against double
-                        for (uint32_t c = 0; c < w; ++c) {
-                            double d = o0[i * ldo + c], z = kind == kF16 ? 0 : z0[i * G + c / 32];
-                            for (uint32_t t = 0; t < n; ++t) {
-                                const double pt = p[i * ldp + t];
-                                const double s = kind == kF16 ? 1.0 : kvp::f32_from_f16(r.sz[t * r.ldsz + c / 32]);
-                                d += pt * s * elem(kind, &r.k[t * r.ld], c);
-                                if (kind != kF16) z += pt * kvp::f32_from_f16(r.sz[t * r.ldsz + G + c / 32]);
-                            }
-                            ASSERT_NEAR(ow[i * ldo + c], d, 1e-4 * (1 + fabs(d)));
-                            if (kind != kF16) {
-                                ASSERT_NEAR(zw[i * G + c / 32], z, 1e-4 * (1 + fabs(z)));
-                            }
-                        }
-                    }
-                    for (const AttnQ *A : simd_variants()) {
-                        std::vector<float> o = o0, z = z0;
-                        pv(A)(p.data(), ldp, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, o.data(), ldo, z.data(), G);
-                        for (size_t i = 0; i < o.size(); ++i) {
-                            if (i % ldo >= w) {
-                                ASSERT_EQ(o[i], o0[i]) << A->name << " wrote padding";
-                                continue;
-                            }
-                            ASSERT_NEAR(o[i], ow[i], 2e-5 * (1 + fabs(ow[i])))
-                                << A->name << " " << kKindName[kind] << " w=" << w << " rows=" << rows_n << " n=" << n;
-                        }
-                        // zero terms: mul then add per token, in token order: the reference's bits
-                        if (kind != kF16) {
-                            ASSERT_EQ(memcmp(z.data(), zw.data(), z.size() * 4), 0) << A->name;
-                        }
-                    }
+                    f(kind, w, (w + 31) / 32, rows_n, n);
+                    if (::testing::Test::HasFatalFailure()) return;
+                }
+        }
+}
+
+TEST(QuantKernels, PvMatchesReference) {
+    const AttnQ *S = kvp::kern::attn_q_scalar();
+    each_pv_case([&](Kind kind, uint32_t w, uint32_t G, uint32_t rows_n, uint32_t n) {
+        Rng g(w * 7 + n * 13 + rows_n + kind * 100000);
+        const Rows r = rows(kind, n, w, g);
+        const size_t ldp = n + 2, ldo = w + 3;
+        std::vector<float> p(rows_n * ldp);
+        g.fill(p, 0.0f, 1.0f);
+        std::vector<float> o0(rows_n * ldo), z0(rows_n * G + 1);
+        g.fill(o0);
+        g.fill(z0);
+        const auto pv = [&](const AttnQ *A) {
+            return kind == kF16 ? A->pv_f16 : kind == kQ8 ? A->pv_q8 : A->pv_q4;
+        };
+        std::vector<float> ow = o0, zw = z0;
+        pv(S)(p.data(), ldp, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, ow.data(), ldo, zw.data(), G);
+        for (uint32_t i = 0; i < rows_n; ++i) {  // reference against double
+            for (uint32_t c = 0; c < w; ++c) {
+                double d = o0[i * ldo + c], z = kind == kF16 ? 0 : z0[i * G + c / 32];
+                for (uint32_t t = 0; t < n; ++t) {
+                    const double pt = p[i * ldp + t];
+                    const double s = kind == kF16 ? 1.0 : kvp::f32_from_f16(r.sz[t * r.ldsz + c / 32]);
+                    d += pt * s * elem(kind, &r.k[t * r.ld], c);
+                    if (kind != kF16) z += pt * kvp::f32_from_f16(r.sz[t * r.ldsz + G + c / 32]);
+                }
+                ASSERT_NEAR(ow[i * ldo + c], d, 1e-4 * (1 + fabs(d)));
+                if (kind != kF16) {
+                    ASSERT_NEAR(zw[i * G + c / 32], z, 1e-4 * (1 + fabs(z)));
                 }
             }
         }
-    }
+        for (const AttnQ *A : simd_variants()) {
+            std::vector<float> o = o0, z = z0;
+            pv(A)(p.data(), ldp, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, o.data(), ldo, z.data(), G);
+            for (size_t i = 0; i < o.size(); ++i) {
+                if (i % ldo >= w) {
+                    ASSERT_EQ(o[i], o0[i]) << A->name << " wrote padding";
+                    continue;
+                }
+                ASSERT_NEAR(o[i], ow[i], 2e-5 * (1 + fabs(ow[i])))
+                    << A->name << " " << kKindName[kind] << " w=" << w << " rows=" << rows_n << " n=" << n;
+            }
+            // zero terms: mul then add per token, in token order: the reference's bits
+            if (kind != kF16) {
+                ASSERT_EQ(memcmp(z.data(), zw.data(), z.size() * 4), 0) << A->name;
+            }
+        }
+    });
 }
 
 TEST(QuantKernels, Avx512IsBitIdenticalToAvx2) {
@@ -308,62 +315,54 @@ TEST(QuantKernels, FmaVariantsFollowThePinnedOrder) {
     if (kvp::kern::attn_q_avx2()) fma.push_back(kvp::kern::attn_q_avx2());
     if (kvp::kern::attn_q_avx512()) fma.push_back(kvp::kern::attn_q_avx512());
     if (fma.empty()) GTEST_SKIP() << "no FMA variant on this machine";
-    for (Kind kind : {kF16, kQ8, kQ4}) {
-        for (uint32_t w : kWidths) {
-            if (kind == kQ4 && w % 16) continue;
-            const uint32_t G = (w + 31) / 32;
-            for (uint32_t rows_n : {1u, 2u, 3u, 4u, 6u}) {
-                for (uint32_t n : kNs) {
-                    Rng g(w * 11 + n * 5 + rows_n + kind * 7919);
-                    const Rows r = rows(kind, n, w, g);
-                    const size_t ldp = n + 1, ldo = w + 1;
-                    std::vector<float> p(rows_n * ldp), o0(rows_n * ldo), z0(rows_n * G + 1);
-                    g.fill(p, 0.0f, 1.0f);
-                    g.fill(o0);
-                    g.fill(z0);
-                    std::vector<float> want = o0;
-                    for (uint32_t i = 0; i < rows_n; ++i)
-                        for (uint32_t c = 0; c < w; ++c) {
-                            float acc = o0[i * ldo + c];
-                            for (uint32_t t = 0; t < n; ++t) {
-                                const float pt = p[i * ldp + t];
-                                const float wt =
-                                    kind == kF16 ? pt : pt * kvp::f32_from_f16(r.sz[t * r.ldsz + c / 32]);
-                                acc = std::fma(wt, float(elem(kind, &r.k[t * r.ld], c)), acc);
-                            }
-                            want[i * ldo + c] = acc;
-                        }
-                    for (const AttnQ *A : fma) {
-                        std::vector<float> o = o0, z = z0;
-                        auto pv = kind == kF16 ? A->pv_f16 : kind == kQ8 ? A->pv_q8 : A->pv_q4;
-                        pv(p.data(), ldp, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, o.data(), ldo, z.data(), G);
-                        ASSERT_EQ(memcmp(o.data(), want.data(), o.size() * 4), 0)
-                            << A->name << " pv " << kKindName[kind] << " w=" << w << " rows=" << rows_n << " n=" << n;
-                    }
-                    if (kind != kF16) continue;
-                    std::vector<float> q(rows_n * w), bias(rows_n);
-                    g.fill(q);
-                    g.fill(bias);
-                    const float scale = 0.37f;
-                    std::vector<float> lw(rows_n * ldp, -5.0f);
-                    for (uint32_t i = 0; i < rows_n; ++i)
-                        for (uint32_t t = 0; t < n; ++t) {
-                            float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-                            for (uint32_t c = 0; c < w; ++c)
-                                lane[c % 8] = std::fma(q[i * w + c], float(elem(kind, &r.k[t * r.ld], c)), lane[c % 8]);
-                            const float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-                            lw[i * ldp + t] = (s + bias[i]) * scale;
-                        }
-                    for (const AttnQ *A : fma) {
-                        std::vector<float> l(rows_n * ldp, -5.0f);
-                        A->qk_f16(q.data(), w, rows_n, bias.data(), r.k.data(), r.ld, n, w, scale, l.data(), ldp);
-                        ASSERT_EQ(memcmp(l.data(), lw.data(), l.size() * 4), 0)
-                            << A->name << " qk f16 w=" << w << " rows=" << rows_n << " n=" << n;
-                    }
+    each_pv_case([&](Kind kind, uint32_t w, uint32_t G, uint32_t rows_n, uint32_t n) {
+        Rng g(w * 11 + n * 5 + rows_n + kind * 7919);
+        const Rows r = rows(kind, n, w, g);
+        const size_t ldp = n + 1, ldo = w + 1;
+        std::vector<float> p(rows_n * ldp), o0(rows_n * ldo), z0(rows_n * G + 1);
+        g.fill(p, 0.0f, 1.0f);
+        g.fill(o0);
+        g.fill(z0);
+        std::vector<float> want = o0;
+        for (uint32_t i = 0; i < rows_n; ++i)
+            for (uint32_t c = 0; c < w; ++c) {
+                float acc = o0[i * ldo + c];
+                for (uint32_t t = 0; t < n; ++t) {
+                    const float pt = p[i * ldp + t];
+                    const float wt =
+                        kind == kF16 ? pt : pt * kvp::f32_from_f16(r.sz[t * r.ldsz + c / 32]);
+                    acc = std::fma(wt, float(elem(kind, &r.k[t * r.ld], c)), acc);
                 }
+                want[i * ldo + c] = acc;
             }
+        for (const AttnQ *A : fma) {
+            std::vector<float> o = o0, z = z0;
+            auto pv = kind == kF16 ? A->pv_f16 : kind == kQ8 ? A->pv_q8 : A->pv_q4;
+            pv(p.data(), ldp, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, o.data(), ldo, z.data(), G);
+            ASSERT_EQ(memcmp(o.data(), want.data(), o.size() * 4), 0)
+                << A->name << " pv " << kKindName[kind] << " w=" << w << " rows=" << rows_n << " n=" << n;
         }
-    }
+        if (kind != kF16) return;
+        std::vector<float> q(rows_n * w), bias(rows_n);
+        g.fill(q);
+        g.fill(bias);
+        const float scale = 0.37f;
+        std::vector<float> lw(rows_n * ldp, -5.0f);
+        for (uint32_t i = 0; i < rows_n; ++i)
+            for (uint32_t t = 0; t < n; ++t) {
+                float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+                for (uint32_t c = 0; c < w; ++c)
+                    lane[c % 8] = std::fma(q[i * w + c], float(elem(kind, &r.k[t * r.ld], c)), lane[c % 8]);
+                const float s = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+                lw[i * ldp + t] = (s + bias[i]) * scale;
+            }
+        for (const AttnQ *A : fma) {
+            std::vector<float> l(rows_n * ldp, -5.0f);
+            A->qk_f16(q.data(), w, rows_n, bias.data(), r.k.data(), r.ld, n, w, scale, l.data(), ldp);
+            ASSERT_EQ(memcmp(l.data(), lw.data(), l.size() * 4), 0)
+                << A->name << " qk f16 w=" << w << " rows=" << rows_n << " n=" << n;
+        }
+    });
 }
 
 TEST(QuantKernels, SplitCallsGiveTheSameBits) {
