@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Cross builds and cross-ISA checks (Debian 12; installs what it needs with apt-get):
 #
-#   aarch64  GoogleTest cross-built from /usr/src/googletest, then the library and the whole
-#            test suite for aarch64-linux-gnu (SIMDe -> NEON), run by ctest under qemu-aarch64.
+#   aarch64  GoogleTest cross-built from /usr/src/googletest, then the library and the
+#            test suite (less QEMU_EXCLUDE, below) for aarch64-linux-gnu (SIMDe -> NEON), run by ctest under qemu-aarch64.
 #   armhf    the same for 32-bit ARM (arm-linux-gnueabihf, SIMDe portable path) under qemu-arm, plain
 #            -O2. Not in the default list: ubsan32 below builds the same target and code path and
 #            runs the same tests (the cross builds have no harness: KVP_BUILD_BENCH=OFF), so this
-#            step only repeats it at -O2 (about 16 CI minutes); name it to run it.
+#            step only repeats it at -O2 (18 CI minutes); name it to run it.
 #   ubsan32  the armhf build (32-bit, SIMDe portable path) under UBSan with alignment checks
 #            (-fsanitize=undefined,alignment, no recovery), the whole suite under qemu-arm: the
 #            32-bit target, where size_t overflow checks matter (issue 11), and stores through

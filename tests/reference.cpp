@@ -15,7 +15,8 @@ namespace {
 // reference for every key at every step, and recomputing pow, cos and sin there was most of
 // their time (88% of QuantError.DecodeOutputsWithinStatedBounds; ~12x more under qemu). The
 // values are the same expressions of the same arguments, so the same bits as computing them
-// each time.
+// each time. The memo grows with the positions a test uses (rope_dim doubles each) and lives
+// until the thread ends.
 const std::vector<double> &rope_cos_sin(const kvp_model &m, uint32_t rd, int64_t pos) {
     uint32_t theta_bits;
     memcpy(&theta_bits, &m.rope_theta, sizeof theta_bits);
@@ -49,17 +50,35 @@ void rotate(const kvp_model &m, std::vector<double> &x, int64_t pos) {
     }
 }
 
+namespace {
+
+// Keys idx[j] of KV head kvh (k_all is [T][nkv][hd], pre-RoPE), each rotated to kpos[j]:
+// [idx.size()][hd], in double.
+std::vector<double> rotated_keys(const kvp_model &m, uint32_t kvh, const float *k_all,
+                                 const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos) {
+    const uint32_t hd = m.head_dim;
+    std::vector<double> keys(idx.size() * hd), kk(hd);
+    for (size_t j = 0; j < idx.size(); ++j) {
+        const float *kr = k_all + (size_t(idx[j]) * m.n_kv_heads + kvh) * hd;
+        kk.assign(kr, kr + hd);
+        rotate(m, kk, kpos[j]);
+        std::copy(kk.begin(), kk.end(), keys.begin() + j * hd);
+    }
+    return keys;
+}
+
+}  // namespace
+
 std::vector<double> weights(const kvp_model &m, uint32_t h, const float *q_row, int64_t qpos, const float *k_all,
                             const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos) {
     const uint32_t hd = m.head_dim, kvh = h / (m.n_q_heads / m.n_kv_heads);
     std::vector<double> qr(q_row, q_row + hd);
     rotate(m, qr, qpos);
+    const std::vector<double> keys = rotated_keys(m, kvh, k_all, idx, kpos);
     std::vector<double> w(idx.size());
     double mx = -INFINITY;
     for (size_t j = 0; j < idx.size(); ++j) {
-        const float *kr = k_all + (size_t(idx[j]) * m.n_kv_heads + kvh) * hd;
-        std::vector<double> kk(kr, kr + hd);
-        rotate(m, kk, kpos[j]);
+        const double *kk = &keys[j * hd];
         double d = 0;
         for (uint32_t i = 0; i < hd; ++i) d += qr[i] * kk[i];
         w[j] = d / sqrt(double(hd));
@@ -75,17 +94,10 @@ void attend(const kvp_model &m, const float *q, int64_t qpos, const float *k_all
             const std::vector<uint32_t> &idx, const std::vector<int64_t> &kpos, std::vector<double> &out) {
     const uint32_t hd = m.head_dim, G = m.n_q_heads / m.n_kv_heads;
     out.assign(size_t(m.n_q_heads) * hd, 0.0);
-    std::vector<double> keys(idx.size() * hd);  // one KV head's rotated keys, shared by its G query heads
+    std::vector<double> keys;  // one KV head's rotated keys, shared by its G query heads
     for (uint32_t h = 0; h < m.n_q_heads; ++h) {
         const uint32_t kvh = h / G;
-        if (h % G == 0) {
-            for (size_t j = 0; j < idx.size(); ++j) {
-                const float *kr = k_all + (size_t(idx[j]) * m.n_kv_heads + kvh) * hd;
-                std::vector<double> kk(kr, kr + hd);
-                rotate(m, kk, kpos[j]);
-                std::copy(kk.begin(), kk.end(), keys.begin() + j * hd);
-            }
-        }
+        if (h % G == 0) keys = rotated_keys(m, kvh, k_all, idx, kpos);
         std::vector<double> qr(q + h * hd, q + (h + 1) * hd);
         rotate(m, qr, qpos);
         std::vector<double> logit(idx.size());
