@@ -10,6 +10,7 @@
 #include "config.h"
 #include "draft.h"
 #include "io.h"
+#include "prompt.h"
 #include "state.h"
 #include "kvprune/kvprune.h"
 #include "msg.h"
@@ -184,7 +185,8 @@ bool overlaps(const void *a, size_t an, const void *b, size_t bn) {
 // NULL) must not overlap the inputs; `prefill`: a kvp_prefill call (with q, staged policies take
 // the chunk through their staging area).
 kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, uint32_t dt,
-                        const void *q, const void *k, const void *v, const void *out, bool prefill, Msg &m) {
+                        const void *q, const void *k, const void *v, const void *out, bool prefill, Msg &m,
+                        bool room = true) {
     const kvp_model &md = c->cfg.model;
     if (layer >= md.n_layers) {
         m.s("layer ").u(layer).s(" out of range (n_layers=").u(md.n_layers).s(")");
@@ -195,8 +197,9 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     // The room first: a chunk that cannot fit is refused before any of the caller's n tokens of
     // positions, q, k or v are read (n may be far larger than the buffers, e.g. 0x7fffffff). With a
     // draft open the room is the draft area's and the commit's (draft.h).
-    kvp_status st = kvp::draft_open(c) ? kvp::draft_check(c, layer, n, q != nullptr, m)
-                                       : kvp::cache_room_check(c, layer, n, prefill && q, m);  // q: read (see kvp_prefill)
+    kvp_status st = !room               ? KVP_OK
+                    : kvp::draft_open(c) ? kvp::draft_check(c, layer, n, q != nullptr, m)
+                                         : kvp::cache_room_check(c, layer, n, prefill && q, m);  // q: read (see kvp_prefill)
     if (st != KVP_OK) return st;
     const int64_t next = kvp::draft_next_pos(c, layer);  // draft tokens included (draft.h)
     if (positions) {
@@ -223,7 +226,8 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     // Formatted stores keep a prefill/append chunk's V rows in the caller's array until they convert;
     // half rows are widened into the chunk's staging rows after its K rows, which hold max_cap rows
     // in all (prompt staging, a prefill with q under snapkv/pyramidkv/asl, uses other rows).
-    const bool fmt_chunk = c->fmt && !(prefill && q && c->layers[layer].geom.lp.staged_prefill) && !kvp::draft_open(c);
+    const bool fmt_chunk = c->fmt && !(prefill && q && c->layers[layer].geom.lp.staged_prefill && !kvp::prompt_takes(c, layer)) &&
+                           !kvp::draft_open(c);
     if (dt != kvp::kIoF32 && fmt_chunk && n > 1 && uint64_t(n) * 2 > c->plan.max_cap) {
         m.s("a half-precision chunk of ").u(n).s(" tokens exceeds ").u(c->plan.max_cap / 2)
             .s(" (half the largest layer capacity) under kv_dtype!=f32 or ThinK: their V rows are widened into the "
@@ -240,6 +244,16 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     if ((st = check_finite(c, "k", kvp::In(k, dt), nkv, m)) != KVP_OK) return st;
     if ((st = check_finite(c, "v", kvp::In(v, dt), nkv, m)) != KVP_OK) return st;
     return KVP_OK;
+}
+
+// A kvp_decode or kvp_append ends an open prompt (prompt.h) before its room is checked: once
+// its other checks pass (a call that fails them leaves the prompt open).
+kvp_status end_prompt_for(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, uint32_t dt, const void *q,
+                          const void *k, const void *v, const void *out, Msg &m) {
+    if (kvp::draft_open(c) || !kvp::prompt_any_open(c)) return KVP_OK;
+    const kvp_status st = check_tokens(c, layer, n, positions, dt, q, k, v, out, false, m, false);
+    if (st == KVP_OK) kvp::prompt_finish_all(c);
+    return st;
 }
 
 }  // namespace
@@ -439,10 +453,12 @@ kvp_status prefill_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const i
         m.s("sel: struct_size must be sizeof(kvp_selection) and indices non-NULL when capacity > 0");
         return fail(c, KVP_ERR_ARG, m);
     }
-    // q is read when outputs are asked for, and by policies that observe or stage the prompt
+    // q is read when outputs are asked for, by policies that observe or stage the prompt, and
+    // for a prompt held whole (max_prompt: q marks the call as a prompt's, prompt.h)
     const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
                                                                           c->layers[layer].geom.lp.obs_extra ||
-                                                                          c->layers[layer].geom.lp.staged_prefill)));
+                                                                          c->layers[layer].geom.lp.staged_prefill ||
+                                                                          kvp::prompt_takes(c, layer))));
     kvp_status st = check_tokens(c, layer, n_tokens, positions, dt, kvp::draft_open(c) || reads_q ? q : nullptr, k, v, out, true, m);
     if (st != KVP_OK) return fail(c, st, m);
     const kvp::In qi(q, dt), ki(k, dt), vi(v, dt);
@@ -463,7 +479,8 @@ kvp_status prefill_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const i
         else m.s(" (sel is NULL)");
         return fail(c, KVP_ERR_BUFFER, m);
     }
-    kvp::cache_step(c, layer, n_tokens, positions, qi, ki, vi, oi, kvp::StepMode::kPrefill);
+    if (q && kvp::prompt_takes(c, layer)) kvp::prompt_prefill(c, layer, n_tokens, positions, qi, ki, vi, oi);
+    else kvp::cache_step(c, layer, n_tokens, positions, qi, ki, vi, oi, kvp::StepMode::kPrefill);
     if (sel) {
         sel->n = 0;
         sel->selected = 0;
@@ -488,7 +505,9 @@ kvp_status decode_impl(kvp_cache *h, uint32_t layer, kvp_io_dtype dtype, const v
     if (!io_dtype_ok(dtype, m)) return fail(c, KVP_ERR_ARG, m);
     const uint32_t dt = uint32_t(dtype);
     if (!q || !out) { m.s("q and out must not be NULL"); return fail(c, KVP_ERR_ARG, m); }
-    kvp_status st = check_tokens(c, layer, 1, nullptr, dt, q, k, v, out, false, m);
+    kvp_status st;
+    if ((st = end_prompt_for(c, layer, 1, nullptr, dt, q, k, v, out, m)) != KVP_OK) return fail(c, st, m);
+    st = check_tokens(c, layer, 1, nullptr, dt, q, k, v, out, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     const kvp::In qi(q, dt), ki(k, dt), vi(v, dt);
     const kvp::Out oi(out, dt);
@@ -510,7 +529,9 @@ kvp_status append_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const in
     if (!io_dtype_ok(dtype, m)) return fail(c, KVP_ERR_ARG, m);
     const uint32_t dt = uint32_t(dtype);
     if (kvp::draft_open(c)) { m.s("a draft is open: kvp_append is refused until kvp_draft_commit (draft with kvp_prefill)"); return fail(c, KVP_ERR_STATE, m); }
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, dt, nullptr, k, v, nullptr, false, m);
+    kvp_status st;
+    if ((st = end_prompt_for(c, layer, n_tokens, positions, dt, nullptr, k, v, nullptr, m)) != KVP_OK) return fail(c, st, m);
+    st = check_tokens(c, layer, n_tokens, positions, dt, nullptr, k, v, nullptr, false, m);
     if (st != KVP_OK) return fail(c, st, m);
     kvp::cache_step(c, layer, n_tokens, positions, kvp::In(), kvp::In(k, dt), kvp::In(v, dt), kvp::Out(),
                     kvp::StepMode::kAppend);
@@ -653,6 +674,7 @@ kvp_status kvp_get_layer_stats(const kvp_cache *h, uint32_t layer, kvp_layer_sta
     r.evict_threshold = ls.evict_threshold;
     r.sparsity = ls.sparsity;
     r.lazy = ls.lazy;
+    r.prompt_early = kvp::prompt_early(c, layer);
     copy_out(s, r);
     return KVP_OK;
 }
@@ -689,8 +711,22 @@ kvp_status kvp_draft_begin(kvp_cache *h) {
     if (!g.ok()) return g.status();
     char buf[192];
     Msg m(buf, sizeof buf);
+    if (!kvp::draft_open(g.get()) && g.get()->cfg.max_draft) kvp::prompt_finish_all(g.get());  // a draft ends the prompt
     const kvp_status st = kvp::draft_begin(g.get(), m);
     return st == KVP_OK ? st : fail(g.get(), st, m);
+}
+
+kvp_status kvp_prompt_end(kvp_cache *h) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    char buf[96];
+    Msg m(buf, sizeof buf);
+    if (kvp::draft_open(g.get())) {
+        m.s("a draft is open: kvp_prompt_end after kvp_draft_commit");
+        return fail(g.get(), KVP_ERR_STATE, m);
+    }
+    kvp::prompt_finish_all(g.get());
+    return KVP_OK;
 }
 
 kvp_status kvp_draft_commit(kvp_cache *h, uint32_t accepted) {
@@ -719,6 +755,10 @@ kvp_status kvp_state_save(const kvp_cache *h, void *buf, size_t size, size_t *wr
     char b[192];
     Msg m(b, sizeof b);
     if (!buf) { m.s("buf must not be NULL"); return fail_const(g.get(), KVP_ERR_ARG, m); }
+    if (kvp::prompt_any_open(g.get())) {
+        m.s("a prompt is open (max_prompt): call kvp_prompt_end before kvp_state_save");
+        return fail_const(g.get(), KVP_ERR_STATE, m);
+    }
     const kvp_status st = kvp::state_save(g.get(), buf, size, written, m);
     return st == KVP_OK ? st : fail_const(g.get(), st, m);
 }
@@ -729,6 +769,10 @@ kvp_status kvp_state_load(kvp_cache *h, const void *buf, size_t size) {
     char b[256];
     Msg m(b, sizeof b);
     if (!buf) { m.s("buf must not be NULL"); return fail(g.get(), KVP_ERR_ARG, m); }
+    if (kvp::prompt_any_open(g.get())) {  // its stores may hold capacity + max_prompt (prompt.h)
+        m.s("a prompt is open (max_prompt): kvp_prompt_end or kvp_reset before kvp_state_load");
+        return fail(g.get(), KVP_ERR_STATE, m);
+    }
     const kvp_status st = kvp::state_load(g.get(), buf, size, m);
     return st == KVP_OK ? st : fail(g.get(), st, m);
 }

@@ -4,6 +4,7 @@
 #include "config.h"
 #include "sliding.h"
 #include "storage.h"
+#include "prompt.h"
 #include "threads.h"
 
 namespace kvp {
@@ -25,7 +26,9 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     const uint32_t block = config_block(cfg), cap = g->lp.cap;
     const uint32_t pin = g->lp.pin_cap < cap ? g->lp.pin_cap : cap;
     g->pin_blk_cap = ceil_div(pin, block);
-    const uint64_t body = uint64_t(cap) - pin + g->lp.hole_cap + (g->lp.front_evict ? block - 1 : 0);
+    // max_prompt (prompt.h): an open prompt may hold cap + P tokens in the layer's body
+    const uint64_t body = uint64_t(cap) + layer_prompt_room(cfg, layer) - pin + g->lp.hole_cap +
+                          (g->lp.front_evict ? block - 1 : 0);
     g->blk_cap = cap > pin ? ceil_div(body, block) : 0;
     g->max_blocks = g->pin_blk_cap + g->blk_cap;
     g->min_blocks = g->pin_blk_cap + (g->blk_cap ? 1 : 0);
@@ -42,8 +45,9 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
 
     // Per-layer plans: block needs, table sizes, scratch needs.
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
-    uint32_t max_cap = 0, max_pin = 0;
+    uint32_t max_cap = 0, max_pin = 0, max_pcap = 0;  // max_pcap: the largest policy capacity
     size_t max_runs = 0;
+    uint32_t prompt_w = 0;  // max_prompt: queries stashed per layer (prompt.h)
     bool any_obs = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
     p->decode_scores = false;
     for (uint32_t l = 0; l < L; ++l) {
@@ -53,9 +57,15 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         sum_min += g.min_blocks;
         sum_cap += g.lp.cap;
         tables += uint64_t(g.max_blocks) * H;
-        if (g.lp.cap > max_cap) max_cap = g.lp.cap;
+        // a layer's store holds up to cap + its prompt room (prompt.h): every size that follows
+        // the longest store (logits, runs, RoPE tables, formatted rows) takes that
+        const uint32_t scap = g.lp.cap + layer_prompt_room(cfg, l);
+        if (scap > max_cap) max_cap = scap;
+        if (g.lp.cap > max_pcap) max_pcap = g.lp.cap;
         if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
-        const size_t runs = store_max_runs(g.lp.cap, g.pin_blk_cap, g.blk_cap);
+        const size_t runs = store_max_runs(scap, g.pin_blk_cap, g.blk_cap);
+        const uint32_t w = g.lp.obs_queries > g.lp.obs_extra ? g.lp.obs_queries : g.lp.obs_extra;
+        if (layer_prompt_room(cfg, l) && w > prompt_w) prompt_w = w;
         if (runs > max_runs) max_runs = runs;
         const bool observes = g.lp.obs_queries || g.lp.obs_extra || g.lp.observe_first_decode;
         if (observes) any_obs = true;
@@ -66,12 +76,16 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (g.pin_blk_cap) any_pinned = true;
     }
     // Prompt staging (policy.h): prefill_stage, default max(1024, the largest capacity).
-    p->stage = !staged ? 0 : cfg.prefill_stage ? cfg.prefill_stage : max_cap > 1024 ? max_cap : 1024;
+    p->stage = !staged ? 0 : cfg.prefill_stage ? cfg.prefill_stage : max_pcap > 1024 ? max_pcap : 1024;
     size_t pol_scratch = 0;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
-        const size_t b = z.add(g.lp.scratch_bytes, z.mul(g.lp.scratch_per_token, uint64_t(g.lp.cap) + p->stage));
+        // the selection at a prompt's end ranks up to cap + P tokens (prompt.h: kPromptScratchPerToken
+        // per token covers every policy's per-token needs there)
+        const uint64_t pr = layer_prompt_room(cfg, l);
+        const size_t per = g.lp.scratch_per_token > kPromptScratchPerToken || !pr ? g.lp.scratch_per_token : kPromptScratchPerToken;
+        const size_t b = z.add(z.add(g.lp.scratch_bytes, z.mul(per, uint64_t(g.lp.cap) + p->stage)), z.mul(per, pr));
         if (b > pol_scratch) pol_scratch = b;
     }
     if (staged) max_runs += 1;  // the staged tokens' run
@@ -173,6 +187,9 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (fp.on) bytes = z.add(bytes, z.mul(z.mul(2, H), z.al(z.mul(z.mul(draft, p->stride), sizeof(float)))));
         off = z.add(off, bytes);
     }
+
+    // max_prompt (prompt.h): the prompt region, derived (prompt_offset), before the memos
+    off = z.add(off, prompt_region_bytes(cfg, prompt_w, z));
 
     p->off_memos = off;
     off = z.add(off, z.al(z.mul(sizeof(RopeMemo), cfg.threads)));

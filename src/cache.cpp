@@ -9,6 +9,7 @@
 #include "attention.h"
 #include "config.h"
 #include "draft.h"
+#include "prompt.h"
 #include "kernels/score_fixed.h"
 #include "sliding.h"
 
@@ -50,6 +51,9 @@ struct StepJob {
     Out out;
     StepMode mode;
     bool split;
+    bool prompt;             // a chunk of an open prompt (prompt.h): appended and attended only
+    bool finish;             // cache_prompt_select: the prompt's end (head_finish)
+    uint32_t prompt_w;       // then: observed from its last prompt_w queries (= n)
     uint32_t nitems, parts;  // parts: participants (split decode)
     HeadAreaPlan areas;      // split only: the heads' areas (arena.h head_area_plan)
     std::atomic<uint32_t> next;
@@ -82,8 +86,24 @@ AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t tid, co
     return AttnIn{c, &c->pools[h], st.runs, nr, L, &c->memos[tid], st.work, st.part, st.priv};
 }
 
+// A formatted store's attention input for head hs (thread scratch s), new rows nw.
+FmtIn fmt_in_of(kvp_cache *c, HeadStore &hs, const StagedNew &nw, const Scratch &s) {
+    const FmtPlan &fp = c->fmt->fp;
+    return FmtIn{c->fmt,
+                 &fmt_store(*c->fmt, hs),
+                 nw,
+                 reinterpret_cast<float *>(s.fmt + fp.s_qg),
+                 reinterpret_cast<float *>(s.fmt + fp.s_qs),
+                 reinterpret_cast<float *>(s.fmt + fp.s_bias),
+                 reinterpret_cast<float *>(s.fmt + fp.s_oacc),
+                 reinterpret_cast<float *>(s.fmt + fp.s_zacc),
+                 reinterpret_cast<int8_t *>(s.fmt + fp.s_qi),
+                 reinterpret_cast<float *>(s.fmt + fp.s_qsc)};
+}
+
 // Observation, formatted conversion and prune of one head after its attention (thread tid's
-// scratch).
+// scratch). An open prompt's chunk (j.prompt) converts only; the prompt's end (j.prompt_w)
+// observes and prunes only (nothing new to convert).
 void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended &ap, size_t tid) {
     kvp_cache *c = j.c;
     const kvp_model &m = c->cfg.model;
@@ -93,10 +113,11 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
     BlockPool &pool = c->pools[h];
     const Scratch s = scratch_of(c, tid);
     PolicyCtx ctx{c, j.layer, h, &pool, s.policy, ap.staged, ap.staged ? pool.stage_slot : 0};
+    ctx.prompt_w = j.prompt_w;
     const bool realign = c->positions == KVP_POS_REALIGN;
     const QueryPos qp{&j.pos, realign, ap.L0};
     const size_t tok_stride = size_t(m.n_q_heads) * m.head_dim, qoff = size_t(h) * c->group * m.head_dim;
-    if (j.mode == StepMode::kPrefill && j.q && lp.obs_queries && pol.observe) {
+    if (j.mode == StepMode::kPrefill && j.q && lp.obs_queries && pol.observe && !j.prompt) {
         const uint32_t w = lp.obs_queries < j.n ? lp.obs_queries : j.n;
         AttnIn ao = a;
         ao.work = s.work;
@@ -105,7 +126,7 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         else obs.f = observe_prefill(ao, j.n, qp, j.q + qoff, tok_stride, w);
         pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
-    if (j.mode == StepMode::kPrefill && j.q && lp.obs_extra && pol.observe) {  // a second window (policy.h)
+    if (j.mode == StepMode::kPrefill && j.q && lp.obs_extra && pol.observe && !j.prompt) {  // a second window (policy.h)
         const uint32_t w = lp.obs_extra < j.n ? lp.obs_extra : j.n;
         AttnIn ao = a;
         ao.work = s.work;
@@ -124,17 +145,18 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         else obs.f = observe_prefill(ao, 1, qp, j.q + qoff, 0, 1);
         pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
-    if (c->fmt && !ap.staged) {  // completed groups convert after attention, before the policy prunes
+    if (c->fmt && !ap.staged && !j.finish) {  // completed groups convert after attention, before the policy prunes
         // ThinK reads f32 outputs; with half outputs it recomputes them (think.cpp), the same bits
         const StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : In(), j.out.f32() ? j.out.f32() + qoff : nullptr,
                          tok_stride, j.n, &qp};
         fmt_convert(c, hs, pool, ap.nw, so);
         // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
         fmt_store(*c->fmt, hs).bytes_after_append = store_bytes(c, hs, pool);
-    } else if (c->fmt) {  // prompt staging: the staged tokens count as f32 residual rows (touched)
+    } else if (c->fmt && ap.staged) {  // prompt staging: the staged tokens count as f32 residual rows (touched)
         fmt_store(*c->fmt, hs).bytes_after_append =
             store_bytes(c, hs, pool) + uint64_t(ap.staged) * fmt_residual_bytes(c->fmt->f);
     }
+    if (j.prompt) return;  // an open prompt is selected at its end (prompt.h)
     if (layer_local(c->cfg, j.layer)) {  // sliding.h: keep only what the next query can see
         local_evict(c, hs, pool, j.layer, j.pos.at(j.n - 1) + 1 - int64_t(c->cfg.sliding_window), 0);
         return;
@@ -174,7 +196,7 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     const Scratch s = scratch_of(c, tid);
     const bool realign = c->positions == KVP_POS_REALIGN;
     // A prefill with queries of a staging policy: the chunk goes to the staging slots (policy.h).
-    const bool staged = j.mode == StepMode::kPrefill && j.q && lp.staged_prefill;
+    const bool staged = j.mode == StepMode::kPrefill && j.q && lp.staged_prefill && !j.prompt;
     const Appended ap = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, staged, j.mode != StepMode::kDecode, tid);
     const bool attends = j.mode == StepMode::kDecode || (j.mode == StepMode::kPrefill && j.q);
     // The run list is O(blocks): built only when queries read the store.
@@ -190,20 +212,10 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     }
     FmtIn fin;
     if (c->fmt) {
-        const FmtPlan &fp = c->fmt->fp;
         // prompt staging: the staged run's rows are the pool's staging rows (kSrcStaged)
         const FmtPool &fpo = fmt_pool(*c->fmt, pool);
         const StagedNew snw{ap.L0, ap.staged, fpo.sk, fpo.sv, c->plan.stride, c->plan.stride};
-        fin = FmtIn{c->fmt,
-                    &fmt_store(*c->fmt, hs),
-                    ap.staged ? snw : ap.nw,
-                    reinterpret_cast<float *>(s.fmt + fp.s_qg),
-                    reinterpret_cast<float *>(s.fmt + fp.s_qs),
-                    reinterpret_cast<float *>(s.fmt + fp.s_bias),
-                    reinterpret_cast<float *>(s.fmt + fp.s_oacc),
-                    reinterpret_cast<float *>(s.fmt + fp.s_zacc),
-                    reinterpret_cast<int8_t *>(s.fmt + fp.s_qi),
-                    reinterpret_cast<float *>(s.fmt + fp.s_qsc)};
+        fin = fmt_in_of(c, hs, ap.staged ? snw : ap.nw, s);
         a.fmt = &fin;
     }
     const QueryPos qp{&j.pos, realign, ap.L0};
@@ -213,6 +225,31 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     } else if (j.mode == StepMode::kPrefill && j.q && j.out) {
         attend_prefill(a, j.n, qp, j.q + qoff, j.out + qoff, size_t(m.n_q_heads) * m.head_dim);
     }
+    head_observe_prune(j, h, a, ap, tid);
+}
+
+// The end of a prompt (cache_prompt_select), head h on thread tid: the store holds the whole
+// prompt; its last j.prompt_w tokens' queries (j.q, positions j.pos) observe it, then it is pruned.
+void head_finish(StepJob &j, uint32_t h, size_t tid) {
+    kvp_cache *c = j.c;
+    HeadStore &hs = head_of(c, j.layer, h);
+    BlockPool &pool = c->pools[h];
+    const Scratch s = scratch_of(c, tid);
+    const bool realign = c->positions == KVP_POS_REALIGN;
+    const uint32_t nr = c->fmt ? fmt_runs(c, hs, pool, realign, StagedNew{}, s.runs) : store_runs(hs, pool, realign, s.runs);
+    AttnIn a = attn_in(c, h, nr, hs.len(), tid, nullptr);
+    FixedWork fw;
+    if (pool.kq) {
+        fw = fixed_work(c, tid);
+        a.fx = &fw;
+    }
+    FmtIn fin;
+    if (c->fmt) {
+        fin = fmt_in_of(c, hs, StagedNew{}, s);
+        a.fmt = &fin;
+    }
+    Appended ap;
+    ap.L0 = hs.len() - j.n;  // the kept queries' tokens are the store's last
     head_observe_prune(j, h, a, ap, tid);
 }
 
@@ -351,7 +388,9 @@ void step_worker(void *arg, uint32_t tid) {
     for (;;) {
         const uint32_t i = j.next.fetch_add(1, std::memory_order_relaxed);
         if (i >= j.nitems) return;
-        if (j.split) {  // prefill: the longest (last) tiles first
+        if (j.finish) {
+            head_finish(j, i, tid);
+        } else if (j.split) {  // prefill: the longest (last) tiles first
             uint32_t h = 0, it = j.nitems - 1 - i;
             while (it >= j.base[h + 1]) ++h;
             int64_t cur = INT64_MIN;
@@ -441,6 +480,66 @@ void threads_feedback(kvp_cache *c, uint32_t nt, double late) {
 
 }  // namespace
 
+namespace {
+
+// The layer's kept rows and live bytes into its state and the cache's totals.
+void layer_account(kvp_cache *c, uint32_t layer) {
+    LayerState &ls = c->layers[layer];
+    uint64_t rows = 0, bytes = 0;
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
+        rows += head_of(c, layer, h).len();
+        bytes += store_bytes(c, head_of(c, layer, h), c->pools[h]);
+    }
+    c->live_rows = c->live_rows - ls.rows + rows;
+    ls.rows = rows;
+    c->live_bytes = c->live_bytes - ls.bytes + bytes;
+    ls.bytes = bytes;
+}
+
+}  // namespace
+
+void cache_prompt_select(kvp_cache *c, uint32_t layer, uint32_t w, const int32_t *pos, const float *q) {
+    StepJob j;
+    j.c = c;
+    j.layer = layer;
+    j.n = w;
+    j.pos = NewPositions{pos, 0};
+    j.q = In(q);
+    j.k = j.v = In();
+    j.out = Out();
+    j.mode = StepMode::kPrefill;
+    j.split = j.prompt = false;
+    j.finish = true;
+    j.prompt_w = w;
+    j.next.store(0, std::memory_order_relaxed);
+    j.nitems = j.parts = c->cfg.model.n_kv_heads;
+    // Every head is observed and pruned whole on one thread (as the heads schedule of a prefill);
+    // the threads a call pays for follow the observation's work, as a prefill of w tokens'.
+    uint32_t nt = threads_for(c, layer, w ? w : 1, StepMode::kPrefill, true);
+    if (nt > j.parts) nt = j.parts;
+    threads_feedback(c, nt, pool_run(c->tpool, nt, step_worker, &j));
+    if (c->policy->layer_phase) {
+        PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
+        c->policy->layer_phase(ctx, StepMode::kPrefill);
+    }
+    layer_account(c, layer);
+}
+
+void cache_make_room(kvp_cache *c, uint32_t layer, uint32_t limit) {
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
+        HeadStore &hs = head_of(c, layer, h);
+        PolicyCtx ctx{c, layer, h, &c->pools[h], scratch_of(c, 0).policy, 0, 0};
+        while (hs.len() > limit && c->policy->evictable(ctx, hs) > 0) {
+            if (hs.holes) store_compact(hs, c->pools[h], layer);
+            const uint32_t before = hs.len();
+            c->policy->self_prune(ctx, hs, hs.len() - limit);
+            if (hs.len() == before) break;
+        }
+        if (hs.holes) store_compact(hs, c->pools[h], layer);
+    }
+    layer_account(c, layer);
+}
+
 void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out,
                 StepMode mode) {
     const kvp_model &m = c->cfg.model;
@@ -458,7 +557,9 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         return;
     }
 
-    if (c->policy->layer_prepare && !local) {
+    // A chunk of an open prompt (prompt.h): appended and attended; the policy acts at its end.
+    const bool prompt = mode == StepMode::kPrefill && q && prompt_open(c, layer);
+    if (c->policy->layer_prepare && !local && !prompt) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_prepare(ctx, n, mode);
     }
@@ -487,6 +588,9 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     j.v = v;
     j.out = out;
     j.mode = mode;
+    j.prompt = prompt;
+    j.finish = false;
+    j.prompt_w = 0;
     j.next.store(0, std::memory_order_relaxed);
     const uint32_t H = m.n_kv_heads;
     const bool queries = mode == StepMode::kDecode || (mode == StepMode::kPrefill && q);
@@ -496,7 +600,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     // finisher's work area: not split either.
     j.split = KVP_THREADS && nt > 1 && (mode == StepMode::kDecode || nt > H) && H <= kSplitHeadsMax && queries &&
               (mode == StepMode::kDecode || out) && !c->fmt &&
-              !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill) &&
+              !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill && !prompt) &&
               !(mode == StepMode::kDecode && ls.observe_decode);
     uint32_t parts = H;  // the most participants the call can use
     if (j.split) {
@@ -546,7 +650,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     const uint64_t at_peak_bytes = c->live_bytes - ls.bytes + appended_bytes;
     if (at_peak_bytes > c->peak_bytes) c->peak_bytes = at_peak_bytes;
 
-    if (c->policy->layer_phase && !local) {
+    if (c->policy->layer_phase && !local && !prompt) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
     }
@@ -556,15 +660,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) hoyer += head_of(c, layer, h).hoyer;
         ls.sparsity = hoyer / float(m.n_q_heads);
     }
-    uint64_t rows = 0, bytes = 0;
-    for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
-        rows += head_of(c, layer, h).len();
-        bytes += store_bytes(c, head_of(c, layer, h), c->pools[h]);
-    }
-    c->live_rows = c->live_rows - ls.rows + rows;
-    ls.rows = rows;
-    c->live_bytes = c->live_bytes - ls.bytes + bytes;
-    ls.bytes = bytes;
+    layer_account(c, layer);
     ls.next_pos = pos.at(n - 1) + 1;
     if (layer == 0) c->tokens_seen += n;
 }

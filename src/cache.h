@@ -69,12 +69,14 @@ struct kvp_cache {
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
+    char *prompt;              // max_prompt: the prompt region (prompt.h); NULL otherwise
     uint64_t live_rows, peak_rows, tokens_seen;
     uint64_t live_bytes, peak_bytes;  // kvp_stats, in the storage format
     // sizeof(kvp_cache) is part of every arena size that the committed results and tests pin
     // (arena.cpp rounds it up to 64 bytes: 1216 now); a new field goes into padding (after
-    // scale, par_late are taken) or costs every pinned figure. 248 keeps the struct at 1216.
-    char last_error[248];
+    // scale, par_late are taken) or costs every pinned figure. 232 keeps the struct at 1216
+    // (was 248 before max_prompt and the prompt region pointer).
+    char last_error[232];
 };
 
 namespace kvp {
@@ -146,6 +148,14 @@ uint32_t cache_prefill_room(const kvp_cache *c);
 // q, k, v and out are f32 or half rows (io.h: converted where they are first read / written).
 void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out,
                 StepMode mode);
+// max_prompt (prompt.h): the end of layer's prompt. Each KV head is observed from the prompt's
+// last w queries q[w][n_q_heads * head_dim] (pre-RoPE, original positions pos[w]), which are its
+// store's last w tokens, over everything the store holds, then pruned by the policy's prefill
+// rule (PolicyCtx::prompt_w = w); then the layer phase, as after one prefill call.
+void cache_prompt_select(kvp_cache *c, uint32_t layer, uint32_t w, const int32_t *pos, const float *q);
+// Evicts by the policy's own ranking (self_prune) until every KV head of layer holds at most
+// `limit` tokens or its policy cannot evict more.
+void cache_make_room(kvp_cache *c, uint32_t layer, uint32_t limit);
 inline HeadStore &head_of(kvp_cache *c, uint32_t layer, uint32_t h) {
     return c->heads[size_t(layer) * c->cfg.model.n_kv_heads + h];
 }

@@ -14,6 +14,7 @@
 #include "attention.h"
 #include "config.h"
 #include "draft.h"
+#include "prompt.h"
 #include "kernels/score_fixed.h"
 #include "sliding.h"
 
@@ -236,6 +237,7 @@ void full_advice(const kvp_cache *c, uint32_t len, uint32_t cap, uint32_t n, Msg
 
 kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries, Msg &m) {
     const kvp_model &md = c->cfg.model;
+    if (queries && prompt_takes(c, layer)) return prompt_room_check(c, layer, n, m);  // prompt.h
     if (queries && c->layers[layer].geom.lp.staged_prefill) {  // through the staging area (policy.h)
         if (n > c->plan.stage) {
             m.s("layer ").u(layer).s(" holds ").u(head_of(c, layer, 0).len()).s(" tokens; a prefill chunk of ").u(n)
@@ -249,7 +251,7 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
         if (uint64_t(hs.len()) + n > hs.cap) {
-            m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" tokens and can take ").u(hs.cap - hs.len())
+            m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" tokens and can take ").u(hs.cap > hs.len() ? hs.cap - hs.len() : 0)
                 .s(" more (capacity ").u(hs.cap).s("); ").u(n).s(" do not fit: ");
             full_advice(c, hs.len(), hs.cap, n, m);
             return KVP_ERR_FULL;
@@ -295,6 +297,23 @@ bool chunk_fits(const kvp_cache *c, uint32_t n) {
 uint32_t cache_prefill_room(const kvp_cache *c) {
     uint32_t lo = 0, hi = UINT32_MAX;  // fits(lo); the answer is at most min(cap - len)
     const kvp_model &m = c->cfg.model;
+    if (c->prompt) {  // max_prompt (prompt.h): a chunk up to P fits where the policy can make room
+        Msg none(nullptr, 0);
+        uint32_t plo = 0, phi = c->cfg.max_prompt;
+        for (uint32_t l = 0; l < m.n_layers; ++l)
+            if (prompt_takes(c, l) && prompt_room_check(c, l, phi, none) != KVP_OK) phi = 0;
+        if (phi) return phi;
+        phi = c->cfg.max_prompt;  // fits(plo), !fits(phi)
+        while (phi - plo > 1) {
+            const uint32_t mid = plo + (phi - plo) / 2;
+            bool fits = true;
+            for (uint32_t l = 0; l < m.n_layers && fits; ++l)
+                fits = !prompt_takes(c, l) || prompt_room_check(c, l, mid, none) == KVP_OK;
+            if (fits) plo = mid;
+            else phi = mid;
+        }
+        return plo;
+    }
     if (c->plan.stage) return c->plan.stage;  // staged policies: any chunk up to the staging area
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         if (layer_local(c->cfg, l)) continue;  // takes any chunk in pieces (sliding.h)

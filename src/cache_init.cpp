@@ -12,6 +12,7 @@
 #include "attention.h"
 #include "config.h"
 #include "draft.h"
+#include "prompt.h"
 #include "kernels/score_fixed.h"
 #include "sliding.h"
 
@@ -165,6 +166,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     c->scratch = base + plan.off_scratch;
     c->pstate = plan.pstate_bytes ? base + plan.off_pstate : nullptr;
     c->memos = reinterpret_cast<RopeMemo *>(base + plan.off_memos);
+    prompt_init(c);  // the prompt region, before the memos (prompt.h)
     for (uint32_t i = 0; i < cfg.threads; ++i) {
         RopeMemo *rm = new (&c->memos[i]) RopeMemo;
         rope_memo_init(*rm, reinterpret_cast<float *>(c->scratch + size_t(i) * plan.scratch_bytes),
@@ -219,6 +221,7 @@ void cache_reset(kvp_cache *c) {
     if (c->pstate) memset(c->pstate, 0, c->plan.pstate_bytes);
     if (c->policy->reset) c->policy->reset(c);
     draft_reset(c);
+    prompt_reset(c);
 }
 
 }  // namespace kvp

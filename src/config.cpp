@@ -139,6 +139,8 @@ constexpr Key kKeys[] = {
             "with sliding_window: layer l is global (full attention, the policy runs there) iff P > 0 and (l+1) % P == 0, the others local (Gemma 3: 6, Gemma 2: 2); 0 = every layer local (Mistral)"),
     KVP_ENUM(kv_rotate, KVP_ROTATE_NONE, kRotateNames, kAllNames, "none|hadamard", kAll,
              "rotate stored K (after RoPE) and V by an orthonormal Walsh-Hadamard transform per head, queries and outputs to match (exact in exact arithmetic; for f16/q8/q4 storage); not with policy=think"),
+    KVP_U32(max_prompt, 0, 0, kMaxCapacity, kAll & ~P(FULL) & ~P(ASL) & ~P(THINK),
+            "the largest prompt held whole in every layer (any chunking) until it ends (kvp_prompt_end or the first decode), when the policy selects from it once; 0 = each prefill call selects from its own chunk"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -876,6 +878,25 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
     if (c.logit_softcap > 0.0f && c.score == KVP_SCORE_FIXED) {
         m.s("logit_softcap is not implemented for score=fixed (fixed-point scores have no tanh); use score=float");
         return KVP_ERR_UNSUPPORTED;
+    }
+    // issue 28 (DECISIONS "Whole-prompt selection"): the prompt is held whole and selected once
+    // when it ends. Not yet: ASL hands its selection back to the caller during the prefill (the
+    // caller then propagates fewer tokens), ThinK picks its channels when the first group
+    // converts (inside the prompt), and a shared pool would let the prompt of one layer take
+    // another's blocks (self-pruning inside the prompt).
+    if (c.max_prompt) {
+        const char *no = c.policy == KVP_POLICY_ASL ? "asl (its selection is returned during the prefill)"
+                         : c.policy == KVP_POLICY_THINK ? "think (its channels are chosen inside the prompt)"
+                                                        : nullptr;
+        if (no) {
+            m.s("max_prompt=").u(c.max_prompt).s(" is not supported with policy=").s(no).s(" yet; use max_prompt=0");
+            return KVP_ERR_UNSUPPORTED;
+        }
+        if (c.total_capacity) {
+            m.s("max_prompt=").u(c.max_prompt).s(" with total_capacity=").u(c.total_capacity)
+                .s(" is not supported yet (the prompt's blocks would come from the shared pool); give one of them");
+            return KVP_ERR_UNSUPPORTED;
+        }
     }
     // issue 23: ThinK prunes key and value channels by their magnitude in the model's basis; the
     // rotation spreads every channel over all of them, so ThinK's ranking would act on mixtures.

@@ -60,7 +60,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 46u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 47u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -117,14 +117,15 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
                                           "sliding_window", "sliding_pattern", "kv_rotate"};
     const std::map<kvp_policy, std::set<std::string>> own = {
         {KVP_POLICY_FULL, {}},
-        {KVP_POLICY_WINDOW, {"window"}},
-        {KVP_POLICY_STREAMING, {"sinks", "window", "extra", "compress_every", "slack", "max_drop"}},
-        {KVP_POLICY_H2O, {"budget", "recent", "obs_window"}},
-        {KVP_POLICY_SNAPKV, {"budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage"}},
-        {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage"}},
+        {KVP_POLICY_WINDOW, {"window", "max_prompt"}},
+        {KVP_POLICY_STREAMING, {"sinks", "window", "extra", "compress_every", "slack", "max_drop", "max_prompt"}},
+        {KVP_POLICY_H2O, {"budget", "recent", "obs_window", "max_prompt"}},
+        {KVP_POLICY_SNAPKV, {"budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage", "max_prompt"}},
+        {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage", "max_prompt"}},
         {KVP_POLICY_LETHE,
-         {"sparse_ratio", "recent_ratio", "segments", "decay", "sinks", "budget", "obs_window", "evict_threshold"}},
-        {KVP_POLICY_SIMLAYERKV, {"lazy_threshold", "lazy_last", "lazy_mode", "nonlazy", "sinks", "window", "lazy_force"}},
+         {"sparse_ratio", "recent_ratio", "segments", "decay", "sinks", "budget", "obs_window", "evict_threshold", "max_prompt"}},
+        {KVP_POLICY_SIMLAYERKV,
+         {"lazy_threshold", "lazy_last", "lazy_mode", "nonlazy", "sinks", "window", "lazy_force", "max_prompt"}},
         {KVP_POLICY_ASL,
          {"asl_min_layer", "asl_obs_layers", "asl_tau", "budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage"}},
         {KVP_POLICY_THINK, {"key_channel_ratio", "value_channel_ratio", "channel_score", "obs_window", "token_policy"}},

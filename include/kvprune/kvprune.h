@@ -261,6 +261,17 @@ typedef struct kvp_config {
                                     rotates queries and outputs to match (q.k and the output are
                                     unchanged in exact arithmetic; spreads outlier channels before
                                     f16/q8/q4 rounding); default none. Not with policy=think. */
+    /* appended in 0.3 (issue 28): whole-prompt selection across chunks */
+    uint32_t max_prompt;         /* max_prompt=P: the largest prompt the arena holds whole (any chunking): each
+                                    layer keeps every prompt token (exact attention inside the prompt) and
+                                    the policy's prefill selection runs once, over the whole prompt, when the
+                                    prompt ends (kvp_prompt_end, or the first kvp_decode/kvp_append/
+                                    kvp_draft_begin after it), so chunked prefill keeps what one call keeps.
+                                    Costs P tokens of K/V per layer and KV head in the pool, plus the last
+                                    obs_window queries per layer. A prompt beyond P is selected every time it
+                                    would pass capacity + P (kvp_layer_stats.prompt_early). 0 (default) = off:
+                                    each prefill call selects from its own chunk. Not with asl, think or a
+                                    shared pool (total_capacity) yet. */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -292,6 +303,8 @@ typedef struct kvp_layer_stats {
     float    sparsity;         /* Hoyer sparsity of the layer's last decode attention row, mean over query heads */
     int32_t  lazy;             /* SimLayerKV: 1 lazy (trimmed to sinks + window), 0 not lazy; -1 undecided
                                   (lazy_mode=decode before the first decode) or another policy */
+    uint32_t prompt_early;     /* max_prompt: selections made before the prompt ended, because the prompt
+                                  outgrew capacity + max_prompt (0: every prompt was selected whole) */
 } kvp_layer_stats;
 
 /**
@@ -515,6 +528,19 @@ uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer);
  * 0 for NULL c.
  */
 uint32_t kvp_prefill_room(const kvp_cache *c);
+
+/**
+ * Ends the prompt (config max_prompt > 0): every layer that holds an open prompt runs its
+ * policy's prefill selection now, over the whole prompt (plus what the layer held before it),
+ * from the prompt's last obs_window queries, exactly as one kvp_prefill of the whole prompt
+ * would. A prompt opens with the first kvp_prefill with q after create, kvp_reset or a decode,
+ * and ends here, or at the first kvp_decode, kvp_append or kvp_draft_begin after it (so this
+ * call is needed only to compress, or save the state, before generating). Returns KVP_OK (also
+ * when no prompt is open or max_prompt is 0: nothing happens); KVP_ERR_ARG/KVP_ERR_STATE for a
+ * handle that is not a live cache (as kvp_reset), KVP_ERR_STATE while a draft is open (nothing
+ * changes).
+ */
+kvp_status kvp_prompt_end(kvp_cache *c);
 
 /**
  * Writes the original positions kept by (layer, kv_head), ascending, into out[0..cap).

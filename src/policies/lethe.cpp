@@ -8,6 +8,7 @@
 #include "config.h"
 #include "kernels/score_fixed.h"
 #include "policies/h2o.h"
+#include "prompt.h"
 
 namespace kvp {
 namespace {
@@ -51,7 +52,7 @@ Layer layer_of(PolicyCtx &ctx) {
     kvp_cache *c = ctx.c;
     Layer ly{c, ctx.layer, c->cfg.model.n_kv_heads, 0, c->layers[ctx.layer].geom.lp.cap, fixed_scores(c), {}};
     ly.L = head_of(c, ctx.layer, 0).len();
-    ly.s = scr_of(ctx, ly.cap);
+    ly.s = scr_of(ctx, ly.cap + layer_prompt_room(c->cfg, ctx.layer));  // a whole prompt may pass cap (prompt.h)
     return ly;
 }
 

@@ -65,6 +65,9 @@ struct PolicyCtx {
     uint32_t stage_slot; // their first pool slot
     uint32_t committed = 0;  // stage_commit: staged tokens it moved into the store (formatted
                              // storage: their rows are staging rows 0..committed-1, store_fmt.h)
+    uint32_t prompt_w = 0;   // the end of a whole prompt (max_prompt, prompt.h): the whole prompt is
+                             // in the store (nothing staged) and the observation was of its last
+                             // prompt_w queries, the store's last prompt_w tokens; 0 otherwise
 };
 
 // Prefill observation rows: row g (query head g of the group) at g * ld; float sums of normalised

@@ -66,6 +66,11 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
         return KVP_ERR_CONFIG;
     }
     const Policy &nl = nonlazy_of(cfg);
+    if (cfg.max_prompt && !nl.prune) {  // its non-lazy layers would keep the whole prompt, past capacity
+        m.s("simlayerkv: max_prompt with nonlazy=full is not supported (a non-lazy layer never selects from the "
+            "prompt); use nonlazy=snapkv|h2o, or max_prompt=0");
+        return KVP_ERR_UNSUPPORTED;
+    }
     const kvp_status st = nl.check ? nl.check(cfg, m) : KVP_OK;
     if (st != KVP_OK) return st;
     LayerPlan lp;

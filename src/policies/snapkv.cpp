@@ -5,6 +5,7 @@
 #include "cache.h"
 #include "config.h"
 #include "policies/h2o.h"
+#include "prompt.h"
 
 namespace kvp {
 namespace {
@@ -20,8 +21,10 @@ struct SelScratch {
 };
 constexpr size_t kBytesPerToken = 24;
 
-SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &hs) {
-    const size_t lmax = size_t(hs.cap) + ctx.c->plan.stage;
+SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
+    // the layer's capacity, plus a staged chunk or a whole prompt beyond it (prompt.h)
+    const size_t lmax = size_t(ctx.c->layers[ctx.layer].geom.lp.cap) + ctx.c->plan.stage +
+                        layer_prompt_room(ctx.c->cfg, ctx.layer);
     char *b = static_cast<char *>(ctx.scratch);
     SelScratch s;
     s.vote = reinterpret_cast<double *>(b);
@@ -33,11 +36,15 @@ SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &hs) {
     return s;
 }
 
-// Observing queries of this call: the core observed min(obs_window, chunk) queries.
+// Observing queries of this call: the core observed min(obs_window, chunk) queries; at the end
+// of a whole prompt (max_prompt) min(obs_window, the queries it kept).
 uint32_t window_of(const PolicyCtx &ctx) {
-    const uint32_t w = ctx.c->cfg.obs_window;
-    return w < ctx.staged ? w : ctx.staged;
+    const uint32_t w = ctx.c->cfg.obs_window, n = ctx.prompt_w ? ctx.prompt_w : ctx.staged;
+    return w < n ? w : n;
 }
+
+// A selection runs on this prune: a staged chunk, or the end of a whole prompt (policy.h).
+bool selecting(const PolicyCtx &ctx) { return ctx.staged || ctx.prompt_w; }
 
 // Votes of the prefix [0, P): pooled per query head, then the group mean (fixed: sums).
 void compute_votes(const PolicyCtx &ctx, const Obs &obs, uint32_t P, const SelScratch &s) {
@@ -112,7 +119,7 @@ void select_and_commit(PolicyCtx &ctx, HeadStore &hs) {
 
 void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs) {
     add_observed_mass(ctx, runs, nr, obs);  // the h2o score, for decode eviction
-    if (!ctx.staged) return;
+    if (!selecting(ctx)) return;
     const uint32_t L = hs.len() + ctx.staged, P = L - window_of(ctx);
     if (P > 0) compute_votes(ctx, obs, P, sel_scratch(ctx, hs));
 }
@@ -120,7 +127,7 @@ void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr,
 const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs) { return sel_scratch(ctx, hs).vote; }
 
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
-    if (ctx.staged) {
+    if (selecting(ctx)) {
         select_and_commit(ctx, hs);
         return;
     }

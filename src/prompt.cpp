@@ -1,0 +1,206 @@
+// Whole-prompt selection across chunks (prompt.h).
+#include "prompt.h"
+
+#include <string.h>
+
+#include "cache.h"
+#include "config.h"
+#include "policies/policy.h"
+#include "sliding.h"
+
+namespace kvp {
+namespace {
+
+struct PromptHdr {
+    uint32_t open;   // the layer's prompt is open (its stores may hold capacity + P)
+    uint32_t early;  // selections made before a prompt ended
+    uint32_t nq;     // queries kept (<= W)
+    uint32_t pad;
+};
+
+size_t layer_meta_bytes(uint32_t w) { return align_up(sizeof(PromptHdr) + size_t(w) * sizeof(int32_t), kAlign); }
+size_t q_row_floats(const kvp_config &cfg) { return size_t(cfg.model.n_q_heads) * cfg.model.head_dim; }
+size_t layer_bytes(const kvp_config &cfg, uint32_t w) {
+    return layer_meta_bytes(w) + align_up(size_t(w) * q_row_floats(cfg) * sizeof(float), kAlign);
+}
+uint32_t window_of(const kvp_cache *c) { return *reinterpret_cast<const uint32_t *>(c->prompt); }
+char *layer_base(const kvp_cache *c, uint32_t layer) {
+    return c->prompt + kAlign + size_t(layer) * layer_bytes(c->cfg, window_of(c));
+}
+PromptHdr &hdr(const kvp_cache *c, uint32_t layer) { return *reinterpret_cast<PromptHdr *>(layer_base(c, layer)); }
+int32_t *kept_pos(const kvp_cache *c, uint32_t layer) {
+    return reinterpret_cast<int32_t *>(layer_base(c, layer) + sizeof(PromptHdr));
+}
+float *kept_q(const kvp_cache *c, uint32_t layer) {
+    return reinterpret_cast<float *>(layer_base(c, layer) + layer_meta_bytes(window_of(c)));
+}
+
+// Every KV head of the layer may hold capacity + P (open) or its capacity (closed).
+void set_caps(kvp_cache *c, uint32_t layer, bool open) {
+    const uint32_t cap = c->layers[layer].geom.lp.cap + (open ? c->cfg.max_prompt : 0);
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) head_of(c, layer, h).cap = cap;
+}
+
+void open_layer(kvp_cache *c, uint32_t layer) {
+    PromptHdr &ph = hdr(c, layer);
+    ph.open = 1;
+    ph.nq = 0;
+    set_caps(c, layer, true);
+}
+
+// Ends the layer's prompt: the selection over everything it holds, from the kept queries.
+void finish_layer(kvp_cache *c, uint32_t layer) {
+    PromptHdr &ph = hdr(c, layer);
+    set_caps(c, layer, false);  // the policy prunes to its own capacity
+    cache_prompt_select(c, layer, ph.nq, kept_pos(c, layer), kept_q(c, layer));
+    // capacity binds: a prefill rule that left more (streaming with compress_every=0) gives way
+    // to the policy's own eviction ranking
+    cache_make_room(c, layer, c->layers[layer].geom.lp.cap);
+    ph.open = 0;
+    ph.nq = 0;
+}
+
+// Keeps the last W queries (and positions) of the prompt: the n new tokens' after the older ones.
+void keep_queries(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, int64_t first, In q) {
+    const uint32_t W = window_of(c);
+    if (!W) return;
+    PromptHdr &ph = hdr(c, layer);
+    const size_t row = q_row_floats(c->cfg);
+    float *qs = kept_q(c, layer);
+    int32_t *ps = kept_pos(c, layer);
+    const uint32_t take = n < W ? n : W;
+    if (ph.nq + take > W) {  // drop the oldest
+        const uint32_t drop = ph.nq + take - W;
+        memmove(qs, qs + size_t(drop) * row, size_t(ph.nq - drop) * row * sizeof(float));
+        memmove(ps, ps + drop, size_t(ph.nq - drop) * sizeof(int32_t));
+        ph.nq -= drop;
+    }
+    for (uint32_t t = n - take; t < n; ++t) {
+        (q + size_t(t) * row).load(qs + size_t(ph.nq) * row, row);
+        ps[ph.nq] = positions ? positions[t] : int32_t(first + t);
+        ++ph.nq;
+    }
+}
+
+// The fewest tokens the layer's head h can hold after its prompt's selection (what its policy
+// cannot evict), for the admission of a chunk that would pass capacity + P.
+uint32_t floor_after_select(const kvp_cache *c, uint32_t layer, uint32_t h) {
+    const HeadStore &hs = head_of(c, layer, h);
+    PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, &c->pools[h], nullptr, 0, 0};
+    uint32_t e = c->policy->evictable(ctx, hs);
+    if (e > hs.body_len()) e = hs.body_len();
+    return hs.len() - e;
+}
+
+}  // namespace
+
+uint32_t layer_prompt_room(const kvp_config &cfg, uint32_t layer) {
+    // A policy that neither prunes per head nor in a layer phase (full) never selects: a prompt
+    // gets no room beyond its capacity.
+    const Policy &pol = policy_of(cfg);
+    return cfg.max_prompt && !layer_local(cfg, layer) && (pol.prune || pol.layer_phase) ? cfg.max_prompt : 0;
+}
+
+uint32_t prompt_window(const kvp_config &cfg) {
+    if (!cfg.max_prompt) return 0;
+    uint32_t w = 0;
+    for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
+        if (!layer_prompt_room(cfg, l)) continue;
+        LayerGeom g;
+        layer_geom(cfg, l, &g);
+        const uint32_t lw = g.lp.obs_queries > g.lp.obs_extra ? g.lp.obs_queries : g.lp.obs_extra;
+        if (lw > w) w = lw;
+    }
+    return w;
+}
+
+bool prompt_used(const kvp_config &cfg) {
+    for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
+        if (layer_prompt_room(cfg, l)) return true;
+    return false;
+}
+
+size_t prompt_region_bytes(const kvp_config &cfg, uint32_t w, Sz &z) {
+    if (!prompt_used(cfg)) return 0;
+    const size_t per = z.add(layer_meta_bytes(w), z.al(z.mul(z.mul(w, q_row_floats(cfg)), sizeof(float))));
+    return z.add(kAlign, z.mul(per, cfg.model.n_layers));
+}
+
+void prompt_init(kvp_cache *c) {
+    c->prompt = nullptr;
+    if (!prompt_used(c->cfg)) return;
+    Sz z;
+    const uint32_t w = prompt_window(c->cfg);
+    c->prompt = reinterpret_cast<char *>(c) + c->plan.off_memos - prompt_region_bytes(c->cfg, w, z);
+    memset(c->prompt, 0, kAlign);
+    *reinterpret_cast<uint32_t *>(c->prompt) = w;
+}
+
+void prompt_reset(kvp_cache *c) {
+    if (!c->prompt) return;
+    for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l) {
+        memset(&hdr(c, l), 0, sizeof(PromptHdr));
+        set_caps(c, l, false);
+    }
+}
+
+bool prompt_open(const kvp_cache *c, uint32_t layer) { return c->prompt && hdr(c, layer).open; }
+
+bool prompt_any_open(const kvp_cache *c) {
+    if (!c->prompt) return false;
+    for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l)
+        if (hdr(c, l).open) return true;
+    return false;
+}
+
+uint32_t prompt_early(const kvp_cache *c, uint32_t layer) { return c->prompt ? hdr(c, layer).early : 0; }
+
+bool prompt_takes(const kvp_cache *c, uint32_t layer) { return c->prompt && layer_prompt_room(c->cfg, layer); }
+
+kvp_status prompt_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m) {
+    const uint32_t P = c->cfg.max_prompt, cap = c->layers[layer].geom.lp.cap;
+    if (n > P) {
+        m.s("layer ").u(layer).s(": a prompt chunk of ").u(n).s(" tokens exceeds max_prompt=").u(P)
+            .s(": chunk the prompt by kvp_prefill_room, or raise max_prompt");
+        return KVP_ERR_FULL;
+    }
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
+        const HeadStore &hs = head_of(c, layer, h);
+        if (uint64_t(hs.len()) + n <= uint64_t(cap) + P) continue;
+        // beyond capacity + P: the prompt so far is selected first (prompt.h); the policy must be
+        // able to make room for the chunk
+        if (uint64_t(floor_after_select(c, layer, h)) + n <= uint64_t(cap) + P) continue;
+        m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" tokens; a prompt chunk of ").u(n)
+            .s(" does not fit capacity + max_prompt = ").u(uint64_t(cap) + P).s(" and policy ").s(c->policy->name)
+            .s(" cannot evict enough: raise max_prompt or capacity");
+        return KVP_ERR_FULL;
+    }
+    return KVP_OK;
+}
+
+void prompt_prefill(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out) {
+    const uint32_t P = c->cfg.max_prompt, cap = c->layers[layer].geom.lp.cap;
+    PromptHdr &ph = hdr(c, layer);
+    if (ph.open) {
+        uint32_t most = 0;
+        for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h)
+            if (head_of(c, layer, h).len() > most) most = head_of(c, layer, h).len();
+        if (uint64_t(most) + n > uint64_t(cap) + P) {  // beyond capacity + P: select what it has first
+            finish_layer(c, layer);
+            ++ph.early;
+            cache_make_room(c, layer, cap + P - n);  // what the selection left above it (prompt_room_check)
+        }
+    }
+    if (!ph.open) open_layer(c, layer);
+    const int64_t first = c->layers[layer].next_pos;
+    cache_step(c, layer, n, positions, q, k, v, out, StepMode::kPrefill);
+    keep_queries(c, layer, n, positions, first, q);
+}
+
+void prompt_finish_all(kvp_cache *c) {
+    if (!c->prompt) return;
+    for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l)
+        if (hdr(c, l).open) finish_layer(c, l);
+}
+
+}  // namespace kvp
