@@ -1,5 +1,6 @@
 /* An engine's attention step through kvprune (C99): a long prompt prefilled in chunks that fit
- * (kvp_prefill_room), a speculative draft verified and partly accepted, the state saved, one decode
+ * (kvp_prefill_room) and selected whole when it ends (max_prompt, kvp_prompt_end), a
+ * speculative draft verified and partly accepted, the state saved, one decode
  * call per generated token and layer, the state restored. fake_qkv stands in for your model's
  * pre-RoPE projections of the layer input; `out` goes on to your o-proj and FFN. */
 #include <kvprune/kvprune.h>
@@ -23,13 +24,15 @@ int main(void) {
     unsigned done = 0, n, t, l, kept;
     size_t size;
     if (kvp_config_default(&cfg, &model) != KVP_OK) return 1; /* a bad geometry */
-    if (kvp_config_apply(&cfg, "policy=h2o budget=96 capacity=160 max_draft=4", err, sizeof err) != KVP_OK ||
+    if (kvp_config_apply(&cfg, "policy=h2o budget=96 capacity=160 max_draft=4 max_prompt=512", err, sizeof err) != KVP_OK ||
         !(raw = malloc(kvp_arena_size(&cfg) + 63))) return fprintf(stderr, "config: %s\n", err), 1;
     arena = raw + (64 - (size_t)raw % 64) % 64; /* the one allocation: 64-byte aligned, exact size */
     if (kvp_create_ex(&cfg, arena, kvp_arena_size(&cfg), &c, err, sizeof err) != KVP_OK)
         return fprintf(stderr, "create: %s\n", err), 1;
 
-    while (done < PROMPT) { /* prefill: every layer takes the chunk before the next chunk starts */
+    /* prefill: every layer takes the chunk before the next chunk starts; with max_prompt each layer
+     * holds the whole prompt (any chunking) and the policy selects from it once, when it ends */
+    while (done < PROMPT) {
         n = kvp_prefill_room(c) < CHUNK ? kvp_prefill_room(c) : CHUNK;
         if (n > PROMPT - done) n = PROMPT - done;
         if (n == 0) { fputs("prefill: no room (a policy that never evicts, at capacity)\n", stderr); return 1; }
@@ -39,6 +42,7 @@ int main(void) {
         }
         done += n;
     }
+    if (kvp_prompt_end(c) != KVP_OK) return fail(c, "prompt end"); /* else the first decode or draft ends it */
     if (kvp_draft_begin(c) != KVP_OK) return fail(c, "draft"); /* 4 draft tokens, verified in one batch */
     for (l = 0; l < LAYERS; ++l) {
         fake_qkv(4);

@@ -111,6 +111,8 @@ public:
         return kvp_append_ex(handle_, layer, n, pos, dtype, k, v);
     }
     kvp_status reset() { return kvp_reset(handle_); }
+    // Whole-prompt selection (config max_prompt): ends the prompt now (kvp_prompt_end).
+    kvp_status prompt_end() { return kvp_prompt_end(handle_); }
     // Speculative decoding (kvp_draft_begin / kvp_draft_commit).
     kvp_status draft_begin() { return kvp_draft_begin(handle_); }
     kvp_status draft_commit(uint32_t accepted) { return kvp_draft_commit(handle_, accepted); }

@@ -247,3 +247,48 @@ func TestDraftAndStateErrors(t *testing.T) {
 		t.Fatal("closed cache has a state size")
 	}
 }
+
+// Issue 28: a prompt in chunks with max_prompt keeps what one call keeps (PromptEnd).
+func TestChunkedPromptWithMaxPromptKeepsWhatOneCallKeeps(t *testing.T) {
+	const spec = "policy=snapkv budget=12 obs_window=4 recent=2 max_prompt=64"
+	one, err := NewCache(testModel, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	chunked, err := NewCache(testModel, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer chunked.Close()
+	r := rng(0x5eed0028)
+	prompt := draftToks(&r, 40)
+	prefillAll(t, one, prompt)
+	m := testModel
+	nq, nkv := int(m.QHeads*m.HeadDim), int(m.KVHeads*m.HeadDim)
+	for at := 0; at < 40; at += 7 {
+		n := 7
+		if 40-at < n {
+			n = 40 - at
+		}
+		prefillAll(t, chunked, toks{prompt.q[at*nq : (at+n)*nq], prompt.k[at*nkv : (at+n)*nkv], prompt.v[at*nkv : (at+n)*nkv]})
+	}
+	if got := chunked.LayerLen(0); got != 40 {
+		t.Fatalf("an open prompt holds %d tokens, want 40", got)
+	}
+	if err := one.PromptEnd(); err != nil {
+		t.Fatal(err)
+	}
+	if err := chunked.PromptEnd(); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(kept(t, one), kept(t, chunked)) {
+		t.Fatal("chunked prompt kept other tokens than one call")
+	}
+	if ls, err := chunked.LayerStats(0); err != nil || ls.PromptEarly != 0 || ls.Len != 12 {
+		t.Fatalf("layer stats %+v, %v", ls, err)
+	}
+	if !reflect.DeepEqual(decodeBits(t, one, 5), decodeBits(t, chunked, 5)) {
+		t.Fatal("decode outputs differ after the prompt")
+	}
+}

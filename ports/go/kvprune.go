@@ -845,6 +845,7 @@ type LayerStats struct {
 	EvictThreshold                        uint32
 	Sparsity                              float32
 	Lazy                                  int32
+	PromptEarly                           uint32 // max_prompt: selections made before a prompt ended
 }
 
 // LayerStats returns kvp_get_layer_stats of layer.
@@ -866,7 +867,8 @@ func (c *Cache) LayerStats(layer int) (LayerStats, error) {
 	}
 	return LayerStats{Capacity: uint32(s.capacity), Len: uint32(s.len), LiveBytes: uint64(s.live_bytes),
 		PruneEvents: uint64(s.prune_events), TokensEvicted: uint64(s.tokens_evicted),
-		EvictThreshold: uint32(s.evict_threshold), Sparsity: float32(s.sparsity), Lazy: int32(s.lazy)}, nil
+		EvictThreshold: uint32(s.evict_threshold), Sparsity: float32(s.sparsity), Lazy: int32(s.lazy),
+		PromptEarly: uint32(s.prompt_early)}, nil
 }
 
 // Reset starts a new sequence in the same arena.
@@ -889,6 +891,19 @@ func (c *Cache) LastError() string {
 	m := C.GoString(C.kvp_last_error(c.c))
 	runtime.KeepAlive(c)
 	return m
+}
+
+// PromptEnd ends the prompt (kvp_prompt_end; config max_prompt > 0): every layer holding an open
+// prompt selects from the whole prompt now, as one prefill of it would. Without an open prompt
+// nothing happens; with a draft open it is ErrState.
+func (c *Cache) PromptEnd() error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	s := C.kvp_prompt_end(c.c)
+	runtime.KeepAlive(c)
+	return c.status(s)
 }
 
 // DraftBegin opens a draft (speculative decoding, kvp_draft_begin; needs max_draft > 0): until

@@ -87,6 +87,7 @@ class _Config(ctypes.Structure):
         ("rope_attn_factor", _f32),  # issue 21: RoPE frequencies from the caller
         ("sliding_window", _u32), ("sliding_pattern", _u32),  # issue 21 item 5
         ("kv_rotate", _enum),  # issue 23
+        ("max_prompt", _u32),  # issue 28
     ]
 
 
@@ -99,7 +100,8 @@ class _Stats(ctypes.Structure):
 class _LayerStats(ctypes.Structure):
     _fields_ = [("struct_size", _u32), ("capacity", _u32), ("len", _u32), ("live_bytes", ctypes.c_uint64),
                 ("prune_events", ctypes.c_uint64), ("tokens_evicted", ctypes.c_uint64),
-                ("evict_threshold", _u32), ("sparsity", _f32), ("lazy", ctypes.c_int32)]
+                ("evict_threshold", _u32), ("sparsity", _f32), ("lazy", ctypes.c_int32),
+                ("prompt_early", _u32)]
 
 
 class _KeyInfo(ctypes.Structure):
@@ -157,6 +159,7 @@ def _declare(lib):
         "kvp_get_layer_stats": (_u32, [_CP, _u32, ctypes.POINTER(_LayerStats)]),
         "kvp_last_error": (ctypes.c_char_p, [_CP]),
         "kvp_draft_begin": (_u32, [_CP]),
+        "kvp_prompt_end": (_u32, [_CP]),
         "kvp_draft_commit": (_u32, [_CP, _u32]),
         "kvp_state_size": (ctypes.c_size_t, [_CP]),
         "kvp_state_save": (_u32, [_CP, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
@@ -477,7 +480,8 @@ class Config:
 
 
 Stats = namedtuple("Stats", "arena_bytes live_bytes peak_live_bytes tokens_seen prune_events tokens_evicted")
-LayerStats = namedtuple("LayerStats", "capacity len live_bytes prune_events tokens_evicted evict_threshold sparsity lazy")
+LayerStats = namedtuple("LayerStats",
+                        "capacity len live_bytes prune_events tokens_evicted evict_threshold sparsity lazy prompt_early")
 LayerStats.__doc__ = """kvp_layer_stats of one layer; ``lazy`` is 1 (SimLayerKV: lazy, trimmed to sinks + window),
 0 (not lazy) or -1 (undecided, or another policy)."""
 Selection = namedtuple("Selection", "selected indices")
@@ -897,7 +901,7 @@ class Cache:
         with self._lock:
             self._check(self._lib.kvp_get_layer_stats(self._h(), layer, ctypes.byref(s)))
         return LayerStats(s.capacity, s.len, s.live_bytes, s.prune_events, s.tokens_evicted, s.evict_threshold,
-                          s.sparsity, s.lazy)
+                          s.sparsity, s.lazy, s.prompt_early)
 
     def stats(self):
         s = _Stats()
@@ -912,6 +916,13 @@ class Cache:
             self._check(self._lib.kvp_reset(self._h()))
 
     # -- speculative decoding (issue 21) --
+    def prompt_end(self):
+        """kvp_prompt_end: ends the prompt (config max_prompt > 0): every layer holding an open
+        prompt selects from the whole prompt now, as one prefill of it would. Without an open
+        prompt nothing happens; with a draft open it raises (KVP_ERR_STATE)."""
+        with self._lock:
+            self._check(self._lib.kvp_prompt_end(self._h()))
+
     def draft_begin(self):
         """kvp_draft_begin: opens a draft (needs max_draft > 0). Until draft_commit, prefill and
         decode only append draft tokens and attend."""

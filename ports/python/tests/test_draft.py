@@ -177,5 +177,29 @@ class DraftTest(unittest.TestCase):
         self.assertEqual(status(nodraft.draft_begin), kvprune.ERR_STATE)  # closed
 
 
+class PromptTest(unittest.TestCase):
+    """Issue 28: a prompt in chunks with max_prompt keeps what one call keeps (prompt_end)."""
+
+    def test_chunked_prompt_keeps_what_one_call_keeps(self):
+        spec = "policy=snapkv budget=12 obs_window=4 recent=2 max_prompt=64"
+        self.assertEqual(kvprune.Config(MODEL, spec).get("max_prompt"), 64)
+        prompt = toks(Rng(0x5EED0028), 40)
+        one, chunked = kvprune.Cache(MODEL, spec), kvprune.Cache(MODEL, spec)
+        prefill_all(one, prompt)
+        for at in range(0, 40, 7):
+            n = min(7, 40 - at)
+            part = (prompt[0][at * NQ * HD:(at + n) * NQ * HD], prompt[1][at * NKV * HD:(at + n) * NKV * HD],
+                    prompt[2][at * NKV * HD:(at + n) * NKV * HD])
+            prefill_all(chunked, part)
+        self.assertEqual(chunked.layer_len(0), 40)  # held whole until the prompt ends
+        one.prompt_end()
+        chunked.prompt_end()
+        self.assertEqual(one.layer_len(0), 12)
+        self.assertEqual(kept(one), kept(chunked))
+        self.assertEqual(chunked.layer_stats(0).prompt_early, 0)
+        self.assertEqual(decode_bits(one, 5), decode_bits(chunked, 5))
+
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -135,6 +135,8 @@ pub struct kvp_config {
     pub sliding_pattern: u32,
     // appended for issue 23: kv_rotate=none (0) | hadamard (1)
     pub kv_rotate: u32,
+    // appended for issue 28: whole-prompt selection (kvp_prompt_end)
+    pub max_prompt: u32,
 }
 
 #[repr(C)]
@@ -161,6 +163,7 @@ pub struct kvp_layer_stats {
     pub evict_threshold: u32,
     pub sparsity: f32,
     pub lazy: i32,
+    pub prompt_early: u32,
 }
 
 pub type kvp_key_type = u32;
@@ -295,6 +298,7 @@ extern "C" {
     pub fn kvp_config_key_count() -> u32;
     pub fn kvp_config_key(index: u32, info: *mut kvp_key_info) -> kvp_status;
     pub fn kvp_draft_begin(c: *mut kvp_cache) -> kvp_status;
+    pub fn kvp_prompt_end(c: *mut kvp_cache) -> kvp_status;
     pub fn kvp_draft_commit(c: *mut kvp_cache, accepted: u32) -> kvp_status;
     pub fn kvp_state_size(c: *const kvp_cache) -> usize;
     pub fn kvp_state_save(c: *const kvp_cache, buf: *mut u8, size: usize, written: *mut usize) -> kvp_status;

@@ -468,6 +468,8 @@ pub struct LayerStats {
     pub sparsity: f32,
     /// SimLayerKV: 1 lazy (trimmed to sinks + window), 0 not lazy; -1 undecided or another policy.
     pub lazy: i32,
+    /// `max_prompt`: selections made before a prompt ended (it outgrew capacity + max_prompt).
+    pub prompt_early: u32,
 }
 
 /// Counters of a cache (`kvp_stats`).
@@ -826,12 +828,21 @@ impl Cache {
             evict_threshold: s.evict_threshold,
             sparsity: s.sparsity,
             lazy: s.lazy,
+            prompt_early: s.prompt_early,
         })
     }
 
     /// New sequence in the same arena.
     pub fn reset(&mut self) -> Result<()> {
         let s = unsafe { ffi::kvp_reset(self.handle.as_ptr()) };
+        self.check(s)
+    }
+
+    /// `kvp_prompt_end`: ends the prompt (config `max_prompt` > 0): every layer holding an open
+    /// prompt selects from the whole prompt now, as one prefill of it would. Without an open
+    /// prompt nothing happens; with a draft open it is [`Status::State`].
+    pub fn prompt_end(&mut self) -> Result<()> {
+        let s = unsafe { ffi::kvp_prompt_end(self.handle.as_ptr()) };
         self.check(s)
     }
 

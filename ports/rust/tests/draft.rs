@@ -167,3 +167,31 @@ fn draft_and_state_errors_leave_the_cache_unchanged() {
     assert_eq!(nodraft.draft_begin().unwrap_err().status, Status::Config);
     assert_eq!(nodraft.layer_len(0), 0);
 }
+
+/// Issue 28: a prompt in chunks with `max_prompt` keeps what one call keeps (`prompt_end`).
+#[test]
+fn chunked_prompt_with_max_prompt_keeps_what_one_call_keeps() {
+    let spec = "policy=snapkv budget=12 obs_window=4 recent=2 max_prompt=64";
+    let cfg = Config::from_spec(&model(), spec).unwrap();
+    assert_eq!(cfg.get("max_prompt").unwrap(), 64.0);
+    let mut r = Rng(0x5eed_0028);
+    let prompt = tokens(&mut r, 40);
+    let (mut one, mut chunked) = (Cache::new(&cfg).unwrap(), Cache::new(&cfg).unwrap());
+    prefill_all(&mut one, &prompt);
+    for t in (0..40).step_by(7) {
+        let n = if 40 - t < 7 { 40 - t } else { 7 };
+        let part = (
+            prompt.0[t * NQ * HD..(t + n) * NQ * HD].to_vec(),
+            prompt.1[t * NKV * HD..(t + n) * NKV * HD].to_vec(),
+            prompt.2[t * NKV * HD..(t + n) * NKV * HD].to_vec(),
+        );
+        prefill_all(&mut chunked, &part);
+    }
+    assert_eq!(chunked.layer_len(0), 40); // held whole until the prompt ends
+    one.prompt_end().unwrap();
+    chunked.prompt_end().unwrap();
+    assert_eq!(one.layer_len(0), 12);
+    assert_eq!(kept(&one), kept(&chunked));
+    assert_eq!(chunked.layer_stats(0).unwrap().prompt_early, 0);
+    assert_eq!(decode_bits(&mut one, 5), decode_bits(&mut chunked, 5));
+}
