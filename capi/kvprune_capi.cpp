@@ -246,13 +246,17 @@ kvp_status check_tokens(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t 
     return KVP_OK;
 }
 
-// A kvp_decode or kvp_append ends an open prompt (prompt.h) before its room is checked: once
-// its other checks pass (a call that fails them leaves the prompt open).
+// A kvp_decode or kvp_append ends an open prompt (prompt.h) first. Every check is made before
+// that: the call's inputs, and its room once the prompt has ended (the called layer's: the
+// policy must be able to make room after its selection; another layer's ending cannot change
+// it), so a call that fails changes nothing and one that passes them succeeds.
 kvp_status end_prompt_for(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, uint32_t dt, const void *q,
                           const void *k, const void *v, const void *out, Msg &m) {
     if (kvp::draft_open(c) || !kvp::prompt_any_open(c)) return KVP_OK;
-    const kvp_status st = check_tokens(c, layer, n, positions, dt, q, k, v, out, false, m, false);
-    if (st == KVP_OK) kvp::prompt_finish_all(c);
+    kvp_status st = check_tokens(c, layer, n, positions, dt, q, k, v, out, false, m, false);
+    if (st != KVP_OK) return st;
+    st = kvp::prompt_open(c, layer) ? kvp::prompt_end_check(c, layer, n, m) : kvp::cache_room_check(c, layer, n, false, m);
+    if (st == KVP_OK) kvp::prompt_end_for(c, layer, n);
     return st;
 }
 

@@ -1,5 +1,7 @@
 #include "draft.h"
 
+#include "prompt.h"
+
 #include <string.h>
 
 #include <atomic>
@@ -224,7 +226,9 @@ kvp_status draft_commit(kvp_cache *c, uint32_t accepted, Msg &m) {
     if (accepted) {
         for (uint32_t l = 0; l < md.n_layers; ++l) {
             const DraftLayer dl = draft_layer(c, l);
-            cache_step(c, l, accepted, dl.pos, dl.q, dl.k, dl.v, nullptr, StepMode::kPrefill);
+            // as the caller's kvp_prefill of them would: under max_prompt through the prompt (prompt.h)
+            if (prompt_takes(c, l)) prompt_prefill(c, l, accepted, dl.pos, dl.q, dl.k, dl.v, Out());
+            else cache_step(c, l, accepted, dl.pos, dl.q, dl.k, dl.v, nullptr, StepMode::kPrefill);
         }
     }
     draft_reset(c);

@@ -53,9 +53,12 @@ void finish_layer(kvp_cache *c, uint32_t layer) {
     PromptHdr &ph = hdr(c, layer);
     set_caps(c, layer, false);  // the policy prunes to its own capacity
     cache_prompt_select(c, layer, ph.nq, kept_pos(c, layer), kept_q(c, layer));
-    // capacity binds: a prefill rule that left more (streaming with compress_every=0) gives way
-    // to the policy's own eviction ranking
-    cache_make_room(c, layer, c->layers[layer].geom.lp.cap);
+    // Capacity binds, and the next token must fit: a prefill rule that left more than capacity - 1
+    // (streaming with compress_every=0, or whose slack lands on its capacity) gives way to the
+    // policy's own eviction ranking. (One prefill call could not reach that state: a prompt of
+    // more than capacity is refused there.)
+    const uint32_t cap = c->layers[layer].geom.lp.cap;
+    cache_make_room(c, layer, cap ? cap - 1 : 0);
     ph.open = 0;
     ph.nq = 0;
 }
@@ -195,6 +198,24 @@ void prompt_prefill(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *pos
     const int64_t first = c->layers[layer].next_pos;
     cache_step(c, layer, n, positions, q, k, v, out, StepMode::kPrefill);
     keep_queries(c, layer, n, positions, first, q);
+}
+
+kvp_status prompt_end_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m) {
+    const uint32_t cap = c->layers[layer].geom.lp.cap;
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
+        if (uint64_t(floor_after_select(c, layer, h)) + n <= cap) continue;
+        m.s("layer ").u(layer).s(" holds an open prompt of ").u(head_of(c, layer, h).len())
+            .s(" tokens; after its selection policy ").s(c->policy->name).s(" cannot make room for ").u(n)
+            .s(" more within capacity ").u(cap).s(": raise capacity");
+        return KVP_ERR_FULL;
+    }
+    return KVP_OK;
+}
+
+void prompt_end_for(kvp_cache *c, uint32_t layer, uint32_t n) {
+    const bool open = prompt_open(c, layer);
+    prompt_finish_all(c);
+    if (open) cache_make_room(c, layer, c->layers[layer].geom.lp.cap - n);  // n <= cap (prompt_end_check)
 }
 
 void prompt_finish_all(kvp_cache *c) {

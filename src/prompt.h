@@ -62,5 +62,11 @@ kvp_status prompt_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg
 void prompt_prefill(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out);
 // Ends every open prompt (kvp_prompt_end, and before a decode, append or draft).
 void prompt_finish_all(kvp_cache *c);
+// A kvp_decode/kvp_append of n tokens into `layer` whose prompt is open: KVP_OK when, once the
+// prompt ends, the layer can make room for them by its policy's ranking (evictable); else
+// KVP_ERR_FULL with a message and nothing changed. prompt_end_for then ends every prompt and
+// makes that room (capacity - n), so the call that follows fits.
+kvp_status prompt_end_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m);
+void prompt_end_for(kvp_cache *c, uint32_t layer, uint32_t n);
 
 }  // namespace kvp

@@ -157,7 +157,9 @@ const Implemented &implemented() {
     return im;
 }
 
-[[noreturn]] void fail(const std::string &what) { violation("calls", what.c_str()); }
+// The sequence's config, named in a violation's message (what to reproduce it with).
+thread_local std::string g_spec;
+[[noreturn]] void fail(const std::string &what) { violation("calls", (what + " [config: " + g_spec + "]").c_str()); }
 #define KVPF_CHECK(cond, ...)                                              \
     do {                                                                   \
         if (!(cond)) {                                                     \
@@ -179,6 +181,9 @@ struct View {
     bool operator==(const View &o) const { return v == o.v; }
 };
 
+// Tokens an open prompt may hold beyond a layer's capacity (config max_prompt of the sequence).
+thread_local uint32_t g_prompt_room = 0;
+
 View observe(kvp_cache *c, const kvp_model &m, const char *who) {
     View w;
     kvp_stats st;
@@ -193,7 +198,8 @@ View observe(kvp_cache *c, const kvp_model &m, const char *who) {
     std::vector<int32_t> pos(4096);
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         const uint32_t len = kvp_layer_len(c, l), cap = kvp_layer_capacity(c, l);
-        KVPF_CHECK(len <= cap, "%s: layer %u len %u > capacity %u", who, l, len, cap);
+        KVPF_CHECK(uint64_t(len) <= uint64_t(cap) + g_prompt_room, "%s: layer %u len %u > capacity %u + max_prompt %u", who,
+                   l, len, cap, g_prompt_room);
         kvp_layer_stats ls;
         ls.struct_size = sizeof ls;
         KVPF_CHECK(kvp_get_layer_stats(c, l, &ls) == KVP_OK, "%s: layer stats", who);
@@ -321,6 +327,7 @@ struct Sequence {
         if (b.pick(4) == 0) spec += kv("quant_group", 1 + b.pick(40));
         if (b.pick(4) == 0) spec += " score=fixed";
         char err[320];
+        g_spec = spec;
         if (kvp_config_apply(&cfg, spec.c_str(), err, sizeof err) != KVP_OK) {
             if (stats) ++stats->configs_rejected;
             return false;
@@ -531,6 +538,10 @@ struct Sequence {
             if (l == 0) seen0 += n;
             if (stats) stats->calls += 2, stats->calls_ok += 2;
         }
+        if (r % 3 == 0) {  // max_prompt: the prompt ends here (nothing happens without an open one)
+            KVPF_CHECK(kvp_prompt_end(a) == KVP_OK && kvp_prompt_end(t) == KVP_OK, "prompt_end: %s", kvp_last_error(a));
+            KVPF_CHECK(observe(a, m, "cache") == observe(t, m, "twin"), "cache and twin differ after kvp_prompt_end");
+        }
     }
 
     void misc_call() {
@@ -580,6 +591,9 @@ struct Sequence {
     static constexpr uint32_t kMaxDraft = 4;
     void draft_call() {
         const uint32_t L = m.n_layers;
+        // An open prompt (max_prompt) would end at kvp_draft_begin: end it on both first, so the
+        // draft's own calls are what is compared below (tests/test_prompt.cpp covers that end).
+        KVPF_CHECK(kvp_prompt_end(a) == KVP_OK && kvp_prompt_end(t) == KVP_OK, "prompt_end: %s", kvp_last_error(a));
         const View before = observe(a, m, "before a draft");
         auto unchanged = [&](kvp_status st, kvp_status want, const char *what) {
             KVPF_CHECK(st == want, "%s: status %d, want %d (%s)", what, int(st), int(want), kvp_last_error(a));
@@ -641,6 +655,7 @@ struct Sequence {
             last_pos[l] += acc;
             if (l == 0) seen0 += acc;
         }
+
         KVPF_CHECK(observe(a, m, "cache") == observe(t, m, "twin"), "cache and twin differ after a commit of %u", acc);
     }
 
@@ -656,6 +671,18 @@ struct Sequence {
             sw.sliding_pattern = m.n_layers >= 2 ? 2 : 0;
             if (kvp_config_check(&sw, nullptr, 0) == KVP_OK) cfg = sw;
         }
+        // Whole-prompt selection (issue 28) on head_dim 4 and 32 models (no byte spent): a small
+        // max_prompt, so sequences reach the early selection past capacity + P; configs that
+        // refuse it (asl, think, a shared pool) stay without.
+        if (m.head_dim == 4 || m.head_dim == 32) {
+            kvp_config mp = cfg;
+            mp.max_prompt = 8 + (m.n_q_heads * 7 + m.n_layers * 5) % 97;
+            if (kvp_config_check(&mp, nullptr, 0) == KVP_OK) cfg = mp;
+        }
+        g_prompt_room = cfg.max_prompt;
+        g_spec += " max_prompt=" + std::to_string(cfg.max_prompt) + " sliding_window=" +
+                 std::to_string(cfg.sliding_window) + " layers=" + std::to_string(m.n_layers) + " head_dim=" +
+                 std::to_string(m.head_dim);
         const size_t bytes = kvp_arena_size(&cfg);
         KVPF_CHECK(bytes > 0, "kvp_arena_size is 0 for a config kvp_config_apply accepted");
         if (bytes > (8u << 20)) return;
