@@ -484,7 +484,32 @@ kvp_status config_load(const kvp_config *user, kvp_config *full, Msg &m) {
     return KVP_OK;
 }
 
+uint32_t config_draft_room(const kvp_config &c) {
+    if (c.max_draft <= 1) return 0;
+    uint32_t p = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
+    if (p == KVP_POLICY_SIMLAYERKV) p = raw(c.nonlazy);
+    switch (p) {
+        case KVP_POLICY_WINDOW:
+        case KVP_POLICY_STREAMING:
+        case KVP_POLICY_H2O:
+        case KVP_POLICY_LETHE: return c.max_draft - 1;
+        default: return 0;  // full keeps every token; snapkv, pyramidkv, asl stage a prefill with queries
+    }
+}
+
 namespace {
+
+// The config a policy's own check and plan judge (issue 28): no drafts, and a given capacity less
+// the draft room (config_draft_room). false when a given capacity does not exceed the room.
+bool policy_view(const kvp_config &c, kvp_config *pc) {
+    const uint32_t room = config_draft_room(c);
+    *pc = c;
+    pc->max_draft = 0;
+    if (!c.capacity) return true;
+    if (c.capacity <= room) return false;
+    pc->capacity = c.capacity - room;
+    return true;
+}
 
 const Key &key_named(const char *name) {
     const Key *k = find_key(name, strlen(name));
@@ -518,15 +543,18 @@ void follow_defaults(kvp_config &c, const Given &g) {
     const uint32_t pol = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
     if (pol > KVP_POLICY_THINK) return;  // the range check reports it
     const uint32_t owner = pol == KVP_POLICY_SIMLAYERKV ? raw(c.nonlazy) : pol;  // budget, recent, capacity
-    if (budget_policy(owner) && c.capacity && c.capacity <= c.budget && c.capacity >= 2 && follows(c, g, "budget"))
-        c.budget = c.capacity - 1;  // capacity >= budget + 1
+    // The capacity the policy works within: a given capacity less the draft room (config_check
+    // refuses one that does not exceed it).
+    const uint32_t draft = config_draft_room(c);
+    const uint32_t cap = c.capacity > draft ? c.capacity - draft : c.capacity;
+    if (budget_policy(owner) && cap && cap <= c.budget && cap >= 2 && follows(c, g, "budget"))
+        c.budget = cap - 1;  // capacity >= budget + 1
     if (owner == KVP_POLICY_H2O && c.recent > c.budget && follows(c, g, "recent")) c.recent = c.budget;
-    if (pol == KVP_POLICY_WINDOW && c.capacity && uint64_t(c.window) + 1 > c.capacity && c.capacity >= 2 &&
-        follows(c, g, "window"))
-        c.window = c.capacity - 1;
-    if (pol == KVP_POLICY_STREAMING && c.capacity) {  // capacity >= max(C + R, C + slack), C = S + W + B
+    if (pol == KVP_POLICY_WINDOW && cap && uint64_t(c.window) + 1 > cap && cap >= 2 && follows(c, g, "window"))
+        c.window = cap - 1;
+    if (pol == KVP_POLICY_STREAMING && cap) {  // capacity >= max(C + R, C + slack), C = S + W + B
         const uint64_t pad = c.compress_every > c.slack ? c.compress_every : c.slack;
-        const uint64_t room = c.capacity > pad ? c.capacity - pad : 0;
+        const uint64_t room = cap > pad ? cap - pad : 0;
         if (uint64_t(c.sinks) + c.window + c.extra > room && follows(c, g, "window") &&
             room >= uint64_t(c.sinks) + c.extra + 1)
             c.window = uint32_t(room - c.sinks - c.extra);
@@ -536,7 +564,9 @@ void follow_defaults(kvp_config &c, const Given &g) {
     }
     if (pol == KVP_POLICY_SIMLAYERKV && owner <= KVP_POLICY_THINK) {  // sinks + window < the layer capacity
         LayerPlan lp;
-        policy_table(kvp_policy(owner)).plan(c, 0, &lp);
+        kvp_config pc;
+        policy_view(c, &pc);
+        policy_table(kvp_policy(owner)).plan(pc, 0, &lp);
         const uint64_t room = lp.cap ? lp.cap - 1 : 0;
         if (uint64_t(c.sinks) + c.window > room && follows(c, g, "window") && room >= uint64_t(c.sinks) + 1)
             c.window = uint32_t(room - c.sinks);
@@ -727,6 +757,40 @@ kvp_positions config_positions(const kvp_config &c) {
 
 kvp_status check_engine_rules(const kvp_config &c, Msg &m);  // issue 21 (end of this file)
 
+namespace {
+
+// The policy's own rules on what it works within (policy_view), drafts aside; then (issue 28) a
+// given capacity must hold the draft room too: refused here, with the capacity that would do,
+// rather than KVP_ERR_FULL at the first draft.
+kvp_status check_policy(const Policy &pol, const kvp_config &c, Msg &m) {
+    kvp_config c0 = c, pc;
+    c0.max_draft = 0;
+    kvp_status st = pol.check(c0, m);
+    if (st != KVP_OK) return st;
+    const uint32_t room = config_draft_room(c);
+    if (!room || !c.capacity) return KVP_OK;
+    char buf[8];
+    Msg quiet(buf, sizeof buf);
+    if (policy_view(c, &pc) && pol.check(pc, quiet) == KVP_OK) return KVP_OK;
+    // the least capacity that does: capacity + room passes (c0 did), c.capacity does not
+    uint64_t lo = c.capacity, hi = uint64_t(c.capacity) + room;
+    while (hi - lo > 1) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        kvp_config t = c;
+        t.capacity = uint32_t(mid);
+        quiet.clear();
+        if (policy_view(t, &pc) && pol.check(pc, quiet) == KVP_OK) hi = mid;
+        else lo = mid;
+    }
+    m.s("capacity=").u(c.capacity).s(" is too small for max_draft=").u(c.max_draft).s(" under policy=")
+        .s(kPolicyNames[raw(c.policy)]).s(": a draft needs max_draft-1=").u(room)
+        .s(" slots beyond what the policy keeps, so capacity >= ").u(hi)
+        .s(" (or leave capacity=0: its default includes them), or a smaller max_draft");
+    return KVP_ERR_CONFIG;
+}
+
+}  // namespace
+
 kvp_status config_check(const kvp_config &c, Msg &m) {
     if (c.struct_size != sizeof(kvp_config)) {  // internal: callers pass a config_load()ed copy
         m.s("cfg->struct_size=").u(c.struct_size).s(", expected ").u(sizeof(kvp_config)).s(": use kvp_config_default");
@@ -753,7 +817,7 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
     }
     if ((st = check_engine_rules(c, m)) != KVP_OK) return st;  // issue 21 (end of this file)
     const Policy &pol = policy_of(c);
-    if (pol.check && (st = pol.check(c, m)) != KVP_OK) return st;
+    if (pol.check && (st = check_policy(pol, c, m)) != KVP_OK) return st;
     for (uint32_t l = 0; l < c.model.n_layers; ++l) {
         LayerGeom g;
         layer_geom(c, l, &g);

@@ -648,6 +648,11 @@ struct Sequence {
         if (!setup()) return;
         if (stats) ++stats->sequences;
         cfg.max_draft = kMaxDraft;  // draft_call (no byte spent: the corpus keeps its meaning)
+        // Issue 28: a capacity holds the draft room too (a given one: add it where it lacks it),
+        // and a total_capacity drawn for the capacities without drafts grows by the room per layer.
+        if (cfg.capacity && kvp_config_check(&cfg, nullptr, 0) != KVP_OK) cfg.capacity += kMaxDraft - 1;
+        if (cfg.total_capacity && kvp_config_check(&cfg, nullptr, 0) != KVP_OK)
+            cfg.total_capacity += (kMaxDraft - 1) * m.n_layers;
         // Sliding-window layers on head_dim 8 and 20 models (no byte spent either): layer 1 global
         // of 2+ layers (pattern 2), else all local; configs that refuse it stay window-less.
         if (m.head_dim == 8 || m.head_dim == 20) {
