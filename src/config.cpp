@@ -928,6 +928,10 @@ int config_key_used(const kvp_config &c, const char *name) {
     if (p == KVP_POLICY_THINK) {  // ThinK over its token policy: that policy's keys apply too
         const uint32_t tp = raw(c.token_policy);
         if (tp < KVP_POLICY_THINK && ((k->policies >> tp) & 1u)) return 1;
+        if (tp == KVP_POLICY_SIMLAYERKV) {  // and, over simlayerkv, its nonlazy policy's (issue 28)
+            const uint32_t nl = raw(c.nonlazy);
+            if (nl <= KVP_POLICY_THINK && ((k->policies >> nl) & 1u)) return 1;
+        }
     }
     return 0;
 }

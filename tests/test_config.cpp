@@ -587,10 +587,22 @@ TEST(Apply, KeyThePolicyIgnoresIsRefusedWhenTheSpecChoosesThePolicy) {
     for (const char *ok : {"policy=h2o budget=64 recent=4 obs_window=8 capacity=80 kv_dtype=q8 max_draft=2",
                            "policy=simlayerkv nonlazy=h2o budget=64 sinks=2 window=16",
                            "policy=think token_policy=streaming sinks=2 window=30 key_channel_ratio=0.25",
-                           "policy=window window=48 threads=2 block=32"}) {
+                           "policy=window window=48 threads=2 block=32",
+                           "policy=think token_policy=simlayerkv nonlazy=snapkv budget=64 obs_window=8 sinks=2 window=16"}) {
         kvp_config cfg = defaults();
         char err[1024] = "";
         EXPECT_EQ(kvp_config_apply(&cfg, ok, err, sizeof err), KVP_OK) << ok << ": " << err;
+    }
+    {  // kvp_config_key_used follows think -> simlayerkv -> nonlazy (it answered 0 for budget here)
+        kvp_config cfg = defaults();
+        cfg.policy = KVP_POLICY_THINK;
+        cfg.token_policy = KVP_POLICY_SIMLAYERKV;
+        cfg.nonlazy = KVP_POLICY_SNAPKV;
+        EXPECT_EQ(kvp_config_key_used(&cfg, "budget"), 1);
+        EXPECT_EQ(kvp_config_key_used(&cfg, "pool_kernel"), 1);
+        EXPECT_EQ(kvp_config_key_used(&cfg, "lazy_threshold"), 1);
+        cfg.nonlazy = KVP_POLICY_FULL;
+        EXPECT_EQ(kvp_config_key_used(&cfg, "budget"), 0);
     }
     // composition: without policy= a spec sets keys whatever the policy
     kvp_config cfg = defaults();

@@ -379,6 +379,7 @@ const char *const kDefaultCapSpecs[] = {
     "policy=simlayerkv nonlazy=h2o budget=48 recent=8 sinks=4 window=24 lazy_last=8 lazy_threshold=0.2",
     "policy=simlayerkv nonlazy=h2o budget=48 recent=8 sinks=4 lazy_force=1",  // window follows the capacity
     "policy=simlayerkv nonlazy=snapkv budget=48 obs_window=8 sinks=4 window=24 lazy_force=2",
+    "policy=simlayerkv sinks=4 window=24 lazy_force=1",  // nonlazy=full: never evicts (layer 1)
     "policy=asl budget=48 obs_window=8 asl_min_layer=1",
     "policy=think token_policy=h2o budget=48 recent=8",
     "policy=think token_policy=window window=48",

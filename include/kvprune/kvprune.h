@@ -802,7 +802,8 @@ kvp_status kvp_config_key(uint32_t index, kvp_key_info *info);
 
 /**
  * Whether key `name` affects a cache of configuration cfg: 1 when cfg's policy uses it (for
- * simlayerkv also when its `nonlazy` policy does), 0 when cfg's policy ignores it, -1 for an
+ * simlayerkv also when its `nonlazy` policy does; for think when its `token_policy` does, and
+ * that policy's `nonlazy` under simlayerkv), 0 when cfg's policy ignores it, -1 for an
  * unknown key, NULL arguments or a bad struct_size. Front ends use it to reject keys that would
  * have no effect ("sinks" under policy=window).
  */
