@@ -69,7 +69,7 @@ constexpr Key kKeys[] = {
     KVP_ENUM(policy, KVP_POLICY_FULL, kPolicyNames, kAllNames,
              "full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl|think", kAll, "pruning policy"),
     KVP_U32(capacity, 0, 0, kMaxCapacity, kAll,
-            "token slots per layer incl. slack; 0 = the policy's minimum (streaming max(C+R, H), window window+1, h2o/snapkv budget+1, pyramidkv its layer budget+1, lethe 2*budget, full 2048)"),
+            "token slots per layer incl. slack; 0 = the policy's minimum (streaming max(C+R, H), window window+1, h2o/snapkv budget+1, pyramidkv its layer budget+1, lethe 2*budget, full 2048) plus max_draft-1 draft slots (window, streaming, h2o, lethe); a given capacity must hold them too"),
     KVP_ENUM(positions, KVP_POS_DEFAULT, kPositionNames, kAllNames, "default|original|realign", kAll,
              "RoPE positions: original (absolute) or realign (cache-relative); default = realign for streaming/window, original otherwise"),
     KVP_U32(threads, 1, 1, kMaxThreads, kAll,
@@ -90,7 +90,7 @@ constexpr Key kKeys[] = {
     KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | kSnapLike,
             "most recent tokens never evicted by decode eviction; the default follows a smaller budget (h2o: min(32, budget))"),
     KVP_U32(obs_window, 32, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(THINK),
-            "observation window: the last prefill queries that score (snapkv: vote; the window is kept)"),
+            "observation window: the last prefill queries that score (snapkv: vote; the window is kept, so snapkv/pyramidkv/asl need budget >= obs_window; the default follows a smaller budget)"),
     KVP_U32(pool_kernel, 7, 1, 255, kSnapLike, "pooling kernel width of the votes (odd)"),
     KVP_ENUM(pool, KVP_POOL_MAX, kPoolNames, kAllNames, "avg|max", kSnapLike, "pooling of the votes"),
     KVP_F32(beta, 20.0, 1e-6, 1e6, P(PYRAMIDKV), "pyramid steepness (>= 1): the last layer keeps (budget - obs_window) / beta + obs_window"),
@@ -127,7 +127,7 @@ constexpr Key kKeys[] = {
     KVP_U32(lazy_force, 0, 0, 4294967295.0, P(SIMLAYERKV),
             "benchmarks/tests: 0 = decide laziness by attention; else bit l makes layer l lazy, the others not (random-layer baseline; n_layers <= 32)"),
     KVP_U32(max_draft, 0, 0, kMaxDraft, kAll,
-            "speculative decoding: draft tokens in flight per layer between kvp_draft_begin and kvp_draft_commit; 0 = no drafts"),
+            "speculative decoding: draft tokens in flight per layer between kvp_draft_begin and kvp_draft_commit; drafts of up to max_draft tokens fit at every policy's default capacity; 0 = no drafts"),
     KVP_F32(attn_scale, 0.0, 0.0, 1.0, kAll,
             "attention logit scale: logits = q.k * attn_scale (Gemma: 1/sqrt(query_pre_attn_scalar)); 0 = 1/sqrt(head_dim)"),
     KVP_F32(logit_softcap, 0.0, 0.0, 1e6, kAll, "attention logit soft-capping: logits = c * tanh(logits / c) (Gemma 2: 50); 0 = off"),
@@ -486,7 +486,43 @@ kvp_status config_load(const kvp_config *user, kvp_config *full, Msg &m) {
     return KVP_OK;
 }
 
+uint32_t config_draft_room(const kvp_config &c) {
+    if (c.max_draft <= 1) return 0;
+    uint32_t p = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
+    if (p == KVP_POLICY_SIMLAYERKV) p = raw(c.nonlazy);
+    switch (p) {
+        case KVP_POLICY_WINDOW:
+        case KVP_POLICY_STREAMING:
+        case KVP_POLICY_H2O:
+        case KVP_POLICY_LETHE: return c.max_draft - 1;
+        default: return 0;  // full keeps every token; snapkv, pyramidkv, asl stage a prefill with queries
+    }
+}
+
 namespace {
+
+// The config a policy's own check and plan judge (issue 28): no drafts, and a given capacity less
+// the draft room (config_draft_room). false when a given capacity does not exceed the room.
+bool policy_view(const kvp_config &c, kvp_config *pc) {
+    const uint32_t room = config_draft_room(c);
+    *pc = c;
+    pc->max_draft = 0;
+    if (!c.capacity) return true;
+    if (c.capacity <= room) return false;
+    pc->capacity = c.capacity - room;
+    return true;
+}
+
+// Policies that keep their observation window whole from a prompt (snapkv's vote window).
+bool snap_like(uint32_t p) { return p == KVP_POLICY_SNAPKV || p == KVP_POLICY_PYRAMIDKV || p == KVP_POLICY_ASL; }
+
+// The token policy that owns budget, recent and obs_window (think: its token policy; simlayerkv:
+// its nonlazy policy).
+uint32_t owner_policy(const kvp_config &c) {
+    uint32_t p = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
+    if (p == KVP_POLICY_SIMLAYERKV) p = raw(c.nonlazy);
+    return p;
+}
 
 const Key &key_named(const char *name) {
     const Key *k = find_key(name, strlen(name));
@@ -520,15 +556,20 @@ void follow_defaults(kvp_config &c, const Given &g) {
     const uint32_t pol = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
     if (pol > KVP_POLICY_THINK) return;  // the range check reports it
     const uint32_t owner = pol == KVP_POLICY_SIMLAYERKV ? raw(c.nonlazy) : pol;  // budget, recent, capacity
-    if (budget_policy(owner) && c.capacity && c.capacity <= c.budget && c.capacity >= 2 && follows(c, g, "budget"))
-        c.budget = c.capacity - 1;  // capacity >= budget + 1
+    // The capacity the policy works within: a given capacity less the draft room (config_check
+    // refuses one that does not exceed it).
+    const uint32_t draft = config_draft_room(c);
+    const uint32_t cap = c.capacity > draft ? c.capacity - draft : c.capacity;
+    if (budget_policy(owner) && cap && cap <= c.budget && cap >= 2 && follows(c, g, "budget"))
+        c.budget = cap - 1;  // capacity >= budget + 1
     if (owner == KVP_POLICY_H2O && c.recent > c.budget && follows(c, g, "recent")) c.recent = c.budget;
-    if (pol == KVP_POLICY_WINDOW && c.capacity && uint64_t(c.window) + 1 > c.capacity && c.capacity >= 2 &&
-        follows(c, g, "window"))
-        c.window = c.capacity - 1;
-    if (pol == KVP_POLICY_STREAMING && c.capacity) {  // capacity >= max(C + R, C + slack), C = S + W + B
+    if (snap_like(owner) && c.obs_window > c.budget && follows(c, g, "obs_window"))
+        c.obs_window = c.budget;  // issue 28: budget >= obs_window
+    if (pol == KVP_POLICY_WINDOW && cap && uint64_t(c.window) + 1 > cap && cap >= 2 && follows(c, g, "window"))
+        c.window = cap - 1;
+    if (pol == KVP_POLICY_STREAMING && cap) {  // capacity >= max(C + R, C + slack), C = S + W + B
         const uint64_t pad = c.compress_every > c.slack ? c.compress_every : c.slack;
-        const uint64_t room = c.capacity > pad ? c.capacity - pad : 0;
+        const uint64_t room = cap > pad ? cap - pad : 0;
         if (uint64_t(c.sinks) + c.window + c.extra > room && follows(c, g, "window") &&
             room >= uint64_t(c.sinks) + c.extra + 1)
             c.window = uint32_t(room - c.sinks - c.extra);
@@ -538,7 +579,9 @@ void follow_defaults(kvp_config &c, const Given &g) {
     }
     if (pol == KVP_POLICY_SIMLAYERKV && owner <= KVP_POLICY_THINK) {  // sinks + window < the layer capacity
         LayerPlan lp;
-        policy_table(kvp_policy(owner)).plan(c, 0, &lp);
+        kvp_config pc;
+        policy_view(c, &pc);
+        policy_table(kvp_policy(owner)).plan(pc, 0, &lp);
         const uint64_t room = lp.cap ? lp.cap - 1 : 0;
         if (uint64_t(c.sinks) + c.window > room && follows(c, g, "window") && room >= uint64_t(c.sinks) + 1)
             c.window = uint32_t(room - c.sinks);
@@ -644,6 +687,36 @@ kvp_status resolve_ratio(kvp_config &c, double r, uint32_t tokens, bool has_toke
     return KVP_OK;
 }
 
+// Issue 28: a spec that chooses the policy (gives `policy`) and a key that policy ignores
+// ("policy=h2o window=48") contradicts itself: refused, naming the policy's keys (the CLI's rule,
+// now the library's; bench/harness/spec.cpp relies on it). A spec without `policy` sets keys on
+// whatever policy the config has, or will have: programs compose specs (DECISIONS, issue 28).
+kvp_status check_given_used(const kvp_config &c, const Given &g, Msg &m) {
+    if (!g.has(kKeys[0])) return KVP_OK;  // kKeys[0] is policy
+    for (uint32_t i = 0; i < kNumFieldKeys; ++i) {
+        const Key &k = kKeys[i];
+        if (!g.has(k) || config_key_used(c, k.name) != 0) continue;
+        m.s("key '").s(k.name).s("' has no effect under policy=").s(policy_name(raw(c.policy))).s(" (its keys: ");
+        bool any = false;
+        for (uint32_t j = 0; j < kNumFieldKeys; ++j) {
+            if (kKeys[j].policies == kAll || config_key_used(c, kKeys[j].name) != 1) continue;
+            m.s(any ? ", " : "").s(kKeys[j].name);
+            any = true;
+        }
+        if (!any) m.s("none of its own");
+        m.s("; common to all: ");
+        any = false;
+        for (uint32_t j = 0; j < kNumFieldKeys; ++j) {
+            if (kKeys[j].policies != kAll) continue;
+            m.s(any ? ", " : "").s(kKeys[j].name);
+            any = true;
+        }
+        m.s(")");
+        return KVP_ERR_CONFIG;
+    }
+    return KVP_OK;
+}
+
 }  // namespace
 
 kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
@@ -711,6 +784,7 @@ kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
         return KVP_ERR_CONFIG;
     }
     if (has_ratio && (st = resolve_ratio(tmp, ratio, tokens, has_tokens, given, m)) != KVP_OK) return st;
+    if ((st = check_given_used(tmp, given, m)) != KVP_OK) return st;
     follow_defaults(tmp, given);
     st = config_check(tmp, m);
     if (st != KVP_OK) return st;
@@ -728,6 +802,40 @@ kvp_positions config_positions(const kvp_config &c) {
 }
 
 kvp_status check_engine_rules(const kvp_config &c, Msg &m);  // issue 21 (end of this file)
+
+namespace {
+
+// The policy's own rules on what it works within (policy_view), drafts aside; then (issue 28) a
+// given capacity must hold the draft room too: refused here, with the capacity that would do,
+// rather than KVP_ERR_FULL at the first draft.
+kvp_status check_policy(const Policy &pol, const kvp_config &c, Msg &m) {
+    kvp_config c0 = c, pc;
+    c0.max_draft = 0;
+    kvp_status st = pol.check(c0, m);
+    if (st != KVP_OK) return st;
+    const uint32_t room = config_draft_room(c);
+    if (!room || !c.capacity) return KVP_OK;
+    char buf[8];
+    Msg quiet(buf, sizeof buf);
+    if (policy_view(c, &pc) && pol.check(pc, quiet) == KVP_OK) return KVP_OK;
+    // the least capacity that does: capacity + room passes (c0 did), c.capacity does not
+    uint64_t lo = c.capacity, hi = uint64_t(c.capacity) + room;
+    while (hi - lo > 1) {
+        const uint64_t mid = lo + (hi - lo) / 2;
+        kvp_config t = c;
+        t.capacity = uint32_t(mid);
+        quiet.clear();
+        if (policy_view(t, &pc) && pol.check(pc, quiet) == KVP_OK) hi = mid;
+        else lo = mid;
+    }
+    m.s("capacity=").u(c.capacity).s(" is too small for max_draft=").u(c.max_draft).s(" under policy=")
+        .s(kPolicyNames[raw(c.policy)]).s(": a draft needs max_draft-1=").u(room)
+        .s(" slots beyond what the policy keeps, so capacity >= ").u(hi)
+        .s(" (or leave capacity=0: its default includes them), or a smaller max_draft");
+    return KVP_ERR_CONFIG;
+}
+
+}  // namespace
 
 kvp_status config_check(const kvp_config &c, Msg &m) {
     if (c.struct_size != sizeof(kvp_config)) {  // internal: callers pass a config_load()ed copy
@@ -754,8 +862,14 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
         return KVP_ERR_CONFIG;
     }
     if ((st = check_engine_rules(c, m)) != KVP_OK) return st;  // issue 21 (end of this file)
+    const uint32_t owner = owner_policy(c);
+    if (snap_like(owner) && c.budget < c.obs_window) {  // issue 28: the window is kept whole
+        m.s("budget=").u(c.budget).s(" is below obs_window=").u(c.obs_window).s(" (policy=").s(kPolicyNames[owner])
+            .s(" keeps the observation window whole from a prompt): give budget >= obs_window");
+        return KVP_ERR_CONFIG;
+    }
     const Policy &pol = policy_of(c);
-    if (pol.check && (st = pol.check(c, m)) != KVP_OK) return st;
+    if (pol.check && (st = check_policy(pol, c, m)) != KVP_OK) return st;
     for (uint32_t l = 0; l < c.model.n_layers; ++l) {
         LayerGeom g;
         layer_geom(c, l, &g);
@@ -816,6 +930,10 @@ int config_key_used(const kvp_config &c, const char *name) {
     if (p == KVP_POLICY_THINK) {  // ThinK over its token policy: that policy's keys apply too
         const uint32_t tp = raw(c.token_policy);
         if (tp < KVP_POLICY_THINK && ((k->policies >> tp) & 1u)) return 1;
+        if (tp == KVP_POLICY_SIMLAYERKV) {  // and, over simlayerkv, its nonlazy policy's (issue 28)
+            const uint32_t nl = raw(c.nonlazy);
+            if (nl <= KVP_POLICY_THINK && ((k->policies >> nl) & 1u)) return 1;
+        }
     }
     return 0;
 }

@@ -346,8 +346,9 @@ TEST(Versioning, FirstReleaseConfigLayoutIsAccepted) {
     EXPECT_EQ(t.cfg()->struct_size, old);
     EXPECT_EQ(t.cfg()->sinks, 4u);
     char err[320];
-    ASSERT_EQ(kvp_config_apply(t.cfg(), "policy=streaming sinks=2 window=30 channel_score=l2", err, sizeof err), KVP_OK)
-        << err;
+    ASSERT_EQ(kvp_config_apply(t.cfg(), "policy=streaming sinks=2 window=30", err, sizeof err), KVP_OK) << err;
+    // a key streaming ignores: in a spec of its own (a spec giving policy= refuses it, issue 28)
+    ASSERT_EQ(kvp_config_apply(t.cfg(), "channel_score=l2", err, sizeof err), KVP_OK) << err;
     EXPECT_TRUE(t.guard_intact());
     EXPECT_EQ(t.cfg()->struct_size, old);
     EXPECT_EQ(t.cfg()->window, 30u);
@@ -363,7 +364,8 @@ TEST(Versioning, FirstReleaseConfigLayoutIsAccepted) {
 
     // Missing fields take their defaults: same arena and behaviour as a full config.
     kvp_config full = defaults();
-    ASSERT_EQ(kvp_config_apply(&full, "policy=streaming sinks=2 window=30 channel_score=l2", err, sizeof err), KVP_OK);
+    ASSERT_EQ(kvp_config_apply(&full, "policy=streaming sinks=2 window=30", err, sizeof err), KVP_OK);
+    ASSERT_EQ(kvp_config_apply(&full, "channel_score=l2", err, sizeof err), KVP_OK);
     EXPECT_EQ(kvp_config_check(t.cfg(), err, sizeof err), KVP_OK) << err;
     const size_t n = kvp_arena_size(t.cfg());
     ASSERT_GT(n, 0u);
@@ -553,6 +555,107 @@ TEST(Errors, ReadOnlyCallsRecordTheirFailures) {
 }
 
 // Msg::f, the printf-free number formatting of the messages.
+// ---- issue 28 item 4: consistency refused at create ----
+
+// A spec that chooses the policy and gives a key that policy ignores is refused (the CLI's rule,
+// now the library's), one line naming the key, the policy and its keys; nothing written. A spec
+// without policy= composes onto the config's policy (programs compose specs).
+TEST(Apply, KeyThePolicyIgnoresIsRefusedWhenTheSpecChoosesThePolicy) {
+    struct Case {
+        const char *spec, *key, *policy, *keys;
+    };
+    const Case cases[] = {
+        {"policy=h2o budget=64 window=48", "window", "h2o", "(its keys: budget, recent, obs_window; common to all: policy, capacity"},
+        {"policy=window sinks=3", "sinks", "window", "(its keys: window; common to all: policy, capacity"},
+        {"policy=streaming budget=3", "budget", "streaming", "(its keys: sinks, window, extra"},
+        {"policy=snapkv window=8", "window", "snapkv", "(its keys: budget, recent, obs_window, pool_kernel, pool"},
+        {"policy=full window=8", "window", "full", "(its keys: none of its own; common to all: policy"},
+        {"policy=simlayerkv budget=8", "budget", "simlayerkv", "(its keys: sinks, window, lazy_threshold"},  // nonlazy=full
+        {"policy=think token_policy=h2o window=8", "window", "think", "(its keys: budget, recent, obs_window"},
+    };
+    for (const Case &c : cases) {
+        kvp_config cfg = defaults();
+        const kvp_config before = cfg;
+        char err[1024] = "";
+        EXPECT_EQ(kvp_config_apply(&cfg, c.spec, err, sizeof err), KVP_ERR_CONFIG) << c.spec;
+        const std::string e = err, want = std::string("key '") + c.key + "' has no effect under policy=" + c.policy + " ";
+        EXPECT_NE(e.find(want), std::string::npos) << c.spec << ": " << e;
+        EXPECT_NE(e.find(c.keys), std::string::npos) << c.spec << ": " << e;
+        EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+        EXPECT_EQ(memcmp(&cfg, &before, sizeof cfg), 0) << c.spec;
+    }
+    // the keys the policy uses, its nonlazy / token policy's, and keys common to all are accepted
+    for (const char *ok : {"policy=h2o budget=64 recent=4 obs_window=8 capacity=80 kv_dtype=q8 max_draft=2",
+                           "policy=simlayerkv nonlazy=h2o budget=64 sinks=2 window=16",
+                           "policy=think token_policy=streaming sinks=2 window=30 key_channel_ratio=0.25",
+                           "policy=window window=48 threads=2 block=32",
+                           "policy=think token_policy=simlayerkv nonlazy=snapkv budget=64 obs_window=8 sinks=2 window=16"}) {
+        kvp_config cfg = defaults();
+        char err[1024] = "";
+        EXPECT_EQ(kvp_config_apply(&cfg, ok, err, sizeof err), KVP_OK) << ok << ": " << err;
+    }
+    {  // kvp_config_key_used follows think -> simlayerkv -> nonlazy (it answered 0 for budget here)
+        kvp_config cfg = defaults();
+        cfg.policy = KVP_POLICY_THINK;
+        cfg.token_policy = KVP_POLICY_SIMLAYERKV;
+        cfg.nonlazy = KVP_POLICY_SNAPKV;
+        EXPECT_EQ(kvp_config_key_used(&cfg, "budget"), 1);
+        EXPECT_EQ(kvp_config_key_used(&cfg, "pool_kernel"), 1);
+        EXPECT_EQ(kvp_config_key_used(&cfg, "lazy_threshold"), 1);
+        cfg.nonlazy = KVP_POLICY_FULL;
+        EXPECT_EQ(kvp_config_key_used(&cfg, "budget"), 0);
+    }
+    // composition: without policy= a spec sets keys whatever the policy
+    kvp_config cfg = defaults();
+    char err[1024] = "";
+    ASSERT_EQ(kvp_config_apply(&cfg, "policy=h2o budget=64", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(kvp_config_apply(&cfg, "window=48 sinks=2", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=streaming", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(cfg.window, 48u);
+}
+
+// snapkv, pyramidkv and asl keep the observation window whole from a prompt: budget below
+// obs_window is refused (apply and check), one line naming both keys. An obs_window the spec does
+// not give follows a smaller budget (as recent does under h2o); h2o and lethe only score with the
+// window and keep any budget.
+TEST(Check, BudgetBelowObsWindowIsRefused) {
+    for (const char *spec : {"policy=snapkv budget=8 obs_window=16", "policy=pyramidkv budget=8 obs_window=16",
+                             "policy=asl budget=8 obs_window=16", "policy=simlayerkv nonlazy=snapkv budget=8 obs_window=16",
+                             "policy=think token_policy=snapkv budget=8 obs_window=16"}) {
+        kvp_config cfg = defaults();
+        const kvp_config before = cfg;
+        char err[512] = "";
+        EXPECT_EQ(kvp_config_apply(&cfg, spec, err, sizeof err), KVP_ERR_CONFIG) << spec;
+        const std::string e = err;
+        EXPECT_NE(e.find("budget=8 is below obs_window=16"), std::string::npos) << spec << ": " << e;
+        EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+        EXPECT_EQ(memcmp(&cfg, &before, sizeof cfg), 0) << spec;
+        // set field by field: kvp_config_check, kvp_arena_size and kvp_create refuse it too
+        ASSERT_EQ(kvp_config_apply(&cfg, (std::string(spec).substr(0, std::string(spec).find(" budget=")) + " budget=16").c_str(),
+                                   err, sizeof err), KVP_OK) << err;
+        cfg.budget = 8;
+        EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG) << spec;
+        EXPECT_NE(std::string(err).find("obs_window=16"), std::string::npos) << err;
+        EXPECT_EQ(kvp_arena_size(&cfg), 0u) << spec;
+        kvp_cache *c = nullptr;
+        EXPECT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_ERR_CONFIG) << spec;
+        if (c) kvp_destroy(c);
+    }
+    for (const char *spec : {"policy=snapkv budget=8", "policy=pyramidkv budget=8", "policy=asl capacity=8",
+                             "policy=snapkv compression_ratio=0.9 ratio_tokens=80"}) {
+        kvp_config cfg = defaults();
+        char err[512] = "";
+        ASSERT_EQ(kvp_config_apply(&cfg, spec, err, sizeof err), KVP_OK) << spec << ": " << err;
+        EXPECT_EQ(cfg.obs_window, cfg.budget) << spec;  // followed
+    }
+    for (const char *spec : {"policy=snapkv budget=16 obs_window=16", "policy=h2o budget=8 obs_window=16",
+                             "policy=lethe budget=8 obs_window=16"}) {
+        kvp_config cfg = defaults();
+        char err[512] = "";
+        EXPECT_EQ(kvp_config_apply(&cfg, spec, err, sizeof err), KVP_OK) << spec << ": " << err;
+    }
+}
+
 TEST(Msg, FormatsDoubles) {
     struct Case {
         double v;

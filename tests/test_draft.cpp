@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <string.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -356,6 +357,188 @@ TEST(Draft, ArenaCost) {
     const size_t with = kvp_arena_size(&cfg);
     EXPECT_GT(with, base);
     EXPECT_EQ(kvp_config_apply(&cfg, "max_draft=4097", err, sizeof err), KVP_ERR_CONFIG);
+}
+
+
+// ---- issue 28 item 3: drafts at the default capacity ----
+
+// Every policy at its default capacity (x f32/q8 x max_draft 1, 3, 4): past the capacity by
+// decodes, then drafts of 1..max_draft tokens (begin, a verification prefill on every layer,
+// commit a prefix), mixed with decodes, for many steps: every call KVP_OK. Before issue 28 a full
+// window (capacity window+1) took 1 more token: a 2-token draft was KVP_ERR_FULL.
+const char *const kDefaultCapSpecs[] = {
+    "policy=full",
+    "policy=window window=48",
+    "policy=streaming sinks=4 window=40",
+    "policy=streaming sinks=4 window=40 compress_every=8 slack=10 max_drop=3",
+    "policy=h2o budget=48 recent=8",
+    "policy=snapkv budget=48 obs_window=8",
+    "policy=pyramidkv budget=48 obs_window=8",
+    "policy=lethe budget=40 obs_window=8",
+    "policy=lethe budget=40 obs_window=8 evict_threshold=200",  // L_evict above the capacity: the hard cap acts
+    "policy=simlayerkv nonlazy=h2o budget=48 recent=8 sinks=4 window=24 lazy_last=8 lazy_threshold=0.2",
+    "policy=simlayerkv nonlazy=h2o budget=48 recent=8 sinks=4 lazy_force=1",  // window follows the capacity
+    "policy=simlayerkv nonlazy=snapkv budget=48 obs_window=8 sinks=4 window=24 lazy_force=2",
+    "policy=simlayerkv sinks=4 window=24 lazy_force=1",  // nonlazy=full: never evicts (layer 1)
+    "policy=asl budget=48 obs_window=8 asl_min_layer=1",
+    "policy=think token_policy=h2o budget=48 recent=8",
+    "policy=think token_policy=window window=48",
+    "policy=think token_policy=streaming sinks=4 window=40 compress_every=4",
+};
+
+void drafts_at_capacity(const kvp_model &m, const std::string &spec, uint32_t D, uint64_t seed) {
+    ref::Cache c(m, spec + " max_draft=" + std::to_string(D));
+    ASSERT_TRUE(c.c) << spec;
+    const uint32_t L = m.n_layers, nq = m.n_q_heads * m.head_dim, nkv = m.n_kv_heads * m.head_dim;
+    ref::Rng g(seed);
+    std::vector<float> q(size_t(16) * nq), k(size_t(16) * nkv), v(k.size()), o(q.size());
+    const uint32_t P = std::min(16u, kvp_layer_capacity(c.c, 0) / 2);  // a prompt (lethe capacity=5: 2 tokens)
+    auto fill = [&](uint32_t n) {
+        for (size_t i = 0; i < size_t(n) * nq; ++i) q[i] = g.uniform(-2, 2);
+        for (size_t i = 0; i < size_t(n) * nkv; ++i) k[i] = g.uniform(-2, 2);
+        for (size_t i = 0; i < size_t(n) * nkv; ++i) v[i] = g.uniform(-1, 1);
+    };
+    fill(P);
+    for (uint32_t l = 0; l < L; ++l)
+        ASSERT_EQ(kvp_prefill(c.c, l, P, nullptr, q.data(), k.data(), v.data(), o.data(), nullptr), KVP_OK)
+            << spec << ": " << kvp_last_error(c.c);
+    uint32_t cap = 0;
+    for (uint32_t l = 0; l < L; ++l) cap = std::max(cap, kvp_layer_capacity(c.c, l));
+    const bool full = kvp_layer_capacity(c.c, 0) >= 2048;  // policy=full (also simlayerkv over full): never evicts
+    const uint32_t decodes = full ? 60 : cap + 20;  // past the capacity (full: well within)
+    for (uint32_t t = 0; t < decodes; ++t) {
+        fill(1);
+        for (uint32_t l = 0; l < L; ++l)
+            ASSERT_EQ(kvp_decode(c.c, l, q.data(), k.data(), v.data(), o.data()), KVP_OK)
+                << spec << " decode " << t << ": " << kvp_last_error(c.c);
+    }
+    for (uint32_t s = 0; s < 3 * D + 40; ++s) {
+        const std::string where = spec + " max_draft=" + std::to_string(D) + " step " + std::to_string(s);
+        const uint32_t n = 1 + s % D, acc = uint32_t(g.next() % (n + 1));
+        fill(n);
+        ASSERT_EQ(kvp_draft_begin(c.c), KVP_OK) << where << ": " << kvp_last_error(c.c);
+        for (uint32_t l = 0; l < L; ++l)
+            ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, q.data(), k.data(), v.data(), o.data(), nullptr), KVP_OK)
+                << where << " verify " << n << " tokens, layer " << l << ": " << kvp_last_error(c.c);
+        ASSERT_EQ(kvp_draft_commit(c.c, acc), KVP_OK) << where << ": " << kvp_last_error(c.c);
+        if (s % 3 == 0) {  // a draft drafted by decodes, token by token
+            fill(n);
+            ASSERT_EQ(kvp_draft_begin(c.c), KVP_OK) << where;
+            for (uint32_t i = 0; i < n; ++i)
+                for (uint32_t l = 0; l < L; ++l)
+                    ASSERT_EQ(kvp_decode(c.c, l, &q[size_t(i) * nq], &k[size_t(i) * nkv], &v[size_t(i) * nkv], o.data()), KVP_OK)
+                        << where << " draft decode " << i << " layer " << l << ": " << kvp_last_error(c.c);
+            ASSERT_EQ(kvp_draft_commit(c.c, n), KVP_OK) << where << ": " << kvp_last_error(c.c);
+        }
+        if (s % 4 == 1) {
+            fill(1);
+            for (uint32_t l = 0; l < L; ++l)
+                ASSERT_EQ(kvp_decode(c.c, l, q.data(), k.data(), v.data(), o.data()), KVP_OK) << where << ": " << kvp_last_error(c.c);
+        }
+    }
+}
+
+TEST(DraftCapacity, EveryPolicyDraftsAtItsDefaultCapacity) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    uint64_t seed = 1;
+    for (const char *spec : kDefaultCapSpecs)
+        for (const char *dt : {"f32", "q8"})
+            for (uint32_t D : {1u, 3u, 4u}) {
+                drafts_at_capacity(m, std::string(spec) + " quant_group=16 kv_dtype=" + dt, D, seed++);
+                if (HasFatalFailure()) return;
+            }
+}
+
+// The default capacity includes the draft room (max_draft - 1 slots where the store takes the
+// draft), and max_draft 0 or 1 leaves every capacity and arena size as it was.
+TEST(DraftCapacity, DefaultCapacityIncludesTheRoom) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    struct Row {
+        const char *spec;
+        uint32_t cap0, room;  // capacity with max_draft=0; slots added per draft token beyond the first
+    };
+    const Row rows[] = {{"policy=window window=48", 49, 1},
+                        {"policy=streaming sinks=4 window=40 compress_every=8", 52, 1},
+                        {"policy=h2o budget=48", 49, 1},
+                        {"policy=lethe budget=40", 80, 1},
+                        {"policy=simlayerkv nonlazy=h2o budget=48 sinks=4 window=24", 49, 1},
+                        {"policy=think token_policy=h2o budget=48", 49, 1},
+                        {"policy=snapkv budget=48", 49, 0},
+                        {"policy=pyramidkv budget=48 obs_window=8", 0, 0},
+                        {"policy=asl budget=48", 49, 0},
+                        {"policy=full", 2048, 0}};
+    for (const Row &r : rows) {
+        kvp_config cfg;
+        ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+        char err[512] = "";
+        ASSERT_EQ(kvp_config_apply(&cfg, r.spec, err, sizeof err), KVP_OK) << r.spec << ": " << err;
+        const size_t bytes0 = kvp_arena_size(&cfg);
+        std::vector<uint32_t> caps0;
+        {
+            ref::Cache c(m, r.spec);
+            for (uint32_t l = 0; l < m.n_layers; ++l) caps0.push_back(kvp_layer_capacity(c.c, l));
+        }
+        if (r.cap0) {
+            EXPECT_EQ(caps0[0], r.cap0) << r.spec;
+        }
+        for (uint32_t D : {1u, 4u}) {
+            const std::string s = std::string(r.spec) + " max_draft=" + std::to_string(D);
+            ref::Cache c(m, s);
+            for (uint32_t l = 0; l < m.n_layers; ++l)
+                EXPECT_EQ(kvp_layer_capacity(c.c, l), caps0[l] + r.room * (D - 1)) << s << " layer " << l;
+        }
+        ASSERT_EQ(kvp_config_apply(&cfg, "max_draft=0", err, sizeof err), KVP_OK) << err;
+        EXPECT_EQ(kvp_arena_size(&cfg), bytes0) << r.spec;
+    }
+}
+
+// A capacity given too small for the drafts is refused at create (kvp_config_apply,
+// kvp_config_check, kvp_arena_size, kvp_create), naming capacity and max_draft and the capacity
+// that would do; that capacity works.
+TEST(DraftCapacity, ExplicitCapacityTooSmallIsRefusedAtCreate) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    struct Row {
+        const char *spec;
+        uint32_t need;  // the least capacity for max_draft=4
+    };
+    const Row rows[] = {{"policy=window window=48 capacity=49", 52},
+                        {"policy=streaming sinks=4 window=40 compress_every=8 capacity=52", 55},
+                        {"policy=h2o budget=48 capacity=50", 52},
+                        {"policy=lethe budget=40 capacity=4", 5},
+                        {"policy=simlayerkv nonlazy=h2o budget=40 sinks=4 window=24 capacity=42", 44},
+                        {"policy=think token_policy=h2o budget=48 capacity=49", 52}};
+    for (const Row &r : rows) {
+        kvp_config cfg;
+        ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+        char err[512] = "";
+        const kvp_config dflt = cfg;
+        EXPECT_EQ(kvp_config_apply(&cfg, (std::string(r.spec) + " max_draft=4").c_str(), err, sizeof err), KVP_ERR_CONFIG)
+            << r.spec;
+        const std::string e = err;
+        EXPECT_NE(e.find("capacity="), std::string::npos) << e;
+        EXPECT_NE(e.find("max_draft=4"), std::string::npos) << e;
+        EXPECT_NE(e.find("capacity >= " + std::to_string(r.need)), std::string::npos) << r.spec << ": " << e;
+        EXPECT_EQ(memcmp(&cfg, &dflt, sizeof cfg), 0);  // all-or-nothing
+        // the same config set field by field: refused by the check, the arena size and create
+        ASSERT_EQ(kvp_config_apply(&cfg, r.spec, err, sizeof err), KVP_OK) << r.spec << ": " << err;
+        cfg.max_draft = 4;
+        EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG) << r.spec;
+        EXPECT_NE(std::string(err).find("max_draft=4"), std::string::npos) << err;
+        EXPECT_EQ(kvp_arena_size(&cfg), 0u) << r.spec;
+        kvp_cache *c = nullptr;
+        EXPECT_EQ(kvp_create(&cfg, nullptr, 0, &c), KVP_ERR_CONFIG) << r.spec;
+        EXPECT_EQ(c, nullptr);
+        if (c) kvp_destroy(c);
+        // one less than the need is refused, the need works (drafts of 4 after the capacity)
+        cfg.capacity = r.need - 1;
+        EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG) << r.spec;
+        cfg.capacity = r.need;
+        EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << r.spec << ": " << err;
+        std::string s = r.spec;
+        s = s.substr(0, s.rfind(" capacity=")) + " capacity=" + std::to_string(r.need);
+        drafts_at_capacity(m, s, 4, 7);
+        if (HasFatalFailure()) return;
+    }
 }
 
 }  // namespace

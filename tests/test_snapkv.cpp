@@ -269,11 +269,18 @@ TEST(SnapKv, DecodeGrowsToCapacityThenEvictsLikeH2o) {
     const Inputs in(ref::model(1, 4, 2, 16, KVP_ROPE_GPTJ), 200, 6, 1.5f);
     run_selection(in, Params{20, 6, 7, false, 40, 5}, {70});
 }
-// Budget below the window: the last `budget` tokens.
-TEST(SnapKv, BudgetBelowWindowKeepsTheLastTokens) {
+// Budget below the window is refused (issue 28: the window is kept whole, so such a budget
+// silently meant "the last `budget` tokens"); a window the spec does not give follows the budget,
+// and a window equal to the budget keeps the last `budget` tokens.
+TEST(SnapKv, BudgetBelowWindowIsRefusedAndTheWindowFollowsTheBudget) {
     const Inputs in(ref::model(1, 2, 1, 8, KVP_ROPE_GPTJ), 60, 7, 1.0f);
-    run_selection(in, Params{3, 8, 3, true, 0, 1}, {40});
-    ref::Cache c(in.m, "policy=snapkv budget=3 obs_window=8");
+    kvp_config cfg;
+    ASSERT_EQ(kvp_config_default(&cfg, &in.m), KVP_OK);
+    char err[256] = "";
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=snapkv budget=3 obs_window=8", err, sizeof err), KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(err, "budget=3 is below obs_window=8"), nullptr) << err;
+    run_selection(in, Params{3, 3, 3, true, 0, 1}, {40});
+    ref::Cache c(in.m, "policy=snapkv budget=3");  // obs_window follows: 3
     std::vector<float> out(size_t(40) * in.nq);
     ASSERT_EQ(kvp_prefill(c.c, 0, 40, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK);
     EXPECT_EQ(c.positions(0, 0), (std::vector<int32_t>{37, 38, 39}));
@@ -498,8 +505,9 @@ TEST(PyramidKv, BudgetsFollowThePyramidAndSizeEachLayer) {
         uint32_t L, budget, w;
         float beta;
         uint32_t cap;
-    } cases[] = {{6, 64, 8, 20, 0}, {6, 64, 8, 1, 0},  {1, 50, 8, 20, 0}, {2, 10, 8, 20, 0}, {8, 9, 8, 20, 0},
-                 {4, 5, 8, 20, 0},  {32, 100, 32, 20, 0}, {5, 64, 8, 3, 80}, {3, 2, 1, 1e6f, 0}};
+    } cases[] = {// budget = w: every layer keeps the budget (budget < w is refused, issue 28)
+                 {6, 64, 8, 20, 0}, {6, 64, 8, 1, 0},  {1, 50, 8, 20, 0}, {2, 10, 8, 20, 0}, {8, 9, 8, 20, 0},
+                 {4, 5, 5, 20, 0},  {32, 100, 32, 20, 0}, {5, 64, 8, 3, 80}, {3, 2, 1, 1e6f, 0}};
     for (const Case &k : cases) {
         const kvp_model m = ref::model(k.L, 2, 1, 8, KVP_ROPE_GPTJ);
         std::string spec = "policy=pyramidkv budget=" + std::to_string(k.budget) + " obs_window=" + std::to_string(k.w) +

@@ -352,6 +352,8 @@ int cmd_run(int argc, char **argv) {
                  "prompt (%.1fx the context)\n",
                  ck.path.c_str(), ck.cfg.seq_len, resolved.c_str(), (unsigned long long)s.stats().arena_bytes, n_gen,
                  prompt.size(), (double)(n_gen + (long long)prompt.size()) / ck.cfg.seq_len);
+    const std::string big = arena_warning(rcfg, (int64_t)prompt.size() + n_gen);
+    if (!big.empty()) std::fprintf(stderr, "kvprune run: %s\n", big.c_str());
     std::vector<float> logits((size_t)V);
     std::vector<double> prob((size_t)V);
     std::mt19937_64 rng((uint64_t)seed);

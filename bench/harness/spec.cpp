@@ -1,5 +1,6 @@
 #include "spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -12,12 +13,6 @@
 namespace kvh {
 
 namespace {
-
-const char *policy_name(uint32_t p) {
-    static const char *names[] = {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe",
-                                  "simlayerkv", "asl", "think"};
-    return p < 10 ? names[p] : "?";
-}
 
 bool apply(const ModelConfig &mc, const std::string &spec, kvp_config *cfg, std::string *err) {
     kvp_model m = model_geometry(mc);
@@ -152,15 +147,12 @@ bool resolve_spec(const ModelConfig &mc, const std::string &spec, int64_t seq_le
     }
     std::string base;
     for (const std::string &x : toks) base += (base.empty() ? "" : " ") + x;
+    // A key the policy ignores is refused by the library when the spec gives the policy (issue 28);
+    // a CLI spec is whole, so it is applied with its policy (the default one, full, when not given).
+    const bool has_policy = std::find(keys.begin(), keys.end(), "policy") != keys.end();
+    const std::string lib = has_policy ? base : "policy=full" + std::string(base.empty() ? "" : " ") + base;
     kvp_config c;
-    if (!apply(mc, base, &c, err)) return false;
-    for (const std::string &key : keys) {
-        if (kvp_config_key_used(&c, key.c_str()) == 0) {
-            *err = "key '" + key + "' has no effect under policy=" + policy_name((uint32_t)c.policy) +
-                   " (its keys: " + policy_keys_text(c) + ")";
-            return false;
-        }
-    }
+    if (!apply(mc, lib, &c, err)) return false;
     if (has_ratio) {
         // The library resolves it (one spec, so the keys given and the defaults that follow them
         // are judged together); the resolved spec names the fields it changed.
@@ -168,7 +160,7 @@ bool resolve_spec(const ModelConfig &mc, const std::string &spec, int64_t seq_le
         if (tokens_text.empty() && !ratio_spec(0, seq_len, &rs, err)) return false;
         rs = "compression_ratio=" + ratio_text + " ratio_tokens=" + (tokens_text.empty() ? std::to_string(seq_len) : tokens_text);
         kvp_config full;
-        if (!apply(mc, base + (base.empty() ? "" : " ") + rs, &full, err)) return false;
+        if (!apply(mc, lib + " " + rs, &full, err)) return false;
         const std::string extra = changed_keys(c, full);
         base += (extra.empty() || base.empty() ? "" : " ") + extra;
         c = full;
@@ -176,6 +168,44 @@ bool resolve_spec(const ModelConfig &mc, const std::string &spec, int64_t seq_le
     *resolved = base;
     *cfg = c;
     return true;
+}
+
+std::string arena_warning(const kvp_config &cfg, int64_t tokens) {
+    const size_t have = kvp_arena_size(&cfg);
+    if (have == 0 || tokens <= 0 || tokens > (int64_t)(1u << 28) - (int64_t)cfg.max_draft) return "";
+    const std::string T = std::to_string(tokens);
+    // What the run needs: a cache that keeps every one of its tokens (policy=full, capacity = the
+    // tokens plus the drafts), the same geometry, dtype and engine keys.
+    kvp_config need = cfg;
+    char e[512];
+    const std::string full = "policy=full capacity=" + std::to_string(tokens + (int64_t)cfg.max_draft) + " total_capacity=0";
+    if (kvp_config_apply(&need, full.c_str(), e, sizeof e) != KVP_OK) return "";
+    const size_t want = kvp_arena_size(&need);
+    if (want == 0 || have <= 8 * want) return "";
+    // The key to lower: of the policy's size keys, the one that shrinks the arena most when set to
+    // the run's token count (a spec without policy=: the config's policy keeps its other keys).
+    std::string key;
+    size_t best = have;
+    for (const char *k : {"capacity", "budget", "window", "prefill_stage"}) {
+        if (kvp_config_key_used(&cfg, k) != 1) continue;
+        kvp_config t = cfg;
+        const std::string spec = std::string(k) + "=" + T;
+        if (kvp_config_apply(&t, spec.c_str(), e, sizeof e) != KVP_OK) continue;
+        const size_t n = kvp_arena_size(&t);
+        if (n && n < best) {
+            best = n;
+            key = k;
+        }
+    }
+    char b[512];
+    std::snprintf(b, sizeof b, "warning: the arena is %.1f MB, %.0fx what this run needs (%.1f MB keeps all %lld of its tokens)",
+                  have / 1e6, (double)have / (double)want, want / 1e6, (long long)tokens);
+    std::string out = b;
+    if (!key.empty()) {
+        std::snprintf(b, sizeof b, "; lower %s (%s=%s: %.1f MB)", key.c_str(), key.c_str(), T.c_str(), best / 1e6);
+        out += b;
+    }
+    return out;
 }
 
 }  // namespace kvh

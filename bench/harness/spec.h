@@ -1,6 +1,6 @@
 // Policy specs as the CLI takes them: stricter than kvp_config_apply (which lets the last of a
-// repeated key win and accepts keys the policy ignores, for programs that compose specs) and
-// with the kvpress-style shorthand compression_ratio=r.
+// repeated key win, and accepts keys the policy ignores in a spec without policy=, for programs
+// that compose specs) and with the kvpress-style shorthand compression_ratio=r.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -28,5 +28,11 @@ std::string compression_keys(const kvp_config &cfg, double ratio, int64_t seq_le
 
 // "window; common: policy, capacity, ..." : the keys policy uses, for messages and `kvprune keys`.
 std::string policy_keys_text(const kvp_config &cfg);
+
+// `kvprune run`'s arena check (issue 28): "" when the arena of cfg is at most 8x what a run of
+// `tokens` tokens needs (a cache keeping all of them: policy=full at capacity tokens + max_draft),
+// else one line naming the arena size, the size the run needs and the key to lower (of capacity,
+// budget, window, prefill_stage: the one whose value = tokens shrinks the arena most).
+std::string arena_warning(const kvp_config &cfg, int64_t tokens);
 
 }  // namespace kvh

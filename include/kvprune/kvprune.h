@@ -177,7 +177,8 @@ typedef struct kvp_config {
     uint32_t struct_size;        /* sizeof(kvp_config), set by kvp_config_default */
     kvp_model model;
     kvp_policy policy;           /* policy=full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl|think */
-    uint32_t capacity;           /* token slots per layer incl. slack; 0 = the policy's minimum (full: 2048) */
+    uint32_t capacity;           /* token slots per layer incl. slack; 0 = the policy's minimum (full: 2048),
+                                    plus max_draft-1 draft slots where drafts use the store (issue 28) */
     kvp_positions positions;     /* positions=original|realign */
     uint32_t threads;            /* threads=N (>=1): the calling thread plus N-1 worker threads that
                                     kvp_create starts; results are bit-identical for every N */
@@ -382,7 +383,9 @@ kvp_status kvp_config_init_ex(kvp_config *cfg, uint32_t struct_size, const kvp_m
  * smaller capacity (capacity-1: h2o, snapkv, pyramidkv, asl, and simlayerkv's nonlazy policy),
  * recent a smaller budget (h2o: recent = budget), window a capacity that leaves it less room
  * (window: capacity-1; streaming: capacity - max(compress_every, slack) - sinks - extra;
- * simlayerkv: below its layer capacity), then sinks the same way. "policy=h2o budget=16" gives
+ * simlayerkv: below its layer capacity), then sinks the same way, and obs_window a smaller
+ * budget (snapkv, pyramidkv, asl: obs_window = budget). With max_draft > 1 the capacity these
+ * follow is the given one less the draft room (kvp_config_check). "policy=h2o budget=16" gives
  * recent 16; "policy=window capacity=512" window 511. A value the spec gives never changes
  * (then an inconsistency fails as before); the rule is kvp_config_apply's (kvp_config_check
  * judges fields as they are). policy=think applies it to its token_policy.
@@ -399,7 +402,9 @@ kvp_status kvp_config_init_ex(kvp_config *cfg, uint32_t struct_size, const kvp_m
  *   keys it sets count as given (defaults follow them). Returns KVP_ERR_ARG for NULL cfg/spec or a bad struct_size,
  * KVP_ERR_CONFIG for an unknown key (the message suggests the nearest one), a malformed or
  * out-of-range value (the message names the key and the range), a key the caller's (older)
- * kvp_config lacks, or an inconsistent result; KVP_ERR_UNSUPPORTED for a recognised value this
+ * kvp_config lacks, a key the resulting policy ignores in a spec that gives `policy` (e.g.
+ * "policy=h2o window=48"; the message lists the policy's keys; a spec without `policy` sets keys
+ * whatever the policy, so programs can compose specs), or an inconsistent result; KVP_ERR_UNSUPPORTED for a recognised value this
  * version does not implement yet. The spec is applied all-or-nothing: on failure *cfg is
  * unchanged. A message is written to err (NUL-terminated, truncated to err_len) when err is not
  * NULL; "" on success.
@@ -410,7 +415,11 @@ kvp_status kvp_config_apply(kvp_config *cfg, const char *spec, char *err, size_t
  * Checks a whole configuration for consistency: geometry, every field's range (the same table
  * kvp_config_apply and kvp_config_key use), and the cross-field rules (capacity >= what the
  * policy needs, e.g. capacity >= max(C+R, H) for streaming; pool_kernel odd; asl_min_layer <
- * n_layers). Returns KVP_OK, KVP_ERR_ARG (NULL cfg or a struct_size not accepted),
+ * n_layers; snapkv, pyramidkv, asl: budget >= obs_window). With max_draft > 1 a given capacity
+ * must also hold max_draft-1 draft slots beyond what the policy needs (window, streaming, h2o,
+ * lethe, and simlayerkv/think over them: drafts there go through the store; the default capacity
+ * includes them), so drafts of up to max_draft tokens always fit; the message names the
+ * capacity that would do. Returns KVP_OK, KVP_ERR_ARG (NULL cfg or a struct_size not accepted),
  * KVP_ERR_CONFIG or KVP_ERR_UNSUPPORTED, with a message in err as for kvp_config_apply.
  * Never modifies cfg.
  */
@@ -819,7 +828,8 @@ kvp_status kvp_config_key(uint32_t index, kvp_key_info *info);
 
 /**
  * Whether key `name` affects a cache of configuration cfg: 1 when cfg's policy uses it (for
- * simlayerkv also when its `nonlazy` policy does), 0 when cfg's policy ignores it, -1 for an
+ * simlayerkv also when its `nonlazy` policy does; for think when its `token_policy` does, and
+ * that policy's `nonlazy` under simlayerkv), 0 when cfg's policy ignores it, -1 for an
  * unknown key, NULL arguments or a bad struct_size. Front ends use it to reject keys that would
  * have no effect ("sinks" under policy=window).
  */

@@ -104,7 +104,7 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 }
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
-    snapkv_plan(cfg, cfg.budget, cfg.capacity ? cfg.capacity : cfg.budget + 1, p);
+    snapkv_plan(cfg, cfg.budget, config_capacity(cfg, cfg.budget + 1), p);
 }
 
 void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode mode) {

@@ -7,7 +7,7 @@ namespace {
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
-    p->cap = cfg.capacity ? cfg.capacity : kFullDefaultCapacity;
+    p->cap = config_capacity(cfg, kFullDefaultCapacity);
 }
 
 uint32_t evictable(const PolicyCtx &, const HeadStore &) { return 0; }

@@ -31,7 +31,7 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
-    p->cap = cfg.capacity ? cfg.capacity : cfg.budget + 1;
+    p->cap = config_capacity(cfg, cfg.budget + 1);
     p->decode_scores = true;
     p->obs_queries = cfg.obs_window;
     p->scratch_bytes = size_t(p->cap) * 12;  // evict_lowest

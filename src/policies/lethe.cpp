@@ -180,7 +180,8 @@ void decay_scores(Layer &ly) {
 void layer_phase(PolicyCtx &ctx, StepMode) {
     Layer ly = layer_of(ctx);
     uint32_t &Le = ctx.c->layers[ctx.layer].evict_threshold;
-    const uint32_t T = Le < ly.cap - 1 ? Le : ly.cap - 1;
+    const uint32_t top = config_policy_capacity(ly.c->cfg, ly.cap) - 1;  // below it: the draft room (config.h)
+    const uint32_t T = Le < top ? Le : top;
     if (ly.L > T) {
         layer_scores(ly);
         const uint32_t S = sinks_of(ly), R = recent_of(ly);
@@ -196,9 +197,9 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
                 Le = Le >= 0x40000000u ? 0x80000000u : Le * 2;
             }
         }
-        if (ly.L > ly.cap - 1) {  // hard capacity: rank the survivors again in their new logical order
+        if (ly.L > top) {  // hard capacity: rank the survivors again in their new logical order
             layer_scores(ly);
-            evict_ranked(ly, ly.L - (ly.cap - 1), recent_of(ly));
+            evict_ranked(ly, ly.L - top, recent_of(ly));
         }
     }
     decay_scores(ly);
@@ -257,12 +258,12 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
-    p->cap = capacity_of(cfg);
+    p->cap = config_capacity(cfg, 2 * cfg.budget);  // capacity_of, plus the draft room
     p->decode_scores = true;
     p->obs_queries = cfg.obs_window;
     p->hole_cap = default_hole_cap(p->cap);
     p->scratch_per_token = kBytesPerToken;
-    p->evict_threshold = cfg.evict_threshold ? cfg.evict_threshold : p->cap / 2;
+    p->evict_threshold = cfg.evict_threshold ? cfg.evict_threshold : config_policy_capacity(cfg, p->cap) / 2;
 }
 
 void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const Obs &obs) {

@@ -179,7 +179,7 @@ namespace {
 kvp_status check(const kvp_config &cfg, Msg &m) { return snapkv_check_common("snapkv", cfg, m); }
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
-    snapkv_plan(cfg, cfg.budget, cfg.capacity ? cfg.capacity : cfg.budget + 1, p);
+    snapkv_plan(cfg, cfg.budget, config_capacity(cfg, cfg.budget + 1), p);
 }
 
 }  // namespace

@@ -61,7 +61,7 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
-    p->cap = cfg.capacity ? cfg.capacity : uint32_t(streaming_min_capacity(streaming_rule(cfg)));
+    p->cap = config_capacity(cfg, uint32_t(streaming_min_capacity(streaming_rule(cfg))));
     p->pin_cap = cfg.sinks;
     p->front_evict = true;
 }

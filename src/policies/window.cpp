@@ -29,7 +29,7 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
-    p->cap = cfg.capacity ? cfg.capacity : cfg.window + 1;
+    p->cap = config_capacity(cfg, cfg.window + 1);
     p->front_evict = true;
 }
 

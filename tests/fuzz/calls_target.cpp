@@ -78,8 +78,12 @@ void spec_pyramidkv(Bytes &b, std::string &s) {
     spec_snapkv(b, s);
     s += kv("beta", 1 + b.pick(40));
 }
+// A byte drawn for a key no longer given (the corpus keeps its meaning).
+std::string unused(uint32_t) { return ""; }
+
 void spec_lethe(Bytes &b, std::string &s) {
-    s += kv("sinks", b.pick(4)) + kv("recent", b.pick(8)) + kv("segments", 2 + b.pick(12)) +
+    // (recent: lethe ignores it, and a spec giving policy= refuses a key its policy ignores, issue 28)
+    s += kv("sinks", b.pick(4)) + unused(b.pick(8)) + kv("segments", 2 + b.pick(12)) +
          kv("sparse_ratio", 1 + b.pick(1000));
     s += std::string(" recent_ratio=0.") + std::to_string(b.pick(10)) + " decay=0." + std::to_string(b.pick(10));
     if (b.pick(2)) s += kv("capacity", 16 + b.pick(96));
@@ -663,6 +667,11 @@ struct Sequence {
         if (!setup()) return;
         if (stats) ++stats->sequences;
         cfg.max_draft = kMaxDraft;  // draft_call (no byte spent: the corpus keeps its meaning)
+        // Issue 28: a capacity holds the draft room too (a given one: add it where it lacks it),
+        // and a total_capacity drawn for the capacities without drafts grows by the room per layer.
+        if (cfg.capacity && kvp_config_check(&cfg, nullptr, 0) != KVP_OK) cfg.capacity += kMaxDraft - 1;
+        if (cfg.total_capacity && kvp_config_check(&cfg, nullptr, 0) != KVP_OK)
+            cfg.total_capacity += (kMaxDraft - 1) * m.n_layers;
         // Sliding-window layers on head_dim 8 and 20 models (no byte spent either): layer 1 global
         // of 2+ layers (pattern 2), else all local; configs that refuse it stay window-less.
         if (m.head_dim == 8 || m.head_dim == 20) {

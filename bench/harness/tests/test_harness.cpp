@@ -411,6 +411,10 @@ TEST(HarnessSpec, StrictChecksAndCompressionRatio) {
                {"   ", "empty"},
                {"policy=window sinks=3", "'sinks' has no effect under policy=window"},
                {"policy=streaming budget=3", "'budget' has no effect under policy=streaming"},
+               {"sinks=3", "'sinks' has no effect under policy=full"},  // the default policy (the library's rule)
+               {"policy=h2o window=48", "'window' has no effect under policy=h2o (its keys: budget, recent, obs_window"},
+               {"policy=snapkv budget=8 obs_window=16", "budget=8 is below obs_window=16"},
+               {"policy=window window=48 capacity=49 max_draft=4", "capacity >= 52"},
                {"policy=window window=3 window=4", "given more than once"},
                {"policy=window windwo=3", "did you mean 'window'"},
                {"window", "expected key=value"},
@@ -455,6 +459,39 @@ TEST(HarnessSpec, StrictChecksAndCompressionRatio) {
     }
     c.policy = KVP_POLICY_FULL;
     EXPECT_EQ(compression_keys(c, 0.6, 250, &err), "");
+}
+
+// `kvprune run` warns when the arena is more than 8x what the run needs (issue 28): one line with
+// both sizes and the key to lower; nothing for an arena that fits the run.
+TEST(HarnessSpec, ArenaWarning) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::string r, err;
+    kvp_config c;
+    struct Case {
+        const char *spec;
+        int64_t tokens;
+        const char *key;  // nullptr: no warning
+    } cases[] = {{"policy=h2o budget=100000", 10, "budget"},
+                 {"policy=window window=50000", 100, "window"},
+                 {"policy=full capacity=100000", 100, "capacity"},
+                 {"policy=snapkv budget=16 prefill_stage=100000", 64, "prefill_stage"},
+                 {"policy=h2o budget=64", 1000, nullptr},
+                 {"policy=full capacity=1024", 1000, nullptr},
+                 {"policy=streaming sinks=4 window=60", 1040, nullptr}};
+    for (const Case &k : cases) {
+        ASSERT_TRUE(resolve_spec(ck.cfg, k.spec, k.tokens, &r, &c, &err)) << k.spec << ": " << err;
+        const std::string w = arena_warning(c, k.tokens);
+        if (!k.key) {
+            EXPECT_EQ(w, "") << k.spec;
+            continue;
+        }
+        EXPECT_NE(w.find("warning: the arena is "), std::string::npos) << k.spec << ": " << w;
+        EXPECT_NE(w.find("what this run needs"), std::string::npos) << w;
+        EXPECT_NE(w.find(std::string("lower ") + k.key + " (" + k.key + "=" + std::to_string(k.tokens)), std::string::npos)
+            << k.spec << ": " << w;
+        EXPECT_EQ(w.find('\n'), std::string::npos) << w;
+    }
 }
 
 TEST(HarnessNll, EvalCarriesOnAfterAFailingSpec) {
