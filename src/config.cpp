@@ -139,8 +139,8 @@ constexpr Key kKeys[] = {
             "with sliding_window: layer l is global (full attention, the policy runs there) iff P > 0 and (l+1) % P == 0, the others local (Gemma 3: 6, Gemma 2: 2); 0 = every layer local (Mistral)"),
     KVP_ENUM(kv_rotate, KVP_ROTATE_NONE, kRotateNames, kAllNames, "none|hadamard", kAll,
              "rotate stored K (after RoPE) and V by an orthonormal Walsh-Hadamard transform per head, queries and outputs to match (exact in exact arithmetic; for f16/q8/q4 storage); not with policy=think"),
-    KVP_U32(max_prompt, 0, 0, kMaxCapacity, kAll & ~P(FULL) & ~P(ASL) & ~P(THINK),
-            "the largest prompt held whole in every layer (any chunking) until it ends (kvp_prompt_end or the first decode), when the policy selects from it once; 0 = each prefill call selects from its own chunk"),
+    KVP_U32(max_prompt, 0, 0, kMaxCapacity, kAll & ~P(FULL),
+            "the largest prompt held whole in every layer (any chunking) until it ends (kvp_prompt_end or the first decode), when the policy selects from it once; 0 = each prefill call selects from its own chunk (full never selects; asl, think: not yet)"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),

@@ -127,8 +127,9 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
         {KVP_POLICY_SIMLAYERKV,
          {"lazy_threshold", "lazy_last", "lazy_mode", "nonlazy", "sinks", "window", "lazy_force", "max_prompt"}},
         {KVP_POLICY_ASL,
-         {"asl_min_layer", "asl_obs_layers", "asl_tau", "budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage"}},
-        {KVP_POLICY_THINK, {"key_channel_ratio", "value_channel_ratio", "channel_score", "obs_window", "token_policy"}},
+         {"asl_min_layer", "asl_obs_layers", "asl_tau", "budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage",
+          "max_prompt"}},
+        {KVP_POLICY_THINK, {"key_channel_ratio", "value_channel_ratio", "channel_score", "obs_window", "token_policy", "max_prompt"}},
     };
     const std::vector<kvp_key_info> ks = keys();
     for (const auto &p : own) {
@@ -565,8 +566,8 @@ TEST(Apply, KeyThePolicyIgnoresIsRefusedWhenTheSpecChoosesThePolicy) {
         const char *spec, *key, *policy, *keys;
     };
     const Case cases[] = {
-        {"policy=h2o budget=64 window=48", "window", "h2o", "(its keys: budget, recent, obs_window; common to all: policy, capacity"},
-        {"policy=window sinks=3", "sinks", "window", "(its keys: window; common to all: policy, capacity"},
+        {"policy=h2o budget=64 window=48", "window", "h2o", "(its keys: budget, recent, obs_window, max_prompt; common to all: policy, capacity"},
+        {"policy=window sinks=3", "sinks", "window", "(its keys: window, max_prompt; common to all: policy, capacity"},
         {"policy=streaming budget=3", "budget", "streaming", "(its keys: sinks, window, extra"},
         {"policy=snapkv window=8", "window", "snapkv", "(its keys: budget, recent, obs_window, pool_kernel, pool"},
         {"policy=full window=8", "window", "full", "(its keys: none of its own; common to all: policy"},

@@ -248,10 +248,15 @@ TEST(Prompt, FullGetsNoPromptRoom) {
     char err[256] = "";
     ASSERT_EQ(kvp_config_apply(&cfg, "policy=full capacity=64", err, sizeof err), KVP_OK) << err;
     const size_t base = kvp_arena_size(&cfg);
+    // (a spec that names policy=full refuses the key: it has no effect there; a spec without
+    // policy= composes onto the config)
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=full max_prompt=100", err, sizeof err), KVP_ERR_CONFIG);
     ASSERT_EQ(kvp_config_apply(&cfg, "max_prompt=100", err, sizeof err), KVP_OK) << err;
     EXPECT_EQ(kvp_arena_size(&cfg), base);
-    ref::Cache cache(kModel, "policy=full capacity=64 max_prompt=100");
-    kvp_cache *c = cache.c;
+    std::vector<char> arena(base + 64);
+    kvp_cache *c = nullptr;
+    char *a64 = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
+    ASSERT_EQ(kvp_create(&cfg, a64, base, &c), KVP_OK);
     const ref::Inputs in(kModel, 200, 5, 1.0f);
     std::vector<float> out(size_t(200) * in.nq);
     ASSERT_EQ(kvp_prefill(c, 0, 64, nullptr, in.q.data(), in.k.data(), in.v.data(), out.data(), nullptr), KVP_OK);
@@ -259,6 +264,7 @@ TEST(Prompt, FullGetsNoPromptRoom) {
               KVP_ERR_FULL);
     EXPECT_NE(strstr(kvp_last_error(c), "can take 0 more"), nullptr) << kvp_last_error(c);
     EXPECT_EQ(kvp_layer_len(c, 0), 64u);
+    kvp_destroy(c);
 }
 
 // Calls around an open prompt: state save/load refuse it, drafts and appends end it, reset clears it.
