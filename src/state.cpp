@@ -226,6 +226,7 @@ struct Ar {
     void flag(bool &x) {
         uint32_t v = x;
         u(v);
+        require(!reading() || v <= 1, "a flag is neither 0 nor 1");  // a loaded state saves back the same bytes
         if (reading()) x = v != 0;
     }
     // n bytes of fixed-width little-endian data (the host is little-endian: state_save refuses others).
@@ -248,9 +249,24 @@ struct Ar {
     }
 };
 
-bool f32_finite(const uint8_t *p, size_t n) {  // n floats, little-endian
-    for (size_t i = 0; i < n; ++i)
-        if ((get_le(p + 4 * i, 4) & 0x7f800000u) == 0x7f800000u) return false;
+// n stored K/V rows of `width` floats (head_dim, or a ThinK row's padded width): each finite with
+// an L2 norm of at most sqrt(head_dim) * 2^57, the most a row can have when every input is below
+// KVP_INPUT_LIMIT = 2^56 (RoPE rotates pairs: |x| < sqrt(2) * 2^56 per element; kv_rotate's
+// Hadamard transform keeps the norm). Then every q.k stays below 2^124 (Cauchy-Schwarz) and every
+// output below the largest |v|: attention over loaded rows is as finite as over the caller's.
+bool rows_ok(const uint8_t *p, size_t rows, size_t width, uint32_t hd) {
+    const double bound = double(hd) * 0x1p114;
+    for (size_t r = 0; r < rows; ++r) {
+        double ss = 0.0;
+        for (size_t i = 0; i < width; ++i) {
+            const uint32_t b = uint32_t(get_le(p + 4 * (r * width + i), 4));
+            if ((b & 0x7f800000u) == 0x7f800000u) return false;
+            float x;
+            memcpy(&x, &b, 4);
+            ss += double(x) * double(x);
+        }
+        if (!(ss <= bound)) return false;
+    }
     return true;
 }
 bool f16_finite(const uint8_t *p, size_t n) {  // n halves
@@ -382,7 +398,7 @@ void visit(kvp_cache *c, Ar &ar) {
         ar.require(ls.next_pos >= 0 && ls.next_pos <= int64_t(INT32_MAX) + 1, "a layer's next position is out of range");
         if (v) {
             if (l == 0) v->layer_rec = ar.pos - v->layer0;
-            ar.require(ls.sparsity == ls.sparsity && ls.sparsity - ls.sparsity == 0.0f && ls.lazy >= -1 && ls.lazy <= 1,
+            ar.require(ls.sparsity >= 0.0f && ls.sparsity <= 1.0f && ls.lazy >= -1 && ls.lazy <= 1,
                        "a layer's statistics are out of range");
         }
     }
@@ -457,7 +473,8 @@ void visit(kvp_cache *c, Ar &ar) {
                                (fp ? hs.nres <= vend % B : hs.nres == 0),
                            "a store's dead-slot or residual counts are out of range");
                 // every token front-evicted (shift) or kept took a position of its own
-                ar.require(hs.shift >= 0 && hs.shift + hs.len() <= v->next_pos(l) && (realign || hs.shift == 0) &&
+                ar.require(hs.shift >= 0 && hs.shift <= v->next_pos(l) && hs.shift + hs.len() <= v->next_pos(l) &&
+                               (realign || hs.shift == 0) &&
                                hs.hoyer == hs.hoyer && hs.hoyer - hs.hoyer == 0.0f && hs.pflag <= 1,
                            "a store's shift or statistics are out of range");
                 if (!ar.ok) return;
@@ -549,7 +566,7 @@ void visit(kvp_cache *c, Ar &ar) {
                     size_t at = ar.pos;
                     if (!fp) {
                         if (!ar.take(size_t(n) * hd * 8)) return;
-                        ar.require(f32_finite(ar.r + at, size_t(n) * hd * 2), "a stored K or V value is not finite");
+                        ar.require(rows_ok(ar.r + at, size_t(n) * 2, hd, hd), "a stored K or V row is not finite or out of range");
                         at += size_t(n) * hd * 8;
                     } else {
                         const StoreFormat &f = c->fmt->f;
@@ -557,8 +574,9 @@ void visit(kvp_cache *c, Ar &ar) {
                         const size_t gb = oc > o0 && f.quant() ? size_t(f.wkp) * 3 : 0, sb = size_t(o1 - oc) * hd * 8;
                         if (!ar.take(kb + vb + zb + gb + sb)) return;
                         const uint8_t *q = ar.r + at;
-                        if (f.dtype == KVP_DTYPE_F32)
-                            ar.require(f32_finite(q, kb / 4) && f32_finite(q + kb, vb / 4), "a stored K or V value is not finite");
+                        if (f.dtype == KVP_DTYPE_F32)  // ThinK rows of the kept channels (padding 0)
+                            ar.require(rows_ok(q, nc, f.k_row / 4, hd) && rows_ok(q + kb, nc, f.v_row / 4, hd),
+                                       "a stored K or V row is not finite or out of range");
                         else if (f.dtype == KVP_DTYPE_F16)
                             ar.require(f16_finite(q, kb / 2) && f16_finite(q + kb, vb / 2), "a stored K or V value is not finite");
                         ar.require(f16_finite(q + kb + vb, zb / 2), "a stored value scale is not finite");
@@ -567,7 +585,8 @@ void visit(kvp_cache *c, Ar &ar) {
                             ar.require(ge >= -126 && ge <= 24, "a stored key grid step is out of range");
                         }
                         if (!pinned && oc > o0) ++grids;
-                        ar.require(f32_finite(q + kb + vb + zb + gb, sb / 4), "a stored residual K or V value is not finite");
+                        ar.require(rows_ok(q + kb + vb + zb + gb, size_t(o1 - oc) * 2, hd, hd),
+                                   "a stored residual K or V row is not finite or out of range");
                         at += kb + vb + zb + gb + sb;
                     }
                     const size_t pos_at = at, rot_at = at + size_t(n) * 4, score_at = at + size_t(n) * 8;
@@ -589,7 +608,12 @@ void visit(kvp_cache *c, Ar &ar) {
                                             : pinned ? int64_t(rt) == j
                                                      : rt >= 0 && rt <= ps && (hs.scattered || int64_t(rt) == j + hs.shift),
                                    "a slot's rotation position does not match its position");
-                        if (!fixed) ar.require(f32_finite(v->r + score_at + 4 * size_t(t), 1), "a slot's score is not finite");
+                        if (!fixed) {  // finite, and far from overflowing as later steps add to it
+                            float sc;
+                            const uint32_t sb = v->u32(score_at + 4 * size_t(t));
+                            memcpy(&sc, &sb, 4);
+                            ar.require(sc > -0x1p64f && sc < 0x1p64f, "a slot's score is not finite or out of range");
+                        }
                         last_pos = ps;
                         ++jl;
                         if (fp && !pinned) {  // pinned: counted from pconv (fmt_store_bytes)
