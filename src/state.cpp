@@ -182,7 +182,7 @@ struct Ar {
     size_t pos = 0, end = 0;     // read bound (kCheck / kLoad)
     bool ok = true;
     Msg *m = nullptr;
-    Hasher *hash = nullptr;      // kWrite: fed every piece as it is written
+    Hasher *hash = nullptr;      // kWrite: fed every piece as it is written; kCheck: every piece read
     struct Val *val = nullptr;   // kCheck: the deep checks of a crafted state (Val below)
 
     bool reading() const { return mode == kCheck || mode == kLoad; }
@@ -208,7 +208,10 @@ struct Ar {
             put_le(w + pos, v, n);
             if (hash) hash->update(w + pos, n);
         }
-        else if (reading()) v = get_le(r + pos, n);
+        else if (reading()) {
+            v = get_le(r + pos, n);
+            if (mode == kCheck && hash) hash->update(r + pos, n);
+        }
         pos += n;
     }
     template <class T>
@@ -244,6 +247,8 @@ struct Ar {
         } else if (mode == kLoad) {
             if (n >= kStreamBytes) stream_copy(static_cast<uint8_t *>(p), r + pos, n);
             else memcpy(p, r + pos, n);
+        } else if (mode == kCheck && hash) {
+            hash->update(r + pos, n);
         }
         pos += n;
     }
@@ -254,17 +259,25 @@ struct Ar {
 // KVP_INPUT_LIMIT = 2^56 (RoPE rotates pairs: |x| < sqrt(2) * 2^56 per element; kv_rotate's
 // Hadamard transform keeps the norm). Then every q.k stays below 2^124 (Cauchy-Schwarz) and every
 // output below the largest |v|: attention over loaded rows is as finite as over the caller's.
+// NaN and Inf rows fail too: their sum of squares is NaN or Inf. The sum is formed in float over
+// eight lanes (vectorizable without reassociation); a row the library stores has a sum below a
+// quarter of the bound (each RoPE pair's squared norm < 2^113), so rounding cannot refuse one,
+// and a sum that overflows is Inf: refused.
 bool rows_ok(const uint8_t *p, size_t rows, size_t width, uint32_t hd) {
-    const double bound = double(hd) * 0x1p114;
+    const float bound = float(hd) * 0x1p114f;
     for (size_t r = 0; r < rows; ++r) {
-        double ss = 0.0;
-        for (size_t i = 0; i < width; ++i) {
-            const uint32_t b = uint32_t(get_le(p + 4 * (r * width + i), 4));
-            if ((b & 0x7f800000u) == 0x7f800000u) return false;
-            float x;
-            memcpy(&x, &b, 4);
-            ss += double(x) * double(x);
+        const uint8_t *row = p + 4 * r * width;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x[8];
+        size_t i = 0;
+        for (; i + 8 <= width; i += 8) {
+            memcpy(x, row + 4 * i, sizeof x);  // little-endian host (state_load refuses others)
+            for (int k = 0; k < 8; ++k) acc[k] += x[k] * x[k];
         }
+        for (; i < width; ++i) {
+            memcpy(x, row + 4 * i, 4);
+            acc[0] += x[0] * x[0];
+        }
+        const float ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
         if (!(ss <= bound)) return false;
     }
     return true;
@@ -803,7 +816,49 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
         m.s("the state is ").u(total).s(" bytes; the buffer holds ").u(size).s(total > size ? " (truncated)" : " (pass the state's size)");
         return KVP_ERR_ARG;
     }
-    if (state_checksum(in + 32, size - 32) != get_le(in + 24, 8)) {
+    // A state from a library whose kvp_config had fewer fields (keys are appended, never moved) is
+    // read with those fields at their defaults; one with more fields comes from a newer library.
+    const uint32_t words = uint32_t(get_le(in + 32, 4));
+    const bool words_ok = words <= kConfigWords && words >= kConfigFirstWords && size >= kHeaderFixed + size_t(words) * 4;
+    const size_t body0 = kHeaderFixed + size_t(words) * 4;
+    // The checksum, and the first pass of the body's checks (Val) in the same read of the buffer:
+    // the check walk hashes each piece it reads (issue 29: the checks read every stored float, and
+    // a second pass over the state cost 40-70% of the load's time). The walk reads bytes only, so
+    // it is safe on a buffer whose checksum does not match; that verdict comes first. Ownership
+    // marks go to a bitmap in thread 0's scratch (from its run buffer on); when the scratch holds
+    // fewer bits than the pools have blocks, more passes follow over windows of block ids.
+    const uint64_t ids = uint64_t(c->cfg.model.n_kv_heads) * c->plan.nblocks;
+    uint64_t *const bits = reinterpret_cast<uint64_t *>(c->scratch + c->plan.scr_runs);
+    const uint64_t nbits = uint64_t((c->plan.scratch_bytes - c->plan.scr_runs) / 8) * 64;  // >= 512: the run buffer
+    char wbuf[256];
+    Msg wm(wbuf, sizeof wbuf);  // the walk's finding, reported after the checksum and config verdicts
+    auto walk = [&](uint64_t lo, Hasher *hash) {
+        Val v{c, in, bits, lo, nbits};
+        const uint64_t n = ids - lo < nbits ? ids - lo : nbits;
+        memset(bits, 0, size_t((n + 63) / 64) * 8);
+        Ar chk{Ar::kCheck};
+        chk.r = in;
+        chk.m = &wm;
+        chk.val = &v;
+        chk.hash = hash;
+        chk.pos = body0;
+        chk.end = size;
+        wm.clear();
+        wm.s("the state is inconsistent: ");
+        visit(c, chk);
+        if (chk.ok && chk.pos != size) chk.fail("bytes follow the state's end");
+        if (hash) hash->update(in + chk.pos, size - chk.pos);  // a walk that stopped: the rest
+        return chk.ok;
+    };
+    Hasher hash;
+    bool walked_ok = false;
+    if (words_ok) {
+        hash.update(in + 32, body0 - 32);
+        walked_ok = walk(0, &hash);
+    } else {
+        hash.update(in + 32, size - 32);
+    }
+    if (hash.final() != get_le(in + 24, 8)) {
         m.s("the state's checksum does not match (corrupted)");
         return KVP_ERR_ARG;
     }
@@ -816,10 +871,7 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
         m.s(" (kvp_create_rope)");
         return KVP_ERR_CONFIG;
     }
-    // A state from a library whose kvp_config had fewer fields (keys are appended, never moved) is
-    // read with those fields at their defaults; one with more fields comes from a newer library.
-    const uint32_t words = uint32_t(get_le(in + 32, 4));
-    if (words > kConfigWords || words < kConfigFirstWords || size < kHeaderFixed + size_t(words) * 4) {
+    if (!words_ok) {
         m.s("the state's kvp_config has ").u(words).s(" fields after struct_size; this library reads ").u(kConfigFirstWords)
             .s("..").u(kConfigWords).s(" (a state from a newer library version, or not a state)");
         return KVP_ERR_UNSUPPORTED;
@@ -863,32 +915,19 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
             return KVP_ERR_CONFIG;
         }
     }
-    // The checks (Val): one pass over the buffer, or one per window of block ids when thread 0's
-    // scratch (from its run buffer on) holds fewer bits than the pools have blocks.
-    const uint64_t ids = uint64_t(c->cfg.model.n_kv_heads) * c->plan.nblocks;
-    Val val{c, in, reinterpret_cast<uint64_t *>(c->scratch + c->plan.scr_runs), 0,
-            uint64_t((c->plan.scratch_bytes - c->plan.scr_runs) / 8) * 64};
-    for (uint64_t lo = 0;; lo += val.nbits) {
-        Val v{c, in, val.bits, lo, val.nbits};
-        const uint64_t n = ids - lo < v.nbits ? ids - lo : v.nbits;
-        memset(v.bits, 0, size_t((n + 63) / 64) * 8);
-        Ar chk{Ar::kCheck};
-        chk.r = in;
-        chk.m = &m;
-        chk.val = &v;
-        chk.pos = kHeaderFixed + size_t(words) * 4;
-        chk.end = size;
-        m.clear();
-        m.s("the state is inconsistent: ");
-        visit(c, chk);
-        if (chk.ok && chk.pos != size) chk.fail("bytes follow the state's end");
-        if (!chk.ok) return KVP_ERR_ARG;
-        if (ids - lo <= v.nbits) break;
+    if (!walked_ok) {
+        m.s(wbuf);
+        return KVP_ERR_ARG;
     }
-    m.clear();
+    for (uint64_t lo = nbits; lo < ids; lo += nbits) {  // more windows of block ids (large pools only)
+        if (!walk(lo, nullptr)) {
+            m.s(wbuf);
+            return KVP_ERR_ARG;
+        }
+    }
     Ar ld{Ar::kLoad};
     ld.r = in;
-    ld.pos = kHeaderFixed + size_t(words) * 4;
+    ld.pos = body0;
     ld.end = size;
     visit(c, ld);
     stream_fence();  // the streamed rows are in memory before the next call reads them
