@@ -626,7 +626,7 @@ TEST(State, EditedStatesLoadSafelyOrAreRefused) {
     const kvp_model m = ref::model(2, 4, 2, 16);
     const size_t body = 40 + 4 * ((sizeof(kvp_config) - 4) / 4);
     const uint32_t edits[] = {1u, 0xffffffffu, 0u, 0xffffffffu, 0x7fc00000u, 0x80000000u};  // +1, -1, then values
-    const size_t kWords = 160;  // words edited per state (all when it has fewer)
+    const size_t kWords = 120;  // words edited per state (all when it has fewer)
     uint64_t seed = 11, loaded = 0, refused = 0;
     uint32_t phase = 0;
     for (const char *spec : kEditSpecs) {
