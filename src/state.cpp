@@ -714,6 +714,8 @@ void visit(kvp_cache *c, Ar &ar) {
 
 }  // namespace
 
+uint64_t state_check_bits = 0;
+
 uint64_t state_checksum(const void *data, size_t n) {
     Hasher h;
     h.update(data, n);
@@ -829,7 +831,8 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
     // fewer bits than the pools have blocks, more passes follow over windows of block ids.
     const uint64_t ids = uint64_t(c->cfg.model.n_kv_heads) * c->plan.nblocks;
     uint64_t *const bits = reinterpret_cast<uint64_t *>(c->scratch + c->plan.scr_runs);
-    const uint64_t nbits = uint64_t((c->plan.scratch_bytes - c->plan.scr_runs) / 8) * 64;  // >= 512: the run buffer
+    uint64_t nbits = uint64_t((c->plan.scratch_bytes - c->plan.scr_runs) / 8) * 64;  // >= 512: the run buffer
+    if (state_check_bits && state_check_bits < nbits) nbits = state_check_bits < 64 ? 64 : state_check_bits / 64 * 64;
     char wbuf[256];
     Msg wm(wbuf, sizeof wbuf);  // the walk's finding, reported after the checksum and config verdicts
     auto walk = [&](uint64_t lo, Hasher *hash) {

@@ -674,3 +674,54 @@ TEST(State, EditedStatesLoadSafelyOrAreRefused) {
     printf("edited states: %llu loaded, %llu refused\n", (unsigned long long)loaded, (unsigned long long)refused);
     EXPECT_GT(refused, 0u);
 }
+
+// The ownership bitmap in windows (what pools with more blocks than thread 0's scratch has bits
+// need): with 64 bits per pass, every edited state gets the verdict of the one-pass check.
+TEST(State, OwnershipWindowsGiveTheSameVerdicts) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    const size_t body = 40 + 4 * ((sizeof(kvp_config) - 4) / 4);
+    const char *const specs[] = {"policy=h2o budget=16 recent=4 capacity=24 block=1",
+                                 "policy=streaming sinks=4 window=20 compress_every=4 capacity=28 block=1",
+                                 "policy=lethe capacity=32 evict_threshold=8 sparse_ratio=1.2 obs_window=4 block=1"};
+    uint64_t windowed = 0, differ = 0, refused = 0;
+    for (const char *spec : specs) {
+        ref::Cache a(m, spec), b(m, spec);
+        ASSERT_TRUE(a.c && b.c) << spec;
+        Feeder fa(m, 3), fb(m, 4);
+        fa.prompt(a.c, 14);
+        fa.decodes(a.c, nullptr, 12, spec);
+        fb.prompt(b.c, 9);
+        const std::vector<uint8_t> st = save(a.c), b0 = save(b.c);
+        const uint64_t ids = uint64_t(m.n_kv_heads) * b.c->plan.nblocks;
+        ASSERT_GT(ids, 64u) << spec << ": the test needs more than one window";
+        const size_t words = (st.size() - body) / 4, stride = words / 150 + 1;
+        for (size_t w = 0; w < words; w += stride) {
+            for (uint32_t e : {1u, 0xffffffffu, 0u, 7u}) {
+                std::vector<uint8_t> ed(st);
+                uint32_t x;
+                memcpy(&x, &ed[body + 4 * w], 4);
+                x = e == 1u || e == 0xffffffffu ? x + e : e;
+                memcpy(&ed[body + 4 * w], &x, 4);
+                fix_checksum(ed);
+                kvp::state_check_bits = 0;
+                const kvp_status one = kvp_state_load(b.c, ed.data(), ed.size());
+                const std::string msg1 = kvp_last_error(b.c);
+                ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK);
+                kvp::state_check_bits = 64;
+                const kvp_status win = kvp_state_load(b.c, ed.data(), ed.size());
+                const std::string msg2 = kvp_last_error(b.c);
+                kvp::state_check_bits = 0;
+                ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK);
+                ++windowed;
+                if (msg1 != msg2) ++differ;  // both refused, the windowed pass naming another finding first
+                EXPECT_EQ(one, win) << spec << " word " << w << ": " << msg1 << " / " << msg2;
+                if (one != KVP_OK) ++refused;
+            }
+        }
+    }
+    kvp::state_check_bits = 0;
+    printf("windowed checks: %llu edited states, %llu refused, %llu with another message\n", (unsigned long long)windowed,
+           (unsigned long long)refused, (unsigned long long)differ);
+    EXPECT_GT(refused, 0u);
+}
+
