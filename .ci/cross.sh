@@ -18,7 +18,10 @@
 #   runs the guest's threads with the x86 host's memory ordering, so it cannot show an ARM
 #   ordering race, and its futex emulation made them 40-120x slower than native (half of the
 #   aarch64 step's CPU time). They run natively in the core and asan stages; the Cortex-M nm
-#   check covers heap-freedom on ARM.
+#   check covers heap-freedom on ARM. Also left out: State.EditedStatesLoadSafelyOrAreRefused
+#   (issue 29: ~40k edited-state loads, 4 s natively); its subject, the load's checks of buffer
+#   words, is ISA-independent, and FuzzState.CorpusAndMutations still runs the same checks on
+#   every seed state with word edits under qemu (32-bit size_t on armhf included).
 #   hash     tests/test_hash (KVP_HASH lines) on x86-64 and aarch64 (qemu): the portable SIMD
 #            path (SIMDE_NO_NATIVE, KVP_AVX2=OFF, -ffp-contract=off) must give the same hash on
 #            both (fails otherwise); the native paths (AVX2/FMA dispatch vs NEON, default flags)
@@ -41,7 +44,7 @@ ROOT=$PWD
 JOBS=${JOBS:-2}
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=(aarch64 ubsan32 hash cortexm)
-QEMU_EXCLUDE=${QEMU_EXCLUDE-'^(Threads\.SameBitsForEveryThreadCountAndSchedule|Compose\.EveryPolicyDtypeAndThinkRunsBoundedWithTheSameBitsOnAnyThreads|NoAllocation\..*)$'}
+QEMU_EXCLUDE=${QEMU_EXCLUDE-'^(Threads\.SameBitsForEveryThreadCountAndSchedule|Compose\.EveryPolicyDtypeAndThinkRunsBoundedWithTheSameBitsOnAnyThreads|NoAllocation\..*|State\.EditedStatesLoadSafelyOrAreRefused)$'}
 qemu_args=()
 [ -n "$QEMU_EXCLUDE" ] && qemu_args=(-E "$QEMU_EXCLUDE")
 want() { local s; for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }

@@ -5,7 +5,7 @@
 # folder). A crash or a violated invariant fails the stage; the input is kept under
 # build-fuzz/artifacts/ and printed as hex so it can be committed to the corpus with its fix.
 #
-#   bash .ci/fuzz.sh                  # all four targets, FUZZ_SECONDS each
+#   bash .ci/fuzz.sh                  # all six targets, FUZZ_SECONDS each
 #   FUZZ_SECONDS=600 bash .ci/fuzz.sh calls
 #
 # Writes build-fuzz/figures.txt, one line per target:
@@ -17,7 +17,7 @@ ROOT=$PWD
 JOBS=${JOBS:-2}
 SECONDS_PER=${FUZZ_SECONDS:-60}
 TARGETS=("$@")
-[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(config calls checkpoint results gguf)
+[ ${#TARGETS[@]} -eq 0 ] && TARGETS=(config calls state checkpoint results gguf)
 t0=$(date +%s)
 log() { echo "== fuzz: $* (+$(( $(date +%s) - t0 ))s)"; }
 
@@ -53,6 +53,7 @@ for t in "${TARGETS[@]}"; do
   log "fuzz_$t for ${SECONDS_PER}s from $(ls "$seeds" | wc -l) seed inputs"
   logf=$B/fuzz_$t.log
   maxlen=4096; [ "$t" = gguf ] && maxlen=16384  # the seed models are a few KB
+  [ "$t" = state ] && maxlen=8192  # the seed states are 1-6 KB
   # -rss_limit_mb: ASan and the two caches of the calls target (up to 8 MB each)
   if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
      "$B/tests/fuzz/fuzz_$t" -max_total_time="$SECONDS_PER" -print_final_stats=1 -rss_limit_mb=2048 -max_len=$maxlen \

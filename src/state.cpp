@@ -5,6 +5,7 @@
 
 #include "config.h"
 #include "draft.h"
+#include "policies/asl.h"
 
 #if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define KVP_STATE_X86 1
@@ -181,7 +182,8 @@ struct Ar {
     size_t pos = 0, end = 0;     // read bound (kCheck / kLoad)
     bool ok = true;
     Msg *m = nullptr;
-    Hasher *hash = nullptr;      // kWrite: fed every piece as it is written
+    Hasher *hash = nullptr;      // kWrite: fed every piece as it is written; kCheck: every piece read
+    struct Val *val = nullptr;   // kCheck: the deep checks of a crafted state (Val below)
 
     bool reading() const { return mode == kCheck || mode == kLoad; }
     bool loading() const { return mode == kLoad; }
@@ -206,7 +208,10 @@ struct Ar {
             put_le(w + pos, v, n);
             if (hash) hash->update(w + pos, n);
         }
-        else if (reading()) v = get_le(r + pos, n);
+        else if (reading()) {
+            v = get_le(r + pos, n);
+            if (mode == kCheck && hash) hash->update(r + pos, n);
+        }
         pos += n;
     }
     template <class T>
@@ -224,6 +229,7 @@ struct Ar {
     void flag(bool &x) {
         uint32_t v = x;
         u(v);
+        require(!reading() || v <= 1, "a flag is neither 0 nor 1");  // a loaded state saves back the same bytes
         if (reading()) x = v != 0;
     }
     // n bytes of fixed-width little-endian data (the host is little-endian: state_save refuses others).
@@ -241,10 +247,136 @@ struct Ar {
         } else if (mode == kLoad) {
             if (n >= kStreamBytes) stream_copy(static_cast<uint8_t *>(p), r + pos, n);
             else memcpy(p, r + pos, n);
+        } else if (mode == kCheck && hash) {
+            hash->update(r + pos, n);
         }
         pos += n;
     }
 };
+
+// n stored K/V rows of `width` floats (head_dim, or a ThinK row's padded width): each finite with
+// an L2 norm of at most sqrt(head_dim) * 2^57, the most a row can have when every input is below
+// KVP_INPUT_LIMIT = 2^56 (RoPE rotates pairs: |x| < sqrt(2) * 2^56 per element; kv_rotate's
+// Hadamard transform keeps the norm). Then every q.k stays below 2^124 (Cauchy-Schwarz) and every
+// output below the largest |v|: attention over loaded rows is as finite as over the caller's.
+// NaN and Inf rows fail too: their sum of squares is NaN or Inf. The sum is formed in float over
+// eight lanes (vectorizable without reassociation); a row the library stores has a sum below a
+// quarter of the bound (each RoPE pair's squared norm < 2^113), so rounding cannot refuse one,
+// and a sum that overflows is Inf: refused.
+bool rows_ok(const uint8_t *p, size_t rows, size_t width, uint32_t hd) {
+    const float bound = float(hd) * 0x1p114f;
+    for (size_t r = 0; r < rows; ++r) {
+        const uint8_t *row = p + 4 * r * width;
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, x[8];
+        size_t i = 0;
+        for (; i + 8 <= width; i += 8) {
+            memcpy(x, row + 4 * i, sizeof x);  // little-endian host (state_load refuses others)
+            for (int k = 0; k < 8; ++k) acc[k] += x[k] * x[k];
+        }
+        for (; i < width; ++i) {
+            memcpy(x, row + 4 * i, 4);
+            acc[0] += x[0] * x[0];
+        }
+        const float ss = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        if (!(ss <= bound)) return false;
+    }
+    return true;
+}
+bool f16_finite(const uint8_t *p, size_t n) {  // n halves
+    for (size_t i = 0; i < n; ++i)
+        if ((get_le(p + 2 * i, 2) & 0x7c00u) == 0x7c00u) return false;
+    return true;
+}
+
+// kCheck's deep checks (issue 29, DECISIONS.md "Crafted states"): the checksum only detects
+// accidents (anyone can recompute it), so a state must also describe a cache that every later
+// call can run on: every structural field against the others and the cache's geometry (block
+// ownership, free stacks, sequence words, dead-slot counts, positions, rotations, residuals,
+// channel lists, counters) and every stored float finite. Values are read from the buffer at the
+// offsets the walk records (the layer and pool records have fixed sizes). Block ownership is a
+// bitmap over (pool, block) ids in thread 0's per-call scratch (from its run buffer on: no state
+// lives there, so a refused load leaves every saved byte as it was); when the scratch is smaller
+// than the bitmap, the walk repeats over windows of ids.
+struct Val {
+    const kvp_cache *c;
+    const uint8_t *r;
+    uint64_t *bits;
+    uint64_t lo, nbits;  // this pass marks ids [lo, lo + nbits) (id = pool * nblocks + block)
+    size_t body0 = 0, layer0 = 0, layer_rec = 0, pool0 = 0, pool_rec = 0;
+    uint64_t rows = 0, bytes = 0, sum_rows = 0, sum_bytes = 0;  // kept tokens and live bytes: layer, cache
+
+    uint32_t u32(size_t off) const { return uint32_t(get_le(r + off, 4)); }
+    uint64_t u64(size_t off) const { return get_le(r + off, 8); }
+    size_t pool_at(uint32_t h) const { return pool0 + size_t(h) * pool_rec; }
+    // pool record: nfree, deficit, then per block (next, dead, bseq), then per layer (top, held)
+    int32_t next(uint32_t h, uint32_t b) const { return int32_t(u32(pool_at(h) + 8 + 12 * size_t(b))); }
+    uint32_t dead(uint32_t h, uint32_t b) const { return u32(pool_at(h) + 12 + 12 * size_t(b)); }
+    uint32_t bseq(uint32_t h, uint32_t b) const { return u32(pool_at(h) + 16 + 12 * size_t(b)); }
+    int32_t top(uint32_t h, uint32_t l) const {
+        return int32_t(u32(pool_at(h) + 8 + 12 * size_t(c->plan.nblocks) + 8 * size_t(l)));
+    }
+    uint32_t held(uint32_t h, uint32_t l) const { return u32(pool_at(h) + 12 + 12 * size_t(c->plan.nblocks) + 8 * size_t(l)); }
+    // layer record: next_pos i64, rows u64, bytes u64, ...
+    int64_t next_pos(uint32_t l) const { return int64_t(u64(layer0 + size_t(l) * layer_rec)); }
+    uint64_t layer_rows(uint32_t l) const { return u64(layer0 + size_t(l) * layer_rec + 8); }
+    uint64_t layer_bytes(uint32_t l) const { return u64(layer0 + size_t(l) * layer_rec + 16); }
+    // Marks block b of pool h as taken; false when it already was (two owners).
+    bool mark(uint32_t h, uint32_t b) {
+        const uint64_t id = uint64_t(h) * c->plan.nblocks + b;
+        if (id < lo || id - lo >= nbits) return true;
+        const uint64_t i = id - lo, bit = uint64_t(1) << (i % 64);
+        if (bits[i / 64] & bit) return false;
+        bits[i / 64] |= bit;
+        return true;
+    }
+};
+
+// Ascending channel list of n entries below d; with pairs: every RoPE pair kept whole (ThinK).
+bool channels_ok(const uint8_t *p, uint32_t n, uint32_t d, uint32_t pairs, bool gptj) {
+    uint8_t in[kMaxFmtDim / 8] = {};
+    int64_t prev = -1;
+    for (uint32_t i = 0; i < n; ++i) {
+        const uint32_t ch = uint32_t(get_le(p + 2 * size_t(i), 2));
+        if (int64_t(ch) <= prev || ch >= d || ch >= kMaxFmtDim) return false;
+        prev = ch;
+        in[ch / 8] = uint8_t(in[ch / 8] | (1u << (ch % 8)));
+    }
+    for (uint32_t i = 0; i < n && pairs; ++i) {
+        const uint32_t ch = uint32_t(get_le(p + 2 * size_t(i), 2));
+        if (ch >= 2 * pairs) continue;
+        const uint32_t mate = gptj ? ch ^ 1u : ch < pairs ? ch + pairs : ch - pairs;
+        if (!(in[mate / 8] & (1u << (mate % 8)))) return false;
+    }
+    return true;
+}
+
+// A pool's free stacks and counters (kCheck, after its record was read).
+void pool_check(Ar &ar, Val &v, uint32_t h) {
+    const kvp_cache *c = v.c;
+    const BlockPool &pool = c->pools[h];
+    const uint32_t L = c->cfg.model.n_layers, nb = c->plan.nblocks;
+    uint64_t held = 0, deficit = 0, nfree = 0;
+    for (uint32_t l = 0; l < L; ++l) {
+        const uint32_t hl = v.held(h, l);
+        held += hl;
+        deficit += hl < pool.min_blocks[l] ? pool.min_blocks[l] - hl : 0;
+    }
+    ar.require(deficit == v.u32(v.pool_at(h) + 4), "a pool's reservation deficit does not match its layers' blocks");
+    for (uint32_t l = 0; l < L && ar.ok; ++l) {
+        const uint32_t lo = pool.home_lo[l], hi = pool.home_lo[l + 1];
+        uint32_t n = 0;
+        for (int32_t b = v.top(h, l); b != -1 && ar.ok; b = v.next(h, uint32_t(b)), ++n) {
+            ar.require(uint32_t(b) >= lo && uint32_t(b) < hi && n < hi - lo, "a pool's free stack leaves its home range or loops");
+            if (!ar.ok) break;
+            ar.require(v.dead(h, uint32_t(b)) == 0, "a free block has dead slots");
+            ar.require(v.mark(h, uint32_t(b)), "a block is listed twice (free stacks, block tables)");
+        }
+        nfree += n;
+    }
+    ar.require(nfree == v.u32(v.pool_at(h)) && held + nfree == nb,
+               "a pool's free count does not match its free stacks and the blocks its layers hold");
+}
+
 
 // Every mutable part of the cache, in the format's order. The cache is read (kSize, kWrite), only
 // its config-derived fields are read (kCheck), or written (kLoad).
@@ -252,8 +384,12 @@ void visit(kvp_cache *c, Ar &ar) {
     const kvp_model &md = c->cfg.model;
     const ArenaPlan &p = c->plan;
     const uint32_t L = md.n_layers, H = md.n_kv_heads, B = p.block;
+    Val *v = ar.mode == Ar::kCheck ? ar.val : nullptr;
+    const bool realign = c->positions == KVP_POS_REALIGN, fixed = c->cfg.score == KVP_SCORE_FIXED;
+    if (v) v->body0 = ar.pos;
     uint64_t counters[5] = {c->live_rows, c->peak_rows, c->tokens_seen, c->live_bytes, c->peak_bytes};
     for (uint64_t &x : counters) ar.u(x);
+    if (v) v->layer0 = ar.pos;
     if (ar.loading()) {
         c->live_rows = counters[0];
         c->peak_rows = counters[1];
@@ -273,7 +409,13 @@ void visit(kvp_cache *c, Ar &ar) {
         for (uint64_t &x : ls.pstate) ar.u(x);
         ar.flag(ls.observe_decode);
         ar.require(ls.next_pos >= 0 && ls.next_pos <= int64_t(INT32_MAX) + 1, "a layer's next position is out of range");
+        if (v) {
+            if (l == 0) v->layer_rec = ar.pos - v->layer0;
+            ar.require(ls.sparsity >= 0.0f && ls.sparsity <= 1.0f && ls.lazy >= -1 && ls.lazy <= 1,
+                       "a layer's statistics are out of range");
+        }
     }
+    if (v) v->pool0 = ar.pos;
     for (uint32_t h = 0; h < H; ++h) {
         BlockPool &pool = c->pools[h];
         uint32_t nfree = pool.nfree, deficit = pool.deficit;
@@ -297,6 +439,10 @@ void visit(kvp_cache *c, Ar &ar) {
             ar.u(held);
             ar.require(top >= -1 && top < int32_t(p.nblocks) && held <= p.nblocks, "a pool's free stacks are corrupt");
             if (ar.loading()) pool.top[l] = top, pool.held[l] = held;
+        }
+        if (v && ar.ok) {
+            if (h == 0) v->pool_rec = ar.pos - v->pool0;
+            pool_check(ar, *v, h);
         }
     }
     const FmtPlan *fp = c->fmt ? &c->fmt->fp : nullptr;
@@ -331,6 +477,22 @@ void visit(kvp_cache *c, Ar &ar) {
                            hs.holes <= hs.count && hs.nres <= hs.count && hs.len() <= hs.cap,
                        "a store's counts are out of range");
             if (!ar.ok) return;
+            if (v) {
+                const uint32_t vend = hs.roff + hs.count;
+                ar.require(hs.pnb == (hs.npin + B - 1) / B && (hs.count ? hs.nb == (vend + B - 1) / B : hs.nb == 0) &&
+                               (hs.count == 0 || hs.npin >= hs.pin_cap) && v->held(h, l) == hs.pnb + hs.nb,
+                           "a store's blocks do not match its tokens or its pool's held count");
+                ar.require(hs.holes <= hs.hole_cap && (hs.holes == 0 || (hs.scattered && hs.first_hole < hs.count)) &&
+                               (fp ? hs.nres <= vend % B : hs.nres == 0),
+                           "a store's dead-slot or residual counts are out of range");
+                // every token front-evicted (shift) or kept took a position of its own
+                ar.require(hs.shift >= 0 && hs.shift <= v->next_pos(l) && hs.shift + hs.len() <= v->next_pos(l) &&
+                               (realign || hs.shift == 0) &&
+                               hs.hoyer == hs.hoyer && hs.hoyer - hs.hoyer == 0.0f && hs.pflag <= 1,
+                           "a store's shift or statistics are out of range");
+                if (!ar.ok) return;
+            }
+            const size_t tpos = ar.pos;  // kCheck: where the block table is
             // block tables: the pinned blocks, then the body ring entries in order
             uint32_t blocks[2];  // the two lists' lengths
             blocks[0] = hs.pnb;
@@ -340,9 +502,15 @@ void visit(kvp_cache *c, Ar &ar) {
                 uint32_t bid = slot;
                 ar.u(bid);
                 ar.require(bid < p.nblocks, "a store's block table names a block beyond the pool");
+                if (v && ar.ok) {
+                    ar.require(v->mark(h, bid), "a block is listed twice (free stacks, block tables)");
+                    ar.require(i < blocks[0] ? v->dead(h, bid) == 0 : v->bseq(h, bid) == hs.seq_head + (i - blocks[0]),
+                               "a block's dead count or sequence word does not match its store");
+                }
                 if (ar.loading()) slot = bid;
             }
             uint32_t pconv = 0;  // formatted: pinned tokens converted (the buffer's value when reading)
+            uint32_t sel_rd = 0;  // formatted: the channel lists are set (the buffer's value when reading)
             if (fp) {  // formatted store: conversion state, channel lists
                 FmtStore &fs = fmt_store(*c->fmt, real);
                 uint32_t selected = fs.selected;
@@ -351,7 +519,20 @@ void visit(kvp_cache *c, Ar &ar) {
                 ar.u(selected);
                 ar.u(pconv);
                 ar.u(baa);
+                sel_rd = selected;
                 ar.require(pconv <= hs.npin, "a formatted store's conversion count is out of range");
+                if (v) {
+                    const StoreFormat &f = c->fmt->f;
+                    ar.require(selected <= 1 && pconv == hs.npin / B * B, "a formatted store's conversion state is out of range");
+                    const bool gptj = md.rope == KVP_ROPE_GPTJ;
+                    const size_t koff = fs.kidx ? size_t(f.wk) * 2 : 0;
+                    if (ar.ok && fs.kidx && ar.take(koff))
+                        ar.require(channels_ok(ar.r + ar.pos, f.wk, f.d, f.thin_k && selected ? f.rot_units : 0, gptj),
+                                   "a ThinK key channel list is not ascending channels of the head (whole RoPE pairs)");
+                    if (ar.ok && fs.vidx && ar.take(koff + size_t(f.wv) * 2))
+                        ar.require(channels_ok(ar.r + ar.pos + koff, f.wv, f.d, 0, gptj),
+                                   "a ThinK value channel list is not ascending channels of the head");
+                }
                 if (ar.loading()) fs.selected = selected, fs.pconv = pconv, fs.bytes_after_append = baa;
                 if (fs.kidx) ar.bytes(fs.kidx, size_t(c->fmt->f.wk) * sizeof(uint16_t));
                 if (fs.vidx) ar.bytes(fs.vidx, size_t(c->fmt->f.wv) * sizeof(uint16_t));
@@ -368,6 +549,11 @@ void visit(kvp_cache *c, Ar &ar) {
                 else
                     for (uint32_t i = 0; i < n; ++i) ar.bytes(base + size_t(s0 + i) * p.stride, size_t(hd) * sizeof(float));
             };
+            // kCheck: the store's live tokens so far (logical index), last position, dead slots,
+            // first dead body index, and its live bytes (formatted: converted / residual / grids)
+            uint32_t jl = 0, ndead = 0, first_dead = UINT32_MAX;
+            int64_t last_pos = -1;
+            uint64_t conv = pconv, resid = hs.npin - pconv, grids = (pconv + B - 1) / B;
             for (uint32_t i = 0; i < blocks[0] + blocks[1] && ar.ok; ++i) {
                 const bool pinned = i < blocks[0];
                 // occupied range [o0, o1) of the block and its converted part [o0, oc) (formatted)
@@ -387,6 +573,82 @@ void visit(kvp_cache *c, Ar &ar) {
                 uint32_t bid = 0;  // kCheck: sizes only (the block ids were checked above)
                 if (ar.mode != Ar::kCheck) bid = pinned ? real.pin_blk[i] : real.blk[(hs.bhead + i - blocks[0]) % hs.blk_cap];
                 const size_t s0 = size_t(bid) * B;
+                if (v) {  // the block's data, read where it lies in the buffer
+                    const uint32_t vbid = v->u32(tpos + 4 * size_t(i)), n = o1 - o0;
+                    const uint32_t b0 = pinned ? i * B : (i - blocks[0]) * B;  // pinned: logical; body: virtual slot
+                    size_t at = ar.pos;
+                    if (!fp) {
+                        if (!ar.take(size_t(n) * hd * 8)) return;
+                        ar.require(rows_ok(ar.r + at, size_t(n) * 2, hd, hd), "a stored K or V row is not finite or out of range");
+                        at += size_t(n) * hd * 8;
+                    } else {
+                        const StoreFormat &f = c->fmt->f;
+                        const size_t nc = oc - o0, kb = nc * f.k_row, vb = nc * f.v_row, zb = nc * f.v_groups * 4;
+                        const size_t gb = oc > o0 && f.quant() ? size_t(f.wkp) * 3 : 0, sb = size_t(o1 - oc) * hd * 8;
+                        if (!ar.take(kb + vb + zb + gb + sb)) return;
+                        const uint8_t *q = ar.r + at;
+                        if (f.dtype == KVP_DTYPE_F32)  // ThinK rows of the kept channels (padding 0)
+                            ar.require(rows_ok(q, nc, f.k_row / 4, hd) && rows_ok(q + kb, nc, f.v_row / 4, hd),
+                                       "a stored K or V row is not finite or out of range");
+                        else if (f.dtype == KVP_DTYPE_F16)
+                            ar.require(f16_finite(q, kb / 2) && f16_finite(q + kb, vb / 2), "a stored K or V value is not finite");
+                        ar.require(f16_finite(q + kb + vb, zb / 2), "a stored value scale is not finite");
+                        for (size_t e = 0; e < (gb ? f.wkp : 0u) && ar.ok; ++e) {
+                            const int8_t ge = int8_t(q[kb + vb + zb + e]);
+                            ar.require(ge >= -126 && ge <= 24, "a stored key grid step is out of range");
+                        }
+                        if (!pinned && oc > o0) ++grids;
+                        ar.require(rows_ok(q + kb + vb + zb + gb, size_t(o1 - oc) * 2, hd, hd),
+                                   "a stored residual K or V row is not finite or out of range");
+                        at += kb + vb + zb + gb + sb;
+                    }
+                    const size_t pos_at = at, rot_at = at + size_t(n) * 4, score_at = at + size_t(n) * 8;
+                    if (!ar.take(at - ar.pos + size_t(n) * 12 + (pool.kq ? size_t(n) * (size_t(hd) + 1) * 2 : 0))) return;
+                    uint32_t nd = 0;
+                    for (uint32_t t = 0; t < n && ar.ok; ++t) {
+                        const int32_t ps = int32_t(v->u32(pos_at + 4 * size_t(t))), rt = int32_t(v->u32(rot_at + 4 * size_t(t)));
+                        const uint32_t o = o0 + t;
+                        if (ps == kDeadSlot) {
+                            ++nd;
+                            if (first_dead == UINT32_MAX) first_dead = b0 + o - hs.roff;
+                            ar.require(!pinned, "a pinned slot is dead");
+                            continue;
+                        }
+                        const int64_t j = jl;  // logical index (every pinned token is live)
+                        ar.require(ps >= 0 && int64_t(ps) > last_pos && int64_t(ps) < v->next_pos(l),
+                                   "a store's positions are not ascending below the layer's next position");
+                        ar.require(!realign ? rt == ps
+                                            : pinned ? int64_t(rt) == j
+                                                     : rt >= 0 && rt <= ps && (hs.scattered || int64_t(rt) == j + hs.shift),
+                                   "a slot's rotation position does not match its position");
+                        if (!fixed) {  // finite, and far from overflowing as later steps add to it
+                            float sc;
+                            const uint32_t sb = v->u32(score_at + 4 * size_t(t));
+                            memcpy(&sc, &sb, 4);
+                            ar.require(sc > -0x1p64f && sc < 0x1p64f, "a slot's score is not finite or out of range");
+                        }
+                        last_pos = ps;
+                        ++jl;
+                        if (fp && !pinned) {  // pinned: counted from pconv (fmt_store_bytes)
+                            if (b0 + o < hs.roff + hs.count - hs.nres) ++conv;
+                            else ++resid;
+                        }
+                    }
+                    if (pool.kq) {
+                        const size_t kq_at = score_at + size_t(n) * 4, ke_at = kq_at + size_t(n) * hd * 2;
+                        for (size_t e = 0; e < size_t(n) * hd && ar.ok; ++e) {
+                            const int16_t x = int16_t(get_le(v->r + kq_at + 2 * e, 2));
+                            ar.require(x >= -23171 && x <= 23171, "a fixed-point key is out of range");
+                        }
+                        for (uint32_t t = 0; t < n && ar.ok; ++t) {
+                            const int16_t x = int16_t(get_le(v->r + ke_at + 2 * size_t(t), 2));
+                            ar.require(x >= -113 && x <= 114, "a fixed-point key exponent is out of range");
+                        }
+                    }
+                    if (!pinned) ar.require(v->dead(h, vbid) == nd, "a block's dead count does not match its dead slots");
+                    ndead += nd;
+                    if (!ar.ok) return;
+                }
                 if (fp) {
                     const FmtPool &fpo = fmt_pool(*c->fmt, pool);
                     const StoreFormat &f = c->fmt->f;
@@ -419,15 +681,40 @@ void visit(kvp_cache *c, Ar &ar) {
                     ar.bytes(pool.kexp + a0, n * sizeof(int16_t));
                 }
             }
+            if (v && ar.ok) {
+                ar.require(ndead == hs.holes && (hs.holes == 0 || hs.first_hole <= first_dead),
+                           "a store's dead-slot count or first dead slot does not match its slots");
+                v->rows += hs.len();
+                v->bytes += fp ? conv * fmt_token_bytes(c->fmt->f) + grids * fmt_grid_bytes(c->fmt->f) +
+                                     resid * fmt_residual_bytes(c->fmt->f) +
+                                     (sel_rd ? fmt_index_bytes(c->fmt->f) : 0)
+                                : uint64_t(hs.len()) * token_bytes(c);
+            }
+        }
+        if (v && ar.ok) {
+            ar.require(v->rows == v->layer_rows(l) && v->bytes == v->layer_bytes(l),
+                       "a layer's kept tokens or live bytes do not match its stores");
+            v->sum_rows += v->rows;
+            v->sum_bytes += v->bytes;
+            v->rows = v->bytes = 0;
         }
     }
     uint64_t pbytes = p.pstate_bytes;
     ar.u(pbytes);
     ar.require(pbytes == p.pstate_bytes, "the policy state region has another size");
+    if (v && ar.ok) {
+        ar.require(counters[0] == v->sum_rows && counters[3] == v->sum_bytes && counters[1] >= counters[0] &&
+                       counters[4] >= counters[3],
+                   "the cache's counters do not match its layers");
+        if (pbytes && &policy_of(c->cfg) == &kAslPolicy && ar.take(pbytes))
+            ar.require(asl_state_check(c, ar.r + ar.pos, pbytes), "the ASL policy state is out of range");
+    }
     if (ar.ok && pbytes) ar.bytes(c->pstate, pbytes);
 }
 
 }  // namespace
+
+uint64_t state_check_bits = 0;
 
 uint64_t state_checksum(const void *data, size_t n) {
     Hasher h;
@@ -531,7 +818,50 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
         m.s("the state is ").u(total).s(" bytes; the buffer holds ").u(size).s(total > size ? " (truncated)" : " (pass the state's size)");
         return KVP_ERR_ARG;
     }
-    if (state_checksum(in + 32, size - 32) != get_le(in + 24, 8)) {
+    // A state from a library whose kvp_config had fewer fields (keys are appended, never moved) is
+    // read with those fields at their defaults; one with more fields comes from a newer library.
+    const uint32_t words = uint32_t(get_le(in + 32, 4));
+    const bool words_ok = words <= kConfigWords && words >= kConfigFirstWords && size >= kHeaderFixed + size_t(words) * 4;
+    const size_t body0 = kHeaderFixed + size_t(words) * 4;
+    // The checksum, and the first pass of the body's checks (Val) in the same read of the buffer:
+    // the check walk hashes each piece it reads (issue 29: the checks read every stored float, and
+    // a second pass over the state cost 40-70% of the load's time). The walk reads bytes only, so
+    // it is safe on a buffer whose checksum does not match; that verdict comes first. Ownership
+    // marks go to a bitmap in thread 0's scratch (from its run buffer on); when the scratch holds
+    // fewer bits than the pools have blocks, more passes follow over windows of block ids.
+    const uint64_t ids = uint64_t(c->cfg.model.n_kv_heads) * c->plan.nblocks;
+    uint64_t *const bits = reinterpret_cast<uint64_t *>(c->scratch + c->plan.scr_runs);
+    uint64_t nbits = uint64_t((c->plan.scratch_bytes - c->plan.scr_runs) / 8) * 64;  // >= 512: the run buffer
+    if (state_check_bits && state_check_bits < nbits) nbits = state_check_bits < 64 ? 64 : state_check_bits / 64 * 64;
+    char wbuf[256];
+    Msg wm(wbuf, sizeof wbuf);  // the walk's finding, reported after the checksum and config verdicts
+    auto walk = [&](uint64_t lo, Hasher *hash) {
+        Val v{c, in, bits, lo, nbits};
+        const uint64_t n = ids - lo < nbits ? ids - lo : nbits;
+        memset(bits, 0, size_t((n + 63) / 64) * 8);
+        Ar chk{Ar::kCheck};
+        chk.r = in;
+        chk.m = &wm;
+        chk.val = &v;
+        chk.hash = hash;
+        chk.pos = body0;
+        chk.end = size;
+        wm.clear();
+        wm.s("the state is inconsistent: ");
+        visit(c, chk);
+        if (chk.ok && chk.pos != size) chk.fail("bytes follow the state's end");
+        if (hash) hash->update(in + chk.pos, size - chk.pos);  // a walk that stopped: the rest
+        return chk.ok;
+    };
+    Hasher hash;
+    bool walked_ok = false;
+    if (words_ok) {
+        hash.update(in + 32, body0 - 32);
+        walked_ok = walk(0, &hash);
+    } else {
+        hash.update(in + 32, size - 32);
+    }
+    if (hash.final() != get_le(in + 24, 8)) {
         m.s("the state's checksum does not match (corrupted)");
         return KVP_ERR_ARG;
     }
@@ -544,10 +874,7 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
         m.s(" (kvp_create_rope)");
         return KVP_ERR_CONFIG;
     }
-    // A state from a library whose kvp_config had fewer fields (keys are appended, never moved) is
-    // read with those fields at their defaults; one with more fields comes from a newer library.
-    const uint32_t words = uint32_t(get_le(in + 32, 4));
-    if (words > kConfigWords || words < kConfigFirstWords || size < kHeaderFixed + size_t(words) * 4) {
+    if (!words_ok) {
         m.s("the state's kvp_config has ").u(words).s(" fields after struct_size; this library reads ").u(kConfigFirstWords)
             .s("..").u(kConfigWords).s(" (a state from a newer library version, or not a state)");
         return KVP_ERR_UNSUPPORTED;
@@ -591,19 +918,19 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
             return KVP_ERR_CONFIG;
         }
     }
-    Ar chk{Ar::kCheck};
-    chk.r = in;
-    chk.m = &m;
-    chk.pos = kHeaderFixed + size_t(words) * 4;
-    chk.end = size;
-    m.s("the state is inconsistent: ");
-    visit(c, chk);
-    if (chk.ok && chk.pos != size) chk.fail("bytes follow the state's end");
-    if (!chk.ok) return KVP_ERR_ARG;
-    m.clear();
+    if (!walked_ok) {
+        m.s(wbuf);
+        return KVP_ERR_ARG;
+    }
+    for (uint64_t lo = nbits; lo < ids; lo += nbits) {  // more windows of block ids (large pools only)
+        if (!walk(lo, nullptr)) {
+            m.s(wbuf);
+            return KVP_ERR_ARG;
+        }
+    }
     Ar ld{Ar::kLoad};
     ld.r = in;
-    ld.pos = kHeaderFixed + size_t(words) * 4;
+    ld.pos = body0;
     ld.end = size;
     visit(c, ld);
     stream_fence();  // the streamed rows are in memory before the next call reads them

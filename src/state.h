@@ -38,5 +38,9 @@ kvp_status state_save(const kvp_cache *c, void *buf, size_t size, size_t *writte
 kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m);
 // The checksum of the format (tests).
 uint64_t state_checksum(const void *p, size_t n);
+// Tests: bits of the block-ownership bitmap per check pass of kvp_state_load (rounded down to a
+// multiple of 64, at least 64; 0: all that thread 0's scratch holds, the library's setting), so a
+// test can run the windowed passes that only very large pools need otherwise.
+extern uint64_t state_check_bits;
 
 }  // namespace kvp

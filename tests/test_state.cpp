@@ -520,3 +520,208 @@ TEST(State, BytesDependOnlyOnTheCalls) {
         }
     }
 }
+
+// Issue 29: a state whose checksum was recomputed after an edit (anyone can do that) either loads
+// into a cache on which every later call is safe, or is refused with KVP_ERR_ARG and the cache
+// unchanged. For each policy x dtype a small state is saved; sampled words of its body (all of
+// them when few) get a few edits each (+1, -1, 0, all ones, a NaN pattern, the top bit), the
+// checksum is recomputed, and the result is loaded into a cache that holds other tokens. Loaded:
+// lengths within capacity, positions ascending, live bytes within the arena, decodes, a draft, a
+// prefill and a second save/load run with finite outputs (ASan/UBSan in CI find the rest).
+namespace {
+
+const char *const kEditSpecs[] = {
+    "policy=full capacity=40",
+    "policy=window window=12 capacity=16",
+    "policy=streaming sinks=4 window=12 compress_every=4 capacity=20",
+    "policy=streaming sinks=8 window=12 compress_every=4 capacity=24",
+    "policy=h2o budget=12 recent=4 capacity=16",
+    "policy=h2o budget=12 recent=4 capacity=16 total_capacity=28 score=fixed",
+    "policy=snapkv budget=10 obs_window=4 capacity=16 recent=2 prefill_stage=24",
+    "policy=lethe capacity=24 evict_threshold=8 sparse_ratio=1.2 obs_window=4",
+    "policy=simlayerkv nonlazy=h2o budget=12 recent=4 capacity=16 sinks=2 window=6 lazy_last=4 lazy_threshold=0.2",
+    "policy=asl budget=10 obs_window=4 capacity=16 recent=4 asl_min_layer=1 prefill_stage=24",
+    "policy=think token_policy=h2o budget=12 recent=4 capacity=16 key_channel_ratio=0.4 value_channel_ratio=0.2",
+};
+
+void fix_checksum(std::vector<uint8_t> &b) {
+    const uint64_t sum = kvp::state_checksum(b.data() + 32, b.size() - 32);
+    for (int i = 0; i < 8; ++i) b[24 + i] = uint8_t(sum >> (8 * i));
+}
+
+// Invariants of a cache after a load: lengths, positions, stats.
+void expect_sane(const kvp_cache *c, const std::string &where) {
+    const kvp_model &m = c->cfg.model;
+    for (uint32_t l = 0; l < m.n_layers; ++l) {
+        const uint32_t cap = kvp_layer_capacity(c, l), len = kvp_layer_len(c, l);
+        ASSERT_LE(len, cap) << where << " layer " << l;
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+            std::vector<int32_t> p(size_t(cap) + 1);
+            uint32_t n = 0;
+            ASSERT_EQ(kvp_layer_positions(c, l, h, p.data(), cap + 1, &n), KVP_OK) << where;
+            ASSERT_LE(n, cap) << where;
+            for (uint32_t i = 1; i < n; ++i) ASSERT_LT(p[i - 1], p[i]) << where << " layer " << l << " head " << h;
+            if (n) {
+                ASSERT_GE(p[0], 0) << where;
+            }
+        }
+    }
+    kvp_stats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    ASSERT_EQ(kvp_get_stats(c, &s), KVP_OK);
+    ASSERT_LE(s.live_bytes, s.arena_bytes) << where;
+    ASSERT_LE(s.live_bytes, s.peak_live_bytes) << where;
+}
+
+bool all_finite(const std::vector<float> &x) {
+    for (float f : x)
+        if (!(f - f == 0.0f)) return false;
+    return true;
+}
+
+// Calls on a loaded cache: decodes, a draft, a prefill, a save and a reload of that save.
+void exercise(kvp_cache *c, Feeder &f, const std::string &where) {
+    const kvp_model &m = f.m;
+    for (int s = 0; s < 2; ++s) {
+        f.gen(1);
+        for (uint32_t l = 0; l < m.n_layers; ++l) {
+            const kvp_status st = kvp_decode(c, l, f.q.data(), f.k.data(), f.v.data(), f.out.data());
+            ASSERT_TRUE(st == KVP_OK || st == KVP_ERR_FULL || st == KVP_ERR_ARG) << where << ": " << kvp_last_error(c);
+            if (st == KVP_OK) {
+                ASSERT_TRUE(all_finite(f.out)) << where << " decode layer " << l;
+            }
+        }
+        ASSERT_NO_FATAL_FAILURE(expect_sane(c, where + " after a decode"));
+    }
+    if (kvp_draft_begin(c) == KVP_OK) {
+        f.gen(1);
+        uint32_t ok = 1;
+        for (uint32_t l = 0; l < m.n_layers; ++l) {
+            const kvp_status st = kvp_decode(c, l, f.q.data(), f.k.data(), f.v.data(), f.out.data());
+            if (st == KVP_OK) {
+                ASSERT_TRUE(all_finite(f.out)) << where << " draft layer " << l;
+            } else {
+                ok = 0;
+            }
+        }
+        ASSERT_EQ(kvp_draft_commit(c, ok), KVP_OK) << where << ": " << kvp_last_error(c);
+        ASSERT_NO_FATAL_FAILURE(expect_sane(c, where + " after a draft"));
+    }
+    f.gen(3);
+    for (uint32_t l = 0; l < m.n_layers; ++l) {
+        const kvp_status st = kvp_prefill(c, l, 3, nullptr, f.q.data(), f.k.data(), f.v.data(), f.out.data(), nullptr);
+        if (st == KVP_OK) {
+            ASSERT_TRUE(all_finite(f.out)) << where << " prefill layer " << l;
+        }
+    }
+    ASSERT_NO_FATAL_FAILURE(expect_sane(c, where + " after a prefill"));
+    const std::vector<uint8_t> again = save(c);
+    ASSERT_EQ(kvp_state_load(c, again.data(), again.size()), KVP_OK) << where << ": " << kvp_last_error(c);
+}
+
+}  // namespace
+
+TEST(State, EditedStatesLoadSafelyOrAreRefused) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    const size_t body = 40 + 4 * ((sizeof(kvp_config) - 4) / 4);
+    const uint32_t edits[] = {1u, 0xffffffffu, 0u, 0xffffffffu, 0x7fc00000u, 0x80000000u};  // +1, -1, then values
+    const size_t kWords = 120;  // words edited per state (all when it has fewer)
+    uint64_t seed = 11, loaded = 0, refused = 0;
+    uint32_t phase = 0;
+    for (const char *spec : kEditSpecs) {
+        for (const char *dt : kDtypes) {
+            const std::string s = std::string(spec) + " quant_group=8 max_draft=2 kv_dtype=" + dt +
+                                  " positions=" + kPositions[phase % 2];
+            ref::Cache a(m, s), b(m, s);
+            ASSERT_TRUE(a.c && b.c) << s;
+            Feeder fa(m, seed), fb(m, seed + 100);
+            fa.prompt(a.c, 14);
+            fa.decodes(a.c, nullptr, 12, s);
+            fb.prompt(b.c, 9);
+            if (HasFailure()) return;
+            const std::vector<uint8_t> st = save(a.c), b0 = save(b.c);
+            const size_t words = (st.size() - body) / 4, stride = words > kWords ? (words + kWords - 1) / kWords : 1;
+            for (size_t w = phase % stride; w < words; w += stride) {
+                for (size_t e = 0; e < sizeof edits / sizeof edits[0]; ++e) {
+                    std::vector<uint8_t> ed(st);
+                    uint8_t *p = ed.data() + body + 4 * w;
+                    uint32_t x;
+                    memcpy(&x, p, 4);
+                    x = e < 2 ? x + edits[e] : edits[e];
+                    memcpy(p, &x, 4);
+                    if (ed == st) continue;
+                    fix_checksum(ed);
+                    const std::string where = s + " word " + std::to_string(w) + " edit " + std::to_string(e);
+                    const kvp_status r = kvp_state_load(b.c, ed.data(), ed.size());
+                    if (r != KVP_OK) {
+                        ++refused;
+                        ASSERT_EQ(r, KVP_ERR_ARG) << where << ": " << kvp_last_error(b.c);
+                        ASSERT_TRUE(save(b.c) == b0) << where << ": a refused load changed the cache";
+                        continue;
+                    }
+                    ++loaded;
+                    ASSERT_NO_FATAL_FAILURE(expect_sane(b.c, where));
+                    Feeder f(m, seed + 7);
+                    ASSERT_NO_FATAL_FAILURE(exercise(b.c, f, where));
+                    ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK) << where;
+                }
+            }
+            ++seed;
+            ++phase;
+        }
+    }
+    printf("edited states: %llu loaded, %llu refused\n", (unsigned long long)loaded, (unsigned long long)refused);
+    EXPECT_GT(refused, 0u);
+}
+
+// The ownership bitmap in windows (what pools with more blocks than thread 0's scratch has bits
+// need): with 64 bits per pass, every edited state gets the verdict of the one-pass check.
+TEST(State, OwnershipWindowsGiveTheSameVerdicts) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    const size_t body = 40 + 4 * ((sizeof(kvp_config) - 4) / 4);
+    const char *const specs[] = {"policy=h2o budget=16 recent=4 capacity=24 block=1",
+                                 "policy=streaming sinks=4 window=20 compress_every=4 capacity=28 block=1",
+                                 "policy=lethe capacity=32 evict_threshold=8 sparse_ratio=1.2 obs_window=4 block=1"};
+    uint64_t windowed = 0, differ = 0, refused = 0;
+    for (const char *spec : specs) {
+        ref::Cache a(m, spec), b(m, spec);
+        ASSERT_TRUE(a.c && b.c) << spec;
+        Feeder fa(m, 3), fb(m, 4);
+        fa.prompt(a.c, 14);
+        fa.decodes(a.c, nullptr, 12, spec);
+        fb.prompt(b.c, 9);
+        const std::vector<uint8_t> st = save(a.c), b0 = save(b.c);
+        const uint64_t ids = uint64_t(m.n_kv_heads) * b.c->plan.nblocks;
+        ASSERT_GT(ids, 64u) << spec << ": the test needs more than one window";
+        const size_t words = (st.size() - body) / 4, stride = words / 150 + 1;
+        for (size_t w = 0; w < words; w += stride) {
+            for (uint32_t e : {1u, 0xffffffffu, 0u, 7u}) {
+                std::vector<uint8_t> ed(st);
+                uint32_t x;
+                memcpy(&x, &ed[body + 4 * w], 4);
+                x = e == 1u || e == 0xffffffffu ? x + e : e;
+                memcpy(&ed[body + 4 * w], &x, 4);
+                fix_checksum(ed);
+                kvp::state_check_bits = 0;
+                const kvp_status one = kvp_state_load(b.c, ed.data(), ed.size());
+                const std::string msg1 = kvp_last_error(b.c);
+                ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK);
+                kvp::state_check_bits = 64;
+                const kvp_status win = kvp_state_load(b.c, ed.data(), ed.size());
+                const std::string msg2 = kvp_last_error(b.c);
+                kvp::state_check_bits = 0;
+                ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK);
+                ++windowed;
+                if (msg1 != msg2) ++differ;  // both refused, the windowed pass naming another finding first
+                EXPECT_EQ(one, win) << spec << " word " << w << ": " << msg1 << " / " << msg2;
+                if (one != KVP_OK) ++refused;
+            }
+        }
+    }
+    kvp::state_check_bits = 0;
+    printf("windowed checks: %llu edited states, %llu refused, %llu with another message\n", (unsigned long long)windowed,
+           (unsigned long long)refused, (unsigned long long)differ);
+    EXPECT_GT(refused, 0u);
+}
+

@@ -238,6 +238,26 @@ bool asl_layer_variance(const kvp_cache *c, uint32_t layer, double *var, double 
     return true;
 }
 
+bool asl_state_check(const kvp_cache *c, const uint8_t *region, size_t bytes) {
+    const kvp_config &cfg = c->cfg;
+    const uint32_t stage = c->plan.stage, L = cfg.model.n_layers;
+    const Layout o = layout(cfg, stage);
+    if (bytes != o.total) return false;
+    AslHeader h;  // the region is little-endian and the host too (state.cpp refuses others)
+    memcpy(&h, region, sizeof h);
+    if (h.sel_layer < -1 || h.sel_layer >= int32_t(L) || h.nsel > stage || h.nsel > cfg.budget || h.fresh > 1 ||
+        h.collect > 1 || h.n > stage || h.ring_count > cfg.asl_obs_layers || (h.ring_count && h.ring_last >= L) ||
+        h.ring_n > stage || h.ref_set > 1)
+        return false;
+    for (uint32_t i = 0; i < h.nsel; ++i) {  // ascending prompt token indices
+        int32_t t, prev = -1;
+        memcpy(&t, region + o.sel + 4 * size_t(i), 4);
+        if (i) memcpy(&prev, region + o.sel + 4 * size_t(i - 1), 4);
+        if (t < 0 || uint32_t(t) >= stage || t <= prev) return false;
+    }
+    return true;
+}
+
 int32_t asl_selection_layer(const kvp_cache *c) {
     return &policy_of(c->cfg) == &kAslPolicy ? state_of(c).h->sel_layer : -1;
 }

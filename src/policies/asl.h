@@ -46,5 +46,9 @@ extern const Policy kAslPolicy;
 // in the current sequence (NaN when it computed none), and the selection layer (-1: none yet).
 bool asl_layer_variance(const kvp_cache *c, uint32_t layer, double *var, double *rel);
 int32_t asl_selection_layer(const kvp_cache *c);
+// kvp_state_load (issue 29): whether the `bytes` of a state region (little-endian, as saved) are an
+// ASL state of this cache: every index and count (selection layer and size, selected token indices,
+// rank ring) in range. The float statistics may hold NaN (not computed) and are not indices.
+bool asl_state_check(const kvp_cache *c, const uint8_t *region, size_t bytes);
 
 }  // namespace kvp

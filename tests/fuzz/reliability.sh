@@ -65,6 +65,7 @@ cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
     case $tg in
       config) what="spec strings: apply/check/arena size/keys, a small cache when it fits";;
       calls) what="call sequences against a twin cache, every implemented policy";;
+      state) what="kvp_state_load of edited states (checksum recomputed), then calls on the loaded cache";;
       checkpoint) what="llama2.c checkpoint loader (harness)";;
       results) what="results-JSON reader, round trip through to_json (harness)";;
       gguf) what="GGUF reader and model loader (harness)";;
@@ -80,6 +81,12 @@ cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
   echo "with its own status; outputs are finite; \`live_bytes <= arena_bytes\`; lengths <= capacity;"
   echo "positions ascending; \`kvp_prefill_room()\` tokens fit every layer in turn; policies that evict never"
   echo "answer \`KVP_ERR_FULL\` to a decode."
+  echo
+  echo "Invariants of the state target: the harness recomputes the size and checksum of the mutated state (so"
+  echo "every mutation reaches the body's checks) and builds the cache from the state's own configuration words;"
+  echo "a refused load leaves the cache saving the same bytes; an accepted one saves the input's body back byte"
+  echo "for byte, keeps lengths <= capacity, positions ascending and stats that sum, and decodes, a draft, a"
+  echo "prefill and a reload of its own save after it give finite outputs."
   echo
   echo "## Seeded call sequences (gcc, Release; the ctest \`FuzzCalls.SeededSequences\` with more sequences)"
   echo
@@ -114,6 +121,7 @@ cpu=$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)
   echo "| \`out == k\` silently changed results | \`kvp_decode(c, 0, q, k, v, k)\` | overlap refused (\`KVP_ERR_ARG\`) | \`Aliasing.*\` |"
   echo "| second \`kvp_destroy\` of a library-owned arena read and freed freed memory | \`kvp_create(&cfg, NULL, 0, &c); kvp_destroy(c); kvp_destroy(c)\` | tagged handle + live list | \`Lifetime.DestroyTwiceWithLibraryOwnedArena\` (ASan) |"
   echo "| \`kvp_create\` over a live cache made the old handle an alias of the new cache | create twice in one arena | \`KVP_ERR_STATE\` | \`Lifetime.TwoCachesInOneArena\` |"
+  echo "| a state edited in one word with its checksum recomputed loaded (KVP_OK), then crashed (block ids, sequence words, counts), hung or returned non-finite outputs (stored floats); a finite key of -3.4e38 made a prefill output non-finite (\`fuzz_state\`) | one body word changed, checksum recomputed | the load checks every structural field and bounds every stored float before writing (docs/engine.md \"Crafted states\") | \`State.EditedStatesLoadSafelyOrAreRefused\`, \`FuzzState.*\` (corpus/state) |"
   echo "| slot ids wrap past 2^32 slots per KV head (64-bit too); the block-table count was truncated to 32-bit size_t | 64 layers x capacity 2^26 | refused as \`KVP_ERR_CONFIG\` | \`Sizes.*\` (armhf in CI) |"
   echo
   echo "## Commands"

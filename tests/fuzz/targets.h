@@ -36,6 +36,14 @@ void config_target(const uint8_t *data, size_t size);
 // evict never say FULL for a decode.
 void calls_target(const uint8_t *data, size_t size, CallStats *stats = nullptr);
 
+// States (issue 29): the bytes are a kvp_state_load buffer whose size and checksum the target
+// recomputes (so mutations reach the body); the cache is built from the state's own kvp_config
+// words (threads 1, arena <= 16 MB) and holds tokens of its own. Invariants: a refused load gives
+// ARG / UNSUPPORTED / CONFIG and the cache saves the same bytes as before; an accepted one saves
+// the input's body back unchanged, and lengths <= capacity, ascending positions, stats that sum,
+// finite outputs of decodes, a draft and a prefill, and a reload of its own save hold after it.
+void state_target(const uint8_t *data, size_t size);
+
 // Names of the policies calls_target draws from (the implemented rows of its table).
 const char *calls_policy_name(uint32_t i);
 uint32_t calls_policy_count();

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <algorithm>
 #include <string>
@@ -90,6 +91,115 @@ TEST(FuzzCalls, Corpus) {
     const auto inputs = corpus("calls");
     for (const auto &b : inputs) kvpfuzz::calls_target(b.data(), b.size());
     printf("%zu corpus inputs\n", inputs.size());
+}
+
+// The state target's seeds (tests/fuzz/corpus/state/<policy>-<dtype>.kvps): one small state per
+// policy row and dtype (2 layers, 2 KV heads, head_dim 8, blocks of 4, after a prompt and
+// decodes that evicted). Rewritten by KVPFUZZ_WRITE_SEEDS=<dir> ./test_fuzz_replay
+// --gtest_filter=FuzzState.Seeds; every run checks them against the target.
+struct SeedSpec {
+    const char *name, *spec;
+};
+const SeedSpec kStateSeeds[] = {
+    {"full", "policy=full capacity=16"},
+    {"window", "policy=window window=8 capacity=10"},
+    {"streaming", "policy=streaming sinks=2 window=8 compress_every=2 capacity=12"},
+    {"streaming-sinks", "policy=streaming sinks=4 window=6 compress_every=2 capacity=12"},
+    {"h2o", "policy=h2o budget=8 recent=2 capacity=10"},
+    {"h2o-fixed", "policy=h2o budget=8 recent=2 capacity=10 total_capacity=18 score=fixed"},
+    {"snapkv", "policy=snapkv budget=6 obs_window=2 capacity=10 recent=2 prefill_stage=16"},
+    {"pyramidkv", "policy=pyramidkv budget=6 obs_window=2 beta=5 capacity=10 prefill_stage=16"},
+    {"lethe", "policy=lethe capacity=12 evict_threshold=4 sparse_ratio=1.2 obs_window=2"},
+    {"simlayerkv", "policy=simlayerkv nonlazy=h2o budget=8 recent=2 capacity=10 sinks=2 window=4 lazy_last=2 lazy_threshold=0.2"},
+    {"asl", "policy=asl budget=6 obs_window=2 capacity=10 recent=2 asl_min_layer=1 prefill_stage=16"},
+    {"think", "policy=think token_policy=h2o budget=8 recent=2 capacity=10 key_channel_ratio=0.4 value_channel_ratio=0.2"},
+};
+
+std::vector<uint8_t> seed_state(const std::string &spec, uint64_t seed) {
+    kvp_model m = {2, 2, 2, 8, KVP_ROPE_NEOX, 0, 10000.0f};
+    kvp_config cfg;
+    char err[256];
+    EXPECT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    EXPECT_EQ(kvp_config_apply(&cfg, spec.c_str(), err, sizeof err), KVP_OK) << spec << ": " << err;
+    const size_t n = kvp_arena_size(&cfg);
+    std::vector<uint8_t> arena(n + 64), out;
+    void *a = arena.data() + (64 - reinterpret_cast<uintptr_t>(arena.data()) % 64) % 64;
+    kvp_cache *c = nullptr;
+    EXPECT_EQ(kvp_create(&cfg, a, n, &c), KVP_OK) << spec;
+    if (!c) return out;
+    std::vector<float> q(8 * 2 * 8), k(q.size()), v(q.size()), o(q.size());
+    int32_t idx[16];
+    kvp_selection sel;
+    sel.struct_size = sizeof sel;
+    sel.capacity = 16;
+    sel.indices = idx;
+    uint64_t s = seed;
+    auto fill = [&] {
+        for (std::vector<float> *x : {&q, &k, &v})
+            for (float &f : *x) f = float(int(splitmix(s) % 17) - 8) * 0.25f;
+    };
+    fill();
+    for (uint32_t l = 0; l < 2; ++l)
+        EXPECT_EQ(kvp_prefill(c, l, 8, nullptr, q.data(), k.data(), v.data(), o.data(), &sel), KVP_OK)
+            << spec << ": " << kvp_last_error(c);
+    for (int t = 0; t < 6; ++t) {
+        fill();
+        for (uint32_t l = 0; l < 2; ++l)
+            EXPECT_EQ(kvp_decode(c, l, q.data(), k.data(), v.data(), o.data()), KVP_OK) << spec << ": " << kvp_last_error(c);
+    }
+    out.resize(kvp_state_size(c));
+    size_t w = 0;
+    EXPECT_EQ(kvp_state_save(c, out.data(), out.size(), &w), KVP_OK);
+    kvp_destroy(c);
+    return out;
+}
+
+TEST(FuzzState, Seeds) {
+    const char *dir = getenv("KVPFUZZ_WRITE_SEEDS");
+    const char *const dtypes[] = {"f32", "f16", "q8", "q4"};
+    uint64_t seed = 1;
+    size_t most = 0;
+    for (const SeedSpec &sp : kStateSeeds) {
+        for (const char *dt : dtypes) {
+            const std::string spec = std::string(sp.spec) + " quant_group=4 max_draft=2 kv_dtype=" + dt +
+                                     (seed % 2 ? " positions=realign" : " positions=original");
+            const std::vector<uint8_t> st = seed_state(spec, seed++);
+            ASSERT_FALSE(st.empty()) << spec;
+            if (st.size() > most) most = st.size();
+            kvpfuzz::state_target(st.data(), st.size());
+            if (dir && *dir) {
+                const std::string path = std::string(dir) + "/" + sp.name + "-" + dt + ".kvps";
+                FILE *f = fopen(path.c_str(), "wb");
+                ASSERT_TRUE(f) << path;
+                ASSERT_EQ(fwrite(st.data(), 1, st.size(), f), st.size());
+                fclose(f);
+            }
+        }
+    }
+    printf("largest seed state: %zu bytes\n", most);
+}
+
+// The committed corpus (seeds and regression inputs), and word edits of each: a value +-1, 0, all
+// ones, a NaN pattern or a random word at a random body word, the checksum fixed by the target.
+TEST(FuzzState, CorpusAndMutations) {
+    const auto inputs = corpus("state");
+    uint64_t s = 13;
+    const int per = sequences(24);
+    for (const auto &b : inputs) {
+        kvpfuzz::state_target(b.data(), b.size());
+        for (int i = 0; i < per && b.size() > 64; ++i) {
+            std::vector<uint8_t> m = b;
+            const size_t at = 40 + 4 * size_t(splitmix(s) % ((m.size() - 40) / 4));
+            uint32_t x;
+            memcpy(&x, &m[at], 4);
+            static const uint32_t vals[] = {0u, 0xffffffffu, 0x7fc00000u, 0x7f800000u, 0x80000000u};
+            const int kind = int(splitmix(s) % 4);
+            x = kind == 0 ? x + 1 : kind == 1 ? x - 1 : kind == 2 ? vals[splitmix(s) % 5] : uint32_t(splitmix(s));
+            memcpy(&m[at], &x, 4);
+            kvpfuzz::state_target(m.data(), m.size());
+        }
+    }
+    EXPECT_GT(inputs.size(), 0u);
 }
 
 // Specs assembled from the key table's names with values of every kind (in and out of range,

@@ -15,7 +15,8 @@
 //! Everything here is safe to call: slice lengths are checked against the model geometry
 //! before the C library sees them, and every failure is an [`Error`] carrying the library's
 //! [`Status`] and message. A [`Cache`] owns its 64-byte aligned arena (allocated once, in
-//! [`Cache::new`]); no later call allocates on the library side.
+//! [`Cache::new`]), or lives in memory the caller lends it ([`Cache::in_memory`], borrowed for
+//! the cache's lifetime); no later call allocates on the library side.
 //!
 //! Linking: see `build.rs` (`pkg-config kvprune`, or `KVPRUNE_LIB_DIR`).
 
@@ -24,6 +25,7 @@ pub mod ffi;
 use std::alloc::{self, Layout};
 use std::ffi::{CStr, CString};
 use std::fmt;
+use std::marker::PhantomData;
 use std::os::raw::c_char;
 use std::ptr::{self, NonNull};
 
@@ -281,6 +283,15 @@ impl Config {
         check_with_buf(s, &buf)
     }
 
+    /// Bytes [`Cache::in_memory`] needs from memory of any alignment: `arena_size() + 63`
+    /// (0 if the configuration is invalid).
+    pub fn arena_size_unaligned(&self) -> usize {
+        match self.arena_size() {
+            0 => 0,
+            n => n + 63,
+        }
+    }
+
     /// Exact arena bytes a cache of this configuration needs; 0 when it is invalid.
     pub fn arena_size(&self) -> usize {
         unsafe { ffi::kvp_arena_size(&self.raw) }
@@ -518,74 +529,138 @@ impl Drop for Arena {
     }
 }
 
-/// A KV cache in its own arena. Not `Sync` (calls mutate it); may move between threads.
-pub struct Cache {
+/// A KV cache in its own arena (`Cache<'static>`, from [`Cache::new`]) or in memory the caller
+/// lends it for `'a` ([`Cache::in_memory`]). Not `Sync` (calls mutate it); may move between threads.
+pub struct Cache<'a> {
     handle: NonNull<ffi::kvp_cache>,
-    // Declared after `handle`, dropped after Drop::drop destroyed the handle.
+    // Declared after `handle`, dropped after Drop::drop destroyed the handle; None: caller memory.
     #[allow(dead_code)]
-    arena: Arena,
+    arena: Option<Arena>,
     arena_len: usize,
     model: Model,
+    config: Config,
+    // The caller's memory stays borrowed (unusable by the caller) while the cache lives.
+    _mem: PhantomData<&'a mut [u8]>,
 }
 
 // The cache is plain memory plus worker threads the library manages; one caller at a time.
-unsafe impl Send for Cache {}
+unsafe impl<'a> Send for Cache<'a> {}
 
-impl Cache {
+/// A RoPE table as (pointer, length) for `kvp_create_rope` (NULL, 0: theta's).
+fn rope_arg(inv_freq: Option<&[f64]>) -> Result<(*const f64, u32)> {
+    match inv_freq {
+        Some(t) => {
+            if t.len() > u32::MAX as usize {
+                return Err(Error::new(Status::Arg, "the RoPE table has more than 2^32-1 entries"));
+            }
+            Ok((t.as_ptr(), t.len() as u32))
+        }
+        None => Ok((ptr::null(), 0)),
+    }
+}
+
+/// `kvp_create_rope` in `n` bytes at `arena` (64-byte aligned).
+fn create_at(cfg: &Config, inv_freq: Option<&[f64]>, arena: *mut u8, n: usize) -> Result<NonNull<ffi::kvp_cache>> {
+    let (tab, nt) = rope_arg(inv_freq)?;
+    let mut h: *mut ffi::kvp_cache = ptr::null_mut();
+    let mut buf = [0u8; ERR_LEN];
+    let s = unsafe { ffi::kvp_create_rope(&cfg.raw, tab, nt, arena, n, &mut h, buf.as_mut_ptr() as *mut c_char, ERR_LEN) };
+    check_with_buf(s, &buf)?;
+    NonNull::new(h).ok_or_else(|| Error::new(Status::State, "kvp_create returned NULL"))
+}
+
+/// The arena size of a valid configuration, else its check's error.
+fn arena_bytes(cfg: &Config) -> Result<usize> {
+    let n = cfg.arena_size();
+    if n == 0 {
+        cfg.check()?;
+        return Err(Error::new(Status::Config, "invalid configuration"));
+    }
+    Ok(n)
+}
+
+impl Cache<'static> {
     /// Allocates the exact arena (`kvp_arena_size`) and creates the cache in it.
-    pub fn new(cfg: &Config) -> Result<Cache> {
+    pub fn new(cfg: &Config) -> Result<Cache<'static>> {
         Cache::with_rope_freqs(cfg, None)
     }
 
     /// `Cache::new` whose RoPE rotates pair i by `pos * inv_freq[i]` (rope_dim/2 entries, e.g. from
     /// [`rope_freqs_yarn`]; copied into the arena by `kvp_create_rope`); `None` = the model's theta.
-    pub fn with_rope_freqs(cfg: &Config, inv_freq: Option<&[f64]>) -> Result<Cache> {
-        let (tab, nt) = match inv_freq {
-            Some(t) => {
-                if t.len() > u32::MAX as usize {
-                    return Err(Error::new(Status::Arg, "the RoPE table has more than 2^32-1 entries"));
-                }
-                (t.as_ptr(), t.len() as u32)
-            }
-            None => (ptr::null(), 0),
-        };
-        let n = cfg.arena_size();
-        if n == 0 {
-            cfg.check()?;
-            return Err(Error::new(Status::Config, "invalid configuration"));
-        }
+    pub fn with_rope_freqs(cfg: &Config, inv_freq: Option<&[f64]>) -> Result<Cache<'static>> {
+        rope_arg(inv_freq)?;
+        let n = arena_bytes(cfg)?;
         let arena = Arena::new(n)?;
-        let mut h: *mut ffi::kvp_cache = ptr::null_mut();
-        let mut buf = [0u8; ERR_LEN];
-        let s = unsafe {
-            ffi::kvp_create_rope(
-                &cfg.raw,
-                tab,
-                nt,
-                arena.ptr.as_ptr(),
-                n,
-                &mut h,
-                buf.as_mut_ptr() as *mut c_char,
-                ERR_LEN,
-            )
-        };
-        check_with_buf(s, &buf)?;
-        let handle = NonNull::new(h).ok_or_else(|| Error::new(Status::State, "kvp_create returned NULL"))?;
-        Ok(Cache { handle, arena, arena_len: n, model: cfg.model() })
+        let handle = create_at(cfg, inv_freq, arena.ptr.as_ptr(), n)?;
+        Ok(Cache { handle, arena: Some(arena), arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData })
     }
 
     /// `Config::from_spec` then `Cache::new`.
-    pub fn from_spec(model: &Model, spec: &str) -> Result<Cache> {
+    pub fn from_spec(model: &Model, spec: &str) -> Result<Cache<'static>> {
         Cache::new(&Config::from_spec(model, spec)?)
+    }
+}
+
+impl<'a> Cache<'a> {
+    /// Creates the cache in caller memory (`kvp_create` with an arena the caller owns): the
+    /// `Config::arena_size()` bytes from `mem`'s first 64-byte boundary (so `mem` needs up to 63
+    /// bytes more unless it is 64-byte aligned: see [`Config::arena_size_unaligned`]). `mem` stays
+    /// borrowed while the cache lives, and the cache is destroyed (`kvp_destroy`) before the
+    /// borrow ends; the binding allocates nothing. Memory that is too short is
+    /// [`Status::Arena`] with nothing created; memory that held a cache may hold a new one once
+    /// that cache was dropped.
+    ///
+    /// ```compile_fail
+    /// # use kvprune::{Cache, Config, Model};
+    /// let cfg = Config::from_spec(&Model::new(1, 1, 1, 16), "policy=full capacity=8").unwrap();
+    /// let mut mem = vec![0u8; cfg.arena_size_unaligned()];
+    /// let cache = Cache::in_memory(&cfg, &mut mem).unwrap();
+    /// mem[0] = 1; // error: `mem` is borrowed by the cache
+    /// drop(cache);
+    /// ```
+    pub fn in_memory(cfg: &Config, mem: &'a mut [u8]) -> Result<Cache<'a>> {
+        Cache::in_memory_with_rope_freqs(cfg, None, mem)
+    }
+
+    /// [`Cache::in_memory`] with a RoPE frequency table (as [`Cache::with_rope_freqs`]).
+    pub fn in_memory_with_rope_freqs(cfg: &Config, inv_freq: Option<&[f64]>, mem: &'a mut [u8]) -> Result<Cache<'a>> {
+        rope_arg(inv_freq)?;
+        let n = arena_bytes(cfg)?;
+        let off = mem.as_ptr().align_offset(64);
+        if off > mem.len() || mem.len() - off < n {
+            return Err(Error::new(
+                Status::Arena,
+                &format!(
+                    "the memory holds {} bytes from its first 64-byte boundary; the arena needs {}                      (Config::arena_size; Config::arena_size_unaligned for memory of any alignment)",
+                    mem.len().saturating_sub(off),
+                    n
+                ),
+            ));
+        }
+        let handle = create_at(cfg, inv_freq, unsafe { mem.as_mut_ptr().add(off) }, n)?;
+        Ok(Cache { handle, arena: None, arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData })
     }
 
     pub fn model(&self) -> &Model {
         &self.model
     }
 
-    /// Bytes of the arena this cache owns.
+    /// The resolved configuration the cache was created with: the `kvp_config` passed to
+    /// `kvp_create` (every spec key applied, apply-only keys such as `compression_ratio` resolved
+    /// into their fields), read with [`Config::get`] / [`Config::raw`]. Per-layer capacities as
+    /// the library resolved them: [`Cache::layer_capacity`].
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Bytes of the arena this cache uses (owned, or in the caller's memory).
     pub fn arena_len(&self) -> usize {
         self.arena_len
+    }
+
+    /// Whether the arena is the caller's memory ([`Cache::in_memory`]) rather than the cache's own.
+    pub fn in_caller_memory(&self) -> bool {
+        self.arena.is_none()
     }
 
     /// Message of the last failed call ("" if none).
@@ -885,14 +960,14 @@ impl Cache {
     }
 }
 
-impl Drop for Cache {
+impl<'a> Drop for Cache<'a> {
     fn drop(&mut self) {
         unsafe { ffi::kvp_destroy(self.handle.as_ptr()) };
-        // `arena` is freed after this, by its own Drop.
+        // An owned `arena` is freed after this, by its own Drop; caller memory goes back to the caller.
     }
 }
 
-impl fmt::Debug for Cache {
+impl<'a> fmt::Debug for Cache<'a> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Cache").field("model", &self.model).field("arena_len", &self.arena_len).finish()
     }
