@@ -103,18 +103,16 @@ inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *mn) {
     }
 }
 
-// The 16 values of an iq4_nl / iq4_xs 4-bit index (ggml's kvalues_iq4nl: a non-linear grid).
-constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+}  // namespace
 
-// 6-bit scale s (0..15) of a q3_K super-block's 12 packed bytes, as stored (0..63; the value is s - 32):
-// low 4 bits in the low nibble of byte s (s < 8) or the high nibble of byte s - 8, bits 4..5 in bits
+const int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Low 4 bits in the low nibble of byte s (s < 8) or the high nibble of byte s - 8, bits 4..5 in bits
 // 2 (s / 4) of byte 8 + s % 4.
-inline int k3_scale(int s, const uint8_t *q) {
+int q3k_scale(int s, const uint8_t *q) {
     const int lo = s < 8 ? (q[s] & 15) : (q[s - 8] >> 4);
     return lo | ((q[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
 }
-
-}  // namespace
 
 // Compiled for AVX-512, AVX2 and the baseline (chosen at run time): the same values in every
 // variant (conversions and products of exactly representable operands, one rounding each).
@@ -236,7 +234,7 @@ bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n) {
                 const float d = fp16_to_f32(rd16(p + 108));
                 const uint8_t *hm = p, *sc = p + 96;
                 for (int s = 0; s < 16; s++) {
-                    const float ds = d * (float)(k3_scale(s, sc) - 32);
+                    const float ds = d * (float)(q3k_scale(s, sc) - 32);
                     const uint8_t *q = p + 32 + 32 * (s / 8) + 16 * (s % 2);
                     const uint8_t *h = hm + 16 * (s % 2);
                     const int shift = 2 * ((s / 2) % 4), bit = s / 2;  // high bit: bit (s / 2) of hm[16 (s % 2) + l]

@@ -47,6 +47,10 @@ bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n);
 // else false with the index of the first bad block (element for float types) in *bad.
 bool ggml_finite(uint32_t type, const void *src, uint64_t n, uint64_t *bad);
 float fp16_to_f32(uint16_t h);
+// The 16 values of an iq4_nl / iq4_xs 4-bit index (ggml's kvalues_iq4nl, a non-linear grid).
+extern const int8_t kIq4Values[16];
+// Scale s (0..15) of a q3_K super-block's 12 packed scale bytes, as stored (0..63; the value is s - 32).
+int q3k_scale(int s, const uint8_t *scales12);
 // A string from a file as shown in a one-line message: printable ASCII (others as \xNN), <= 64 bytes.
 std::string gguf_shown(const std::string &s);
 float bf16_to_f32(uint16_t h);

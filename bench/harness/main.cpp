@@ -591,14 +591,18 @@ struct TaskBar {
         const auto now = std::chrono::steady_clock::now();
         const double el = std::chrono::duration<double>(now - t0).count();
         const double eta = done ? el / (double)done * (double)(total - done) : 0;
+        // a rate below one cell per second (real models) reads as seconds per cell, not "0.0 cells/s"
+        char rate[48];
+        const double cps = el > 0 ? (double)done / el : 0.0;
+        if (cps >= 1 || done == 0) std::snprintf(rate, sizeof rate, "%.1f cells/s", cps);
+        else std::snprintf(rate, sizeof rate, "%.1f s/cell", el / (double)done);
         if (tty) {
             const int W = 30, f = total ? (int)(W * done / total) : W;
-            std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu cells, %.1f cells/s, ETA %.0fs   ", f,
-                         "##############################", W - f, "", done, total, el > 0 ? done / el : 0.0, eta);
+            std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu cells, %s, ETA %.0fs   ", f, "##############################", W - f, "", done,
+                         total, rate, eta);
             if (done == total) std::fprintf(stderr, "\n");
         } else if (done == total || std::chrono::duration<double>(now - last).count() >= every) {
-            std::fprintf(stderr, "kvprune eval: %zu/%zu cells, %.1f cells/s, ETA %.0fs\n", done, total,
-                         el > 0 ? done / el : 0.0, eta);
+            std::fprintf(stderr, "kvprune eval: %zu/%zu cells, %s, ETA %.0fs\n", done, total, rate, eta);
             last = now;
         }
         std::fflush(stderr);
@@ -606,10 +610,13 @@ struct TaskBar {
 };
 
 // How long a task grid will take, before it runs (issue 29: the default grid on a 0.5B GGUF model
-// runs for hours): a prefill of up to 64 tokens and 8 decodes of this model timed here, scaled by
-// the grid's prompt tokens (each cell's length) and decoded tokens (about 16 per cell: the answer,
-// and the question under query-agnostic), over the worker threads. Attention and scoring are left
-// out, so it is a lower-end figure for long prompts.
+// runs for hours). A prefill of up to 64 tokens and 8 decodes of this model are timed here (the
+// sessions' own thread settings), then scaled by what the cells feed: each cell prefills its prompt
+// (query-agnostic: the context, then decodes the question) and decodes the answer's tokens once
+// teacher-forced and, when greedy leaves the answer, once more. Cells run on the worker threads
+// side by side on a llama2.c (f32) model; on a GGUF model their quantized products share one pool
+// and run one at a time, so the workers do not divide the time. Attention and scoring are not
+// counted, nor other load on the machine: a rough, lower-end figure.
 std::string duration_text(double s) {
     char b[64];
     if (s < 120) std::snprintf(b, sizeof b, "%.0f s", s);
@@ -618,18 +625,36 @@ std::string duration_text(double s) {
     return b;
 }
 
-void print_task_estimate(const Checkpoint &ck, const std::vector<TaskResult> &rows, int threads, bool custom_grid) {
+void print_task_estimate(const Checkpoint &ck, const std::string &text, const std::vector<TaskResult> &rows, int threads,
+                         bool custom_grid) {
+    if (rows.empty()) return;
+    // prompt shapes per (task, length): question and answer tokens of the first sample
+    std::map<std::pair<std::string, int64_t>, std::pair<size_t, size_t>> shape;
+    const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
+    double prompt = 0, decoded = 0;
     int shortest = INT32_MAX;
-    double prompt = 0;
     for (const TaskResult &r : rows) {
+        const auto key = std::make_pair(r.task, r.length);
+        auto it = shape.find(key);
+        if (it == shape.end()) {
+            TaskPrompt p;
+            std::string e;
+            const bool ok = ck.tok ? make_task_prompt_tokens(r.task, *ck.tok, text_ids, (int)r.length, 0.0, 0, r.seed, &p, &e)
+                                   : make_task_prompt(r.task, text, (int)r.length, 0.0, 0, r.seed, &p, &e);
+            const size_t q = !ok ? 16 : p.tokens() ? p.question_ids.size() : p.question.size();
+            const size_t an = !ok ? 8 : p.tokens() ? p.answer_ids.size() : p.answer.size();
+            it = shape.emplace(key, std::make_pair(q, an)).first;
+        }
+        const bool aware = r.setting == kSettings[0];
+        const double q = (double)it->second.first, an = (double)it->second.second;
+        prompt += aware ? (double)r.length : (double)r.length - q;
+        decoded += (aware ? 0.0 : q) + 2.0 * std::max(0.0, an - 1);
         shortest = std::min(shortest, (int)r.length);
-        prompt += (double)r.length;
     }
-    const double decoded = 16.0 * (double)rows.size();
     const int P = std::max(1, std::min(64, shortest));
     Session s;
     std::string e;
-    if (rows.empty() || !s.init(ck, "policy=full capacity=" + std::to_string(P + 16), &e)) return;
+    if (!s.init(ck, "policy=full capacity=" + std::to_string(P + 16), &e)) return;
     std::vector<int32_t> toks((size_t)P);
     for (int i = 0; i < P; i++) toks[(size_t)i] = (int32_t)((7919u * (unsigned)i + 1u) % (unsigned)ck.cfg.vocab);
     std::vector<float> logits((size_t)ck.cfg.vocab);
@@ -641,12 +666,14 @@ void print_task_estimate(const Checkpoint &ck, const std::vector<TaskResult> &ro
     const auto t2 = std::chrono::steady_clock::now();
     const double tp = std::chrono::duration<double>(t1 - t0).count() / P, td = std::chrono::duration<double>(t2 - t1).count() / 8;
     const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
-    const double workers = std::max(1, std::min(threads, (int)hw));
+    const double workers = ck.qmat.empty() ? std::max(1, std::min(threads, (int)hw)) : 1;
     const double est = (prompt * tp + decoded * td) / workers;
     std::fprintf(stderr,
                  "kvprune eval: estimated %s (%.0f prompt tokens at %.2f ms/token and %.0f decoded at %.2f ms/token, timed "
-                 "here on this model, over %.0f worker%s; attention and scoring not counted)\n",
-                 duration_text(est).c_str(), prompt, tp * 1e3, decoded, td * 1e3, workers, workers == 1 ? "" : "s");
+                 "here on this model%s; attention, scoring and other load not counted)\n",
+                 duration_text(est).c_str(), prompt, tp * 1e3, decoded, td * 1e3,
+                 workers > 1 ? (", over " + std::to_string((int)workers) + " workers").c_str()
+                             : (ck.qmat.empty() ? "" : ", cells one at a time (quantized products share one pool)"));
     if (est > 1800 && !custom_grid)
         std::fprintf(stderr, "kvprune eval: this is the default grid (every policy, 3 ratios, 3 lengths, 11 depths, both settings); "
                              "for a real model see docs/harness.md \"Task grids on real models\" for a smaller one\n");
@@ -728,7 +755,7 @@ int cmd_task(const Args &a) {
     std::fprintf(stderr, "kvprune eval: %zu cells (%zu tasks x %zu policies/ratios x %zu settings x %zu lengths x %zu depths x %d samples) on %d threads\n",
                  rows.size(), g.tasks.size(), rows.size() / (g.tasks.size() * g.settings.size() * g.lengths.size() * g.depths.size() * g.samples),
                  g.settings.size(), g.lengths.size(), g.depths.size(), g.samples, g.threads);
-    print_task_estimate(ck, rows, g.threads, a.has("lengths") || a.has("depths") || a.has("policy"));
+    print_task_estimate(ck, text, rows, g.threads, a.has("lengths") || a.has("depths") || a.has("policy"));
     const auto t0 = std::chrono::steady_clock::now();
     std::string failures;
     if (!run_task_rows(ck, text, &rows, g.threads, &failures, [&bar](size_t d, size_t t) { bar(d, t); })) {}
@@ -1164,11 +1191,17 @@ int cmd_info(int argc, char **argv) {
         for (size_t i = 0; i < ck.qmat.size() && c.n_layers > 0; i++) add(ck.qmat[i], rows7[i / (size_t)c.n_layers]);
         add(ck.qemb, c.vocab);
         if (ck.qcls.data != ck.qemb.data) add(ck.qcls, c.vocab);
-        std::printf("in memory      %.1f MiB of f32 (%s, copied on load)\n", (double)ck.data.size() * 4 / 1048576.0,
+        auto size = [](double b) {
+            char t[32];
+            if (b < 1048576.0) std::snprintf(t, sizeof t, "%.1f KiB", b / 1024.0);
+            else std::snprintf(t, sizeof t, "%.1f MiB", b / 1048576.0);
+            return std::string(t);
+        };
+        std::printf("in memory      %s of f32 (%s, copied on load)\n", size((double)ck.data.size() * 4).c_str(),
                     ck.format == "gguf" ? "norms, biases and f32 matrices" : "every weight");
         for (auto &m : mapped)
-            std::printf("mapped         %s: %d matrices, %.1f MiB, read in place from the file (not dequantized)\n",
-                        m.first.c_str(), m.second.first, m.second.second / 1048576.0);
+            std::printf("mapped         %s: %d matrices, %s, read in place from the file (not dequantized)\n", m.first.c_str(),
+                        m.second.first, size(m.second.second).c_str());
     }
     if (ck.tok) {
         std::printf("tokenizer      %s%s%s, %d tokens, bos %d, eos %d, add_bos %s\n", ck.tok->model_name().c_str(),

@@ -682,12 +682,17 @@ TEST(GgufDequant, Q2KQ3KIq4QuantizedDataThroughDequantAndMatmul) {
         for (int i = 0; i < 256; i++) EXPECT_NEAR(y[(size_t)(512 + i)], 0.0f, 1e-7) << "zero super-block, element " << i;
         uint64_t bad = 1;
         EXPECT_TRUE(ggml_finite(c.type, c.bytes.data(), x.size(), &bad));
-        // matmul_q: out[t][o] = W[o] . v[t], for 1, 5 (a tile of 4 and one) and 9 rows of v, 1 and 3 threads
+        // matmul_q: out[t][o] = W[o] . v[t], for 1, 5 (a tile of 4 and one) and 9 rows of v, 1 and 3 threads,
+        // through the AVX2 kernel (where the CPU has it) and the portable one (KVPRUNE_NO_AVX2)
         QView W;
         W.type = c.type;
         W.data = reinterpret_cast<const uint8_t *>(c.bytes.data());
         W.row_bytes = c.bytes.size() / rows;
+        for (int path = 0; path < 2; path++)
         for (int n : {1, 5, 9}) {
+            SCOPED_TRACE(path ? "portable kernel" : "default kernel");
+            if (path) setenv("KVPRUNE_NO_AVX2", "1", 1);
+            else unsetenv("KVPRUNE_NO_AVX2");
             std::vector<float> v((size_t)n * cols);
             for (auto &e : v) e = u(rng);
             std::vector<float> out1((size_t)n * rows), out3((size_t)n * rows);
@@ -703,6 +708,7 @@ TEST(GgufDequant, Q2KQ3KIq4QuantizedDataThroughDequantAndMatmul) {
                     }
                     EXPECT_NEAR(out1[(size_t)t * rows + o], want, 1e-5 * mag + 1e-6) << "row " << o << " of x row " << t;
                 }
+            unsetenv("KVPRUNE_NO_AVX2");
         }
         // a non-finite scale is found
         std::string broken = c.bytes;
