@@ -423,3 +423,26 @@ TEST(Tasks, ReportFlagsAFullKvBaselineThatScoresZero) {
     rs[1].correct = 1;
     EXPECT_EQ(task_report(rs).find("Warning"), std::string::npos);
 }
+
+// The memory plot's legend (issue 29): beside each panel in an 11-point font, not 8-point below the
+// panels where it ran into the x-axis label; the canvas grows with the number of series.
+TEST(Tasks, MemoryPlotLegendIsBesideThePanelsAndReadable) {
+    std::vector<TaskResult> rs;
+    for (int i = 0; i < 30; i++) {
+        TaskResult r;
+        r.task = "passkey";
+        r.setting = kSettings[i % 2];
+        r.policy = "policy=snapkv pool_kernel=" + std::to_string(3 + 2 * (i / 2)) + " compression_ratio=0.5";
+        r.ratio = 0.5;
+        r.length = 256;
+        r.live_bytes = 1000 + (uint64_t)i;
+        rs.push_back(r);
+    }
+    int w = 0, h = 0;
+    const std::string s = task_memory_script(rs, "passkey", "", &w, &h);
+    EXPECT_NE(s.find("set key outside right top vertical"), std::string::npos) << s;
+    EXPECT_NE(s.find("font ',11'"), std::string::npos) << s;
+    EXPECT_EQ(s.find("set key below"), std::string::npos) << s;
+    EXPECT_EQ(s.find("font ',8'"), std::string::npos) << s;
+    EXPECT_GE(h, 2 * (60 + 22 * 15)) << "15 series per panel, two panels";
+}
