@@ -4,8 +4,11 @@
 // times a prefill of P tokens and D decode steps under policy=full with T threads for the
 // quantized products. Prints one line: load_s, prefill tok/s, decode tok/s, peak RSS.
 //
-//   bench_gguf [--type q8_0|q8_1|q4_0|q4_1|q5_0|q5_1|q4_K|q5_K|q6_K|f16|bf16|f32] [--threads 2] [--prefill 128] [--decode 32]
-//              [--layers 24] [--dim 896] [--file /tmp/kvh-bench-0.5b.gguf] [--keep] [--reuse]
+//   bench_gguf [--type q8_0|q8_1|q4_0|q4_1|q5_0|q5_1|q2_K|q3_K|q4_K|q5_K|q6_K|iq4_nl|iq4_xs|f16|bf16|f32] [--threads 2]
+//              [--prefill 128] [--decode 32] [--layers 24] [--dim 896] [--vocab 151936] [--file /tmp/kvh-bench-0.5b.gguf]
+//              [--keep] [--reuse]
+// --vocab 256 makes a byte-level model (no tokenizer needed) that `kvprune eval --task` accepts: the
+// 0.5B shape's cost per task cell (docs/harness.md "Task grids on real models").
 // --keep leaves the file; --reuse loads an existing file without writing it (so the peak RSS is
 // the harness's alone: the writer holds the whole file in memory while it writes).
 #include <sys/resource.h>
@@ -46,6 +49,9 @@ std::string blocks(uint32_t type, uint64_t rows, uint64_t cols) {
                         : type == kvh::GGML_Q4_0 || type == kvh::GGML_Q4_1 ? 0.01f
                         : type == kvh::GGML_Q5_0 || type == kvh::GGML_Q5_1 ? 0.005f
                         : type == kvh::GGML_Q4_K || type == kvh::GGML_Q5_K ? 0.0001f
+                        : type == kvh::GGML_Q2_K                           ? 0.0005f
+                        : type == kvh::GGML_Q3_K || type == kvh::GGML_IQ4_NL ? 0.0004f
+                        : type == kvh::GGML_IQ4_XS                         ? 0.00001f
                                                                            : 0.00003f;
     const uint16_t d = gguftest::to_f16(scale);
     // q4_1 / q5_1: a minimum that centres the values (d q + m with q in 0..15 / 0..31)
@@ -67,6 +73,11 @@ std::string blocks(uint32_t type, uint64_t rows, uint64_t cols) {
             std::memcpy(p, &h, 2);
         } else if (type == kvh::GGML_Q6_K) {
             std::memcpy(p + 208, &d, 2);
+        } else if (type == kvh::GGML_Q2_K) {  // d and dmin at the end
+            std::memcpy(p + 80, &d, 2);
+            std::memcpy(p + 82, &d, 2);
+        } else if (type == kvh::GGML_Q3_K) {
+            std::memcpy(p + 108, &d, 2);
         } else {
             std::memcpy(p, &d, 2);
             if (type == kvh::GGML_Q4_K || type == kvh::GGML_Q5_K) std::memcpy(p + 2, &d, 2);
@@ -88,7 +99,7 @@ double now() { return std::chrono::duration<double>(std::chrono::steady_clock::n
 
 int main(int argc, char **argv) {
     std::string type_name = "q8_0", file = "/tmp/kvh-bench-0.5b.gguf";
-    int threads = 2, P = 128, Dn = 32, L = 24, Dim = 896;
+    int threads = 2, P = 128, Dn = 32, L = 24, Dim = 896, Vocab = 151936;
     bool keep = false, reuse = false;
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
@@ -99,23 +110,24 @@ int main(int argc, char **argv) {
         else if (a == "--decode") Dn = std::atoi(val().c_str());
         else if (a == "--layers") L = std::atoi(val().c_str());
         else if (a == "--dim") Dim = std::atoi(val().c_str());
+        else if (a == "--vocab") Vocab = std::atoi(val().c_str());
         else if (a == "--file") file = val();
         else if (a == "--keep") keep = true;
         else if (a == "--reuse") reuse = keep = true;
         else {
-            std::fprintf(stderr, "usage: bench_gguf [--type T] [--threads N] [--prefill P] [--decode D] [--layers L] [--dim D] [--file F] [--keep] [--reuse]\n");
+            std::fprintf(stderr, "usage: bench_gguf [--type T] [--threads N] [--prefill P] [--decode D] [--layers L] [--dim D] [--vocab V] [--file F] [--keep] [--reuse]\n");
             return 2;
         }
     }
     uint32_t type = 999;
     for (uint32_t t : kvh::kGgmlSupported)
         if (kvh::ggml_type_name(t) == type_name) type = t;
-    if (type == 999 || P < 1 || Dn < 1 || L < 1 || Dim < 128 || Dim % 128 != 0) {
+    if (type == 999 || P < 1 || Dn < 1 || L < 1 || Dim < 128 || Dim % 128 != 0 || Vocab < 2) {
         std::fprintf(stderr, "bench_gguf: bad --type/--prefill/--decode/--layers\n");
         return 2;
     }
     // --dim 1024 (16 heads): K-quant blocks are 256 wide and 896 is not a multiple of 256.
-    const uint64_t D = (uint64_t)Dim, F = 4864, H = D / 64, KVH = 2, hd = 64, V = 151936;
+    const uint64_t D = (uint64_t)Dim, F = 4864, H = D / 64, KVH = 2, hd = 64, V = (uint64_t)Vocab;
     double t0 = now();
     if (!reuse) {
         gguftest::Writer w;

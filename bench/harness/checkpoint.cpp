@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -15,6 +16,27 @@ std::string fmt(const char *f, long long a) {
     char b[256];
     std::snprintf(b, sizeof b, f, a);
     return b;
+}
+
+// The first bytes of a file as a message shows them: "'hell' (68 65 6c 6c)".
+std::string first_bytes(const unsigned char *b, size_t n) {
+    std::string t, hex;
+    for (size_t i = 0; i < n; i++) {
+        char x[8];
+        std::snprintf(x, sizeof x, "%s%02x", i ? " " : "", b[i]);
+        hex += x;
+        if (b[i] >= 32 && b[i] < 127) {
+            t.push_back((char)b[i]);
+        } else {
+            std::snprintf(x, sizeof x, "\\x%02x", b[i]);
+            t += x;
+        }
+    }
+    return "'" + t + "' (" + hex + ")";
+}
+
+bool ends_with(const std::string &s, const std::string &e) {
+    return s.size() >= e.size() && s.compare(s.size() - e.size(), e.size(), e) == 0;
 }
 
 }  // namespace
@@ -51,13 +73,26 @@ bool load_checkpoint(const std::string &path, Checkpoint *out, std::string *err)
         set_live_rows(out);
         return true;
     }
+    // A file named *.gguf that lacks the magic is not a GGUF file (say so, not "truncated").
+    unsigned char head[4] = {0, 0, 0, 0};
+    std::rewind(f);
+    const size_t nhead = std::fread(head, 1, 4, f);
+    std::string lc = path;
+    for (char &ch : lc) ch = (char)std::tolower((unsigned char)ch);
+    if (ends_with(lc, ".gguf")) {
+        std::fclose(f);
+        return fail("not a GGUF file (bad magic): it starts with " + (nhead ? first_bytes(head, nhead) : std::string("nothing (empty)")) +
+                    ", a GGUF file with 'GGUF' (47 47 55 46)");
+    }
     std::rewind(f);
     out->context_length = 0;
     out->file_bytes = (uint64_t)fsize;
     int32_t h[7];
     if (fsize < (long)sizeof h || std::fread(h, sizeof h, 1, f) != 1) {
         std::fclose(f);
-        return fail(fmt("truncated: %lld bytes, smaller than the 28-byte header", fsize));
+        return fail(fmt("truncated: %lld bytes, smaller than the 28-byte header of a llama2.c checkpoint", fsize) +
+                    " (nor a GGUF file: it starts with " + (nhead ? first_bytes(head, nhead) : std::string("nothing")) +
+                    ", not 'GGUF')");
     }
     ModelConfig &c = out->cfg;
     c.dim = h[0];

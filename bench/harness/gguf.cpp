@@ -15,25 +15,28 @@ namespace kvh {
 
 // ------------------------------------------------------------------ types and dequantization
 
+namespace {
+
+// Every ggml type number, as ggml names it (ggml.h's enum ggml_type); "" for numbers it never used.
+// 4, 5 (q4_2, q4_3), 31..33 (q4_0_4_4 ...) and 36..38 (iq4_nl_4_4 ...) are retired but were written.
+const char *const kGgmlNames[] = {"f32",     "f16",     "q4_0",     "q4_1",     "q4_2",     "q4_3",     "q5_0",
+                                  "q5_1",    "q8_0",    "q8_1",     "q2_K",     "q3_K",     "q4_K",     "q5_K",
+                                  "q6_K",    "q8_K",    "iq2_xxs",  "iq2_xs",   "iq3_xxs",  "iq1_s",    "iq4_nl",
+                                  "iq3_s",   "iq2_s",   "iq4_xs",   "i8",       "i16",      "i32",      "i64",
+                                  "f64",     "iq1_m",   "bf16",     "q4_0_4_4", "q4_0_4_8", "q4_0_8_8", "tq1_0",
+                                  "tq2_0",   "iq4_nl_4_4", "iq4_nl_4_8", "iq4_nl_8_8", "mxfp4", "nvfp4", "q1_0", "q2_0"};
+
+}  // namespace
+
+bool ggml_type_known(uint32_t t) { return t < sizeof kGgmlNames / sizeof kGgmlNames[0]; }
+
 std::string ggml_type_name(uint32_t t) {
-    switch (t) {
-        case GGML_F32: return "f32";
-        case GGML_F16: return "f16";
-        case GGML_BF16: return "bf16";
-        case GGML_Q8_0: return "q8_0";
-        case GGML_Q4_0: return "q4_0";
-        case GGML_Q4_K: return "q4_K";
-        case GGML_Q6_K: return "q6_K";
-        case GGML_Q4_1: return "q4_1";
-        case GGML_Q5_0: return "q5_0";
-        case GGML_Q5_1: return "q5_1";
-        case GGML_Q8_1: return "q8_1";
-        case 10: return "q2_K";
-        case 11: return "q3_K";
-        case GGML_Q5_K: return "q5_K";
-        case 15: return "q8_K";
-        default: return "type " + std::to_string(t);
-    }
+    return ggml_type_known(t) ? kGgmlNames[t] : "unknown type " + std::to_string(t);
+}
+
+std::string ggml_type_phrase(uint32_t t) {
+    return ggml_type_known(t) ? "type " + std::string(kGgmlNames[t])
+                              : "an unknown or corrupt type number " + std::to_string(t) + " (no ggml type has it)";
 }
 
 bool ggml_block(uint32_t t, uint64_t *be, uint64_t *bb) {
@@ -49,6 +52,10 @@ bool ggml_block(uint32_t t, uint64_t *be, uint64_t *bb) {
         case GGML_Q4_K: *be = 256; *bb = 144; return true;
         case GGML_Q5_K: *be = 256; *bb = 176; return true;
         case GGML_Q6_K: *be = 256; *bb = 210; return true;
+        case GGML_Q2_K: *be = 256; *bb = 84; return true;
+        case GGML_Q3_K: *be = 256; *bb = 110; return true;
+        case GGML_IQ4_NL: *be = 32; *bb = 18; return true;
+        case GGML_IQ4_XS: *be = 256; *bb = 136; return true;
         default: return false;
     }
 }
@@ -97,6 +104,15 @@ inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *mn) {
 }
 
 }  // namespace
+
+const int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Low 4 bits in the low nibble of byte s (s < 8) or the high nibble of byte s - 8, bits 4..5 in bits
+// 2 (s / 4) of byte 8 + s % 4.
+int q3k_scale(int s, const uint8_t *q) {
+    const int lo = s < 8 ? (q[s] & 15) : (q[s - 8] >> 4);
+    return lo | ((q[8 + s % 4] >> (2 * (s / 4))) & 3) << 4;
+}
 
 // Compiled for AVX-512, AVX2 and the baseline (chosen at run time): the same values in every
 // variant (conversions and products of exactly representable operands, one rounding each).
@@ -200,6 +216,58 @@ bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n) {
                 }
             }
             return true;
+        case GGML_Q2_K:  // 16 bytes of scales (low nibble scale, high nibble min, per 16 elements), 64 bytes of
+                         // 2-bit quants, f16 d, f16 dmin; value d sc q - dmin m
+            for (uint64_t b = 0; b < n / 256; b++, p += 84, dst += 256) {
+                const float d = fp16_to_f32(rd16(p + 80)), dmin = fp16_to_f32(rd16(p + 82));
+                for (int s = 0; s < 16; s++) {  // sub-block s: bytes 32 (s / 8) + 16 (s % 2) .. + 15, bits 2 ((s / 2) % 4)
+                    const float ds = d * (float)(p[s] & 15), ms = dmin * (float)(p[s] >> 4);
+                    const uint8_t *q = p + 16 + 32 * (s / 8) + 16 * (s % 2);
+                    const int shift = 2 * ((s / 2) % 4);
+                    for (int l = 0; l < 16; l++) dst[16 * s + l] = ds * (float)((q[l] >> shift) & 3) - ms;
+                }
+            }
+            return true;
+        case GGML_Q3_K:  // 32 bytes of high bits, 64 bytes of 2-bit quants, 12 bytes of 6-bit scales, f16 d;
+                         // value d (sc - 32) (q - 4 when the high bit is clear, else q)
+            for (uint64_t b = 0; b < n / 256; b++, p += 110, dst += 256) {
+                const float d = fp16_to_f32(rd16(p + 108));
+                const uint8_t *hm = p, *sc = p + 96;
+                for (int s = 0; s < 16; s++) {
+                    const float ds = d * (float)(q3k_scale(s, sc) - 32);
+                    const uint8_t *q = p + 32 + 32 * (s / 8) + 16 * (s % 2);
+                    const uint8_t *h = hm + 16 * (s % 2);
+                    const int shift = 2 * ((s / 2) % 4), bit = s / 2;  // high bit: bit (s / 2) of hm[16 (s % 2) + l]
+                    for (int l = 0; l < 16; l++)
+                        dst[16 * s + l] = ds * (float)(((q[l] >> shift) & 3) - (((h[l] >> bit) & 1) ? 0 : 4));
+                }
+            }
+            return true;
+        case GGML_IQ4_NL:  // f16 d, 16 bytes of 4-bit indices (q4_0's order); value d kIq4Values[i]
+            for (uint64_t b = 0; b < n / 32; b++, p += 18, dst += 32) {
+                const float d = fp16_to_f32(rd16(p));
+                for (int i = 0; i < 16; i++) {
+                    dst[i] = d * (float)kIq4Values[p[2 + i] & 15];
+                    dst[i + 16] = d * (float)kIq4Values[p[2 + i] >> 4];
+                }
+            }
+            return true;
+        case GGML_IQ4_XS:  // f16 d, u16 scale high bits, 4 bytes of scale low nibbles, 128 bytes of indices
+                           // (8 sub-blocks of 32 in iq4_nl's order); value d (sc - 32) kIq4Values[i]
+            for (uint64_t b = 0; b < n / 256; b++, p += 136, dst += 256) {
+                const float d = fp16_to_f32(rd16(p));
+                const uint16_t sh = rd16(p + 2);
+                for (int s = 0; s < 8; s++) {
+                    const int sc = ((p[4 + s / 2] >> (4 * (s % 2))) & 15) | ((sh >> (2 * s)) & 3) << 4;
+                    const float ds = d * (float)(sc - 32);
+                    const uint8_t *q = p + 8 + 16 * s;
+                    for (int i = 0; i < 16; i++) {
+                        dst[32 * s + i] = ds * (float)kIq4Values[q[i] & 15];
+                        dst[32 * s + i + 16] = ds * (float)kIq4Values[q[i] >> 4];
+                    }
+                }
+            }
+            return true;
         case GGML_Q6_K:
             for (uint64_t b = 0; b < n / 256; b++, p += 210, dst += 256) {
                 const uint8_t *ql = p, *qh = p + 128;
@@ -275,6 +343,22 @@ bool ggml_finite(uint32_t type, const void *src, uint64_t n, uint64_t *bad) {
         case GGML_Q6_K:
             for (uint64_t b = 0; b < n / 256; b++)
                 if (!h(b * 210 + 208)) return *bad = b, false;
+            return true;
+        case GGML_Q2_K:  // d and dmin at the end
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * 84 + 80) || !h(b * 84 + 82)) return *bad = b, false;
+            return true;
+        case GGML_Q3_K:
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * 110 + 108)) return *bad = b, false;
+            return true;
+        case GGML_IQ4_NL:
+            for (uint64_t b = 0; b < n / 32; b++)
+                if (!h(b * 18)) return *bad = b, false;
+            return true;
+        case GGML_IQ4_XS:
+            for (uint64_t b = 0; b < n / 256; b++)
+                if (!h(b * 136)) return *bad = b, false;
             return true;
         default: return *bad = 0, false;
     }
@@ -427,7 +511,11 @@ bool GgufFile::parse(const uint8_t *data, size_t size, const std::string &name, 
         return false;
     };
     Cursor c{data, size, 0, std::string()};
-    if (size < 4 || std::memcmp(data, "GGUF", 4) != 0) return fail("not a GGUF file (no 'GGUF' magic)");
+    if (size < 4 || std::memcmp(data, "GGUF", 4) != 0) {
+        std::string found;
+        for (size_t i = 0; i < size && i < 4; i++) found += (char)data[i];
+        return fail("not a GGUF file (bad magic): it starts with '" + shown(found) + "', a GGUF file with 'GGUF'");
+    }
     c.pos = 4;
     uint64_t n_tensors = 0, n_kv = 0;
     if (!c.u32(&version_, "the version") || !c.u64(&n_tensors, "the tensor count") || !c.u64(&n_kv, "the metadata count"))

@@ -23,14 +23,21 @@ enum GgufValueType : uint32_t {
 // ggml tensor types the harness dequantizes (numbers as in the GGUF format).
 enum GgmlType : uint32_t {
     GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
-    GGML_Q8_1 = 9, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30
+    GGML_Q8_1 = 9, GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_IQ4_NL = 20,
+    GGML_IQ4_XS = 23, GGML_BF16 = 30
 };
 // Every type above, in the order `kvprune info` and the error messages list them.
 constexpr uint32_t kGgmlSupported[] = {GGML_F32, GGML_F16, GGML_BF16, GGML_Q8_0, GGML_Q8_1, GGML_Q4_0, GGML_Q4_1,
-                                       GGML_Q5_0, GGML_Q5_1, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K};
+                                       GGML_Q5_0, GGML_Q5_1, GGML_Q2_K, GGML_Q3_K, GGML_Q4_K, GGML_Q5_K, GGML_Q6_K,
+                                       GGML_IQ4_NL, GGML_IQ4_XS};
 
-// Name of a ggml type number ("q4_K", "type 23" when unknown).
+// Name of a ggml type number as ggml spells it ("q4_K", "iq3_xxs"; the retired numbers 4, 5, 31..33
+// and 36..38 too); "unknown type N" for a number ggml never used (a corrupt file, or a newer format).
 std::string ggml_type_name(uint32_t t);
+// True when t is a type number ggml has defined (supported here or not).
+bool ggml_type_known(uint32_t t);
+// "type q3_K" / "an unknown or corrupt type number 16777216", for messages.
+std::string ggml_type_phrase(uint32_t t);
 // Elements per block and bytes per block of a supported type; false for others.
 bool ggml_block(uint32_t t, uint64_t *block_elems, uint64_t *block_bytes);
 // Dequantizes n elements (a multiple of the type's block) from src to dst; false for an
@@ -40,6 +47,10 @@ bool dequantize(uint32_t type, const void *src, float *dst, uint64_t n);
 // else false with the index of the first bad block (element for float types) in *bad.
 bool ggml_finite(uint32_t type, const void *src, uint64_t n, uint64_t *bad);
 float fp16_to_f32(uint16_t h);
+// The 16 values of an iq4_nl / iq4_xs 4-bit index (ggml's kvalues_iq4nl, a non-linear grid).
+extern const int8_t kIq4Values[16];
+// Scale s (0..15) of a q3_K super-block's 12 packed scale bytes, as stored (0..63; the value is s - 32).
+int q3k_scale(int s, const uint8_t *scales12);
 // A string from a file as shown in a one-line message: printable ASCII (others as \xNN), <= 64 bytes.
 std::string gguf_shown(const std::string &s);
 float bf16_to_f32(uint16_t h);

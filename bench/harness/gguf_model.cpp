@@ -12,7 +12,7 @@ namespace kvh {
 namespace {
 
 const char *kSupportedArch = "llama, qwen2, qwen3";
-const char *kSupportedTypes = "f32, f16, bf16, q8_0, q8_1, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K";
+const char *kSupportedTypes = "f32, f16, bf16, q8_0, q8_1, q4_0, q4_1, q5_0, q5_1, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs";
 
 }  // namespace
 
@@ -142,7 +142,7 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
                 return fail("rope_freqs.weight together with rope.scaling.type " + scaling + " is not supported (one of them)");
             if (rf->type != GGML_F32 || rf->n_elems() != pairs)
                 return fail("tensor rope_freqs.weight must be f32 with rope.dimension_count/2 = " + std::to_string(pairs) +
-                            " elements (it has " + std::to_string(rf->n_elems()) + ", type " + ggml_type_name(rf->type) + ")");
+                            " elements (it has " + std::to_string(rf->n_elems()) + ", " + ggml_type_phrase(rf->type) + ")");
             std::vector<float> div(pairs);
             std::memcpy(div.data(), rf->data, pairs * sizeof(float));
             c.rope_freqs.resize(pairs);
@@ -207,7 +207,7 @@ bool load_gguf(const std::string &path, Checkpoint *out, std::string *err) {
             return fail("tensor " + w.name + " has shape [" + std::to_string(t.ne[0]) + ", " + std::to_string(t.ne[1]) +
                         (t.n_dims > 2 ? ", ..." : "") + "], expected [" + std::to_string(w.ne0) + ", " + std::to_string(w.ne1) + "]");
         if (!t.data)
-            return fail("tensor " + w.name + " has type " + ggml_type_name(t.type) + ", not supported (supported: " +
+            return fail("tensor " + w.name + " has " + ggml_type_phrase(t.type) + ", not supported (supported: " +
                         kSupportedTypes + ")");
         out->weight_types[ggml_type_name(t.type)]++;
     }

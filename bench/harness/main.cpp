@@ -29,6 +29,7 @@
 
 #include "checkpoint.h"
 #include "eval.h"
+#include "gguf.h"
 #include "plot.h"
 #include "session.h"
 #include "spec.h"
@@ -141,13 +142,14 @@ const char *kUsageTask =
     "    answered bytes, right or wrong, live KV); --json/--csv write one row per cell.\n";
 const char *kUsagePlot =
     "kvprune plot --in results.json --out FILE|- [--format png|svg] [--x auto|bytes|n]\n"
-    "             [--kind heatmap|memory] [--task T] [--setting S]   (task results)\n"
+    "             [--kind heatmap|memory] [--task T] [--setting query-aware|query-agnostic|both]   (task results)\n"
     "    NLL against live KV bytes (or against N for a long-context file: --x auto), one series per\n"
     "    policy family; the title names the model, N and P. FILE.svg writes SVG, otherwise PNG;\n"
     "    --out - writes to stdout (not a PNG to a terminal). Needs gnuplot.\n"
     "    Task results (kvprune eval --task): --kind heatmap (default) draws the needle heatmap, a panel per\n"
     "    policy and ratio (length x depth, colour = accuracy) for --task (default: the first row's) and\n"
-    "    --setting; --kind memory draws accuracy against mean live KV bytes, a line per policy.\n";
+    "    --setting (default: the first row's; both: a panel per setting too); --kind memory draws accuracy\n"
+    "    against mean live KV bytes, a line per policy, a panel per setting (both, the default, or --setting).\n";
 const char *kUsageKeys =
     "kvprune keys [--policy NAME] [--markdown]\n"
     "    Every configuration key from the library's own table (kvp_config_key): type, default,\n"
@@ -591,19 +593,94 @@ struct TaskBar {
         const auto now = std::chrono::steady_clock::now();
         const double el = std::chrono::duration<double>(now - t0).count();
         const double eta = done ? el / (double)done * (double)(total - done) : 0;
+        // a rate below one cell per second (real models) reads as seconds per cell, not "0.0 cells/s"
+        char rate[48];
+        const double cps = el > 0 ? (double)done / el : 0.0;
+        if (cps >= 1 || done == 0) std::snprintf(rate, sizeof rate, "%.1f cells/s", cps);
+        else std::snprintf(rate, sizeof rate, "%.1f s/cell", el / (double)done);
         if (tty) {
             const int W = 30, f = total ? (int)(W * done / total) : W;
-            std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu cells, %.1f cells/s, ETA %.0fs   ", f,
-                         "##############################", W - f, "", done, total, el > 0 ? done / el : 0.0, eta);
+            std::fprintf(stderr, "\r[%.*s%*s] %zu/%zu cells, %s, ETA %.0fs   ", f, "##############################", W - f, "", done,
+                         total, rate, eta);
             if (done == total) std::fprintf(stderr, "\n");
         } else if (done == total || std::chrono::duration<double>(now - last).count() >= every) {
-            std::fprintf(stderr, "kvprune eval: %zu/%zu cells, %.1f cells/s, ETA %.0fs\n", done, total,
-                         el > 0 ? done / el : 0.0, eta);
+            std::fprintf(stderr, "kvprune eval: %zu/%zu cells, %s, ETA %.0fs\n", done, total, rate, eta);
             last = now;
         }
         std::fflush(stderr);
     }
 };
+
+// How long a task grid will take, before it runs (issue 29: the default grid on a 0.5B GGUF model
+// runs for hours). A prefill of up to 64 tokens and 8 decodes of this model are timed here (the
+// sessions' own thread settings), then scaled by what the cells feed: each cell prefills its prompt
+// (query-agnostic: the context, then decodes the question) and decodes the answer's tokens once
+// teacher-forced and, when greedy leaves the answer, once more. Cells run on the worker threads
+// side by side on a llama2.c (f32) model; on a GGUF model their quantized products share one pool
+// and run one at a time, so the workers do not divide the time. Attention and scoring are not
+// counted, nor other load on the machine: a rough, lower-end figure.
+std::string duration_text(double s) {
+    char b[64];
+    if (s < 120) std::snprintf(b, sizeof b, "%.0f s", s);
+    else if (s < 7200) std::snprintf(b, sizeof b, "%.0f min", s / 60);
+    else std::snprintf(b, sizeof b, "%.1f h", s / 3600);
+    return b;
+}
+
+void print_task_estimate(const Checkpoint &ck, const std::string &text, const std::vector<TaskResult> &rows, int threads,
+                         bool custom_grid) {
+    if (rows.empty()) return;
+    // prompt shapes per (task, length): question and answer tokens of the first sample
+    std::map<std::pair<std::string, int64_t>, std::pair<size_t, size_t>> shape;
+    const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
+    double prompt = 0, decoded = 0;
+    int shortest = INT32_MAX;
+    for (const TaskResult &r : rows) {
+        const auto key = std::make_pair(r.task, r.length);
+        auto it = shape.find(key);
+        if (it == shape.end()) {
+            TaskPrompt p;
+            std::string e;
+            const bool ok = ck.tok ? make_task_prompt_tokens(r.task, *ck.tok, text_ids, (int)r.length, 0.0, 0, r.seed, &p, &e)
+                                   : make_task_prompt(r.task, text, (int)r.length, 0.0, 0, r.seed, &p, &e);
+            const size_t q = !ok ? 16 : p.tokens() ? p.question_ids.size() : p.question.size();
+            const size_t an = !ok ? 8 : p.tokens() ? p.answer_ids.size() : p.answer.size();
+            it = shape.emplace(key, std::make_pair(q, an)).first;
+        }
+        const bool aware = r.setting == kSettings[0];
+        const double q = (double)it->second.first, an = (double)it->second.second;
+        prompt += aware ? (double)r.length : (double)r.length - q;
+        decoded += (aware ? 0.0 : q) + 2.0 * std::max(0.0, an - 1);
+        shortest = std::min(shortest, (int)r.length);
+    }
+    const int P = std::max(1, std::min(64, shortest));
+    Session s;
+    std::string e;
+    if (!s.init(ck, "policy=full capacity=" + std::to_string(P + 16), &e)) return;
+    std::vector<int32_t> toks((size_t)P);
+    for (int i = 0; i < P; i++) toks[(size_t)i] = (int32_t)((7919u * (unsigned)i + 1u) % (unsigned)ck.cfg.vocab);
+    std::vector<float> logits((size_t)ck.cfg.vocab);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!s.prefill(toks.data(), P, logits.data(), false, &e)) return;
+    const auto t1 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 8; i++)
+        if (!s.decode(toks[(size_t)i % toks.size()], logits.data(), &e)) return;
+    const auto t2 = std::chrono::steady_clock::now();
+    const double tp = std::chrono::duration<double>(t1 - t0).count() / P, td = std::chrono::duration<double>(t2 - t1).count() / 8;
+    const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    const double workers = ck.qmat.empty() ? std::max(1, std::min(threads, (int)hw)) : 1;
+    const double est = (prompt * tp + decoded * td) / workers;
+    std::fprintf(stderr,
+                 "kvprune eval: estimated %s (%.0f prompt tokens at %.2f ms/token and %.0f decoded at %.2f ms/token, timed "
+                 "here on this model%s; attention, scoring and other load not counted)\n",
+                 duration_text(est).c_str(), prompt, tp * 1e3, decoded, td * 1e3,
+                 workers > 1 ? (", over " + std::to_string((int)workers) + " workers").c_str()
+                             : (ck.qmat.empty() ? "" : ", cells one at a time (quantized products share one pool)"));
+    if (est > 1800 && !custom_grid)
+        std::fprintf(stderr, "kvprune eval: this is the default grid (every policy, 3 ratios, 3 lengths, 11 depths, both settings); "
+                             "for a real model see docs/harness.md \"Task grids on real models\" for a smaller one\n");
+    std::fflush(stderr);
+}
 
 int finish_task(const Args &a, const std::vector<TaskResult> &rows, const std::string &failures) {
     return finish_outputs(a, tasks_to_json(rows), tasks_to_csv(rows), failures);
@@ -666,13 +743,8 @@ int cmd_task(const Args &a) {
     if (!load_checkpoint(a.get("model", bundled(kDefaultTaskModel)), &ck, &err)) return error("eval", err);
     std::string text;
     if (!read_text_file(a.get("text", bundled(kDefaultText)), &text, &err)) return error("eval", err);
-    g.specs = a.all("policy");
-    if (g.specs.empty()) {
-        int longest = 0;
-        for (int L : g.lengths) longest = std::max(longest, L);
-        g.specs = {"policy=full capacity=" + std::to_string(longest + 64)};  // the answer's tokens too
-        for (const std::string &s : default_task_specs()) g.specs.push_back(s);
-    }
+    // The full-KV baseline runs with any --policy list (issue 29); the defaults are every policy.
+    g.specs = task_specs_with_baseline(ck, a.has("policy") ? a.all("policy") : default_task_specs(), g.lengths);
     g.model_name = display_name(a, "model", kDefaultTaskModel);
     g.text_name = display_name(a, "text", kDefaultText);
     std::vector<TaskResult> rows;
@@ -685,6 +757,7 @@ int cmd_task(const Args &a) {
     std::fprintf(stderr, "kvprune eval: %zu cells (%zu tasks x %zu policies/ratios x %zu settings x %zu lengths x %zu depths x %d samples) on %d threads\n",
                  rows.size(), g.tasks.size(), rows.size() / (g.tasks.size() * g.settings.size() * g.lengths.size() * g.depths.size() * g.samples),
                  g.settings.size(), g.lengths.size(), g.depths.size(), g.samples, g.threads);
+    print_task_estimate(ck, text, rows, g.threads, a.has("lengths") || a.has("depths") || a.has("policy"));
     const auto t0 = std::chrono::steady_clock::now();
     std::string failures;
     if (!run_task_rows(ck, text, &rows, g.threads, &failures, [&bar](size_t d, size_t t) { bar(d, t); })) {}
@@ -932,10 +1005,17 @@ int cmd_plot(int argc, char **argv) {
     if (is_task) {  // task rows (kvprune eval --task) have their own plots
         const std::string kind = a.get("kind", "heatmap");
         if (kind != "heatmap" && kind != "memory") return usage_error("plot", "--kind must be heatmap or memory", kUsagePlot);
-        const std::string task = a.get("task", ts[0].task), setting = a.get("setting", ts[0].setting);
+        const std::string task = a.get("task", ts[0].task);
+        // --setting as eval takes it: one setting or both (the heatmap's default: the first row's; the
+        // memory plot's: every setting, a panel each)
+        const std::string setting = a.get("setting", kind == "memory" ? "both" : ts[0].setting);
+        if (setting != kSettings[0] && setting != kSettings[1] && setting != "both")
+            return usage_error("plot", "--setting must be query-aware, query-agnostic or both", kUsagePlot);
+        if (kind == "memory" && setting != "both")
+            ts.erase(std::remove_if(ts.begin(), ts.end(), [&](const TaskResult &t) { return t.setting != setting; }), ts.end());
         size_t n = 0;
-        for (const TaskResult &t : ts) n += t.task == task && (kind == "memory" || t.setting == setting);
-        if (!n) return error("plot", "no rows for task '" + task + "'" + (kind == "heatmap" ? " and setting '" + setting + "'" : ""));
+        for (const TaskResult &t : ts) n += t.task == task && (setting == "both" || t.setting == setting);
+        if (!n) return error("plot", "no rows for task '" + task + "'" + (setting != "both" ? " and setting '" + setting + "'" : ""));
         int w = 0, h = 0;
         auto make = [&](const std::string &file) {
             return kind == "heatmap" ? task_heatmap_script(ts, task, setting, file, &w, &h)
@@ -1097,7 +1177,34 @@ int cmd_info(int argc, char **argv) {
     std::string types;
     for (auto &t : ck.weight_types) types += (types.empty() ? "" : ", ") + t.first + " x" + std::to_string(t.second);
     std::printf("weight types   %s\n", ck.format == "gguf" ? types.c_str() : "f32 (llama2.c)");
-    std::printf("in memory      %.1f MiB of f32 weights (dequantized on load)\n", (double)ck.data.size() * 4 / 1048576.0);
+    // What happens to the weights (docs/harness.md "GGUF models"): matrices of a type other than f32
+    // stay in the memory-mapped file and are read in place by the quantized products; norms, biases
+    // and f32 matrices are copied into memory as f32.
+    {
+        std::map<std::string, std::pair<int, double>> mapped;  // type -> matrices, bytes
+        const int64_t D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), F = c.hidden_dim;
+        const int64_t rows7[7] = {Q, KV, KV, D, F, D, F};
+        auto add = [&](const QView &v, int64_t r) {
+            if (!v) return;
+            auto &e = mapped[ggml_type_name(v.type)];
+            e.first++;
+            e.second += (double)v.row_bytes * (double)r;
+        };
+        for (size_t i = 0; i < ck.qmat.size() && c.n_layers > 0; i++) add(ck.qmat[i], rows7[i / (size_t)c.n_layers]);
+        add(ck.qemb, c.vocab);
+        if (ck.qcls.data != ck.qemb.data) add(ck.qcls, c.vocab);
+        auto size = [](double b) {
+            char t[32];
+            if (b < 1048576.0) std::snprintf(t, sizeof t, "%.1f KiB", b / 1024.0);
+            else std::snprintf(t, sizeof t, "%.1f MiB", b / 1048576.0);
+            return std::string(t);
+        };
+        std::printf("in memory      %s of f32 (%s, copied on load)\n", size((double)ck.data.size() * 4).c_str(),
+                    ck.format == "gguf" ? "norms, biases and f32 matrices" : "every weight");
+        for (auto &m : mapped)
+            std::printf("mapped         %s: %d matrices, %s, read in place from the file (not dequantized)\n", m.first.c_str(),
+                        m.second.first, size(m.second.second).c_str());
+    }
     if (ck.tok) {
         std::printf("tokenizer      %s%s%s, %d tokens, bos %d, eos %d, add_bos %s\n", ck.tok->model_name().c_str(),
                     ck.tok->kind() == Tokenizer::kBpe ? ", pre " : "", ck.tok->kind() == Tokenizer::kBpe ? ck.tok->pre().c_str() : "",

@@ -382,7 +382,9 @@ std::string gnuplot_script(const std::vector<EvalResult> &rs, const std::string 
         s += "set logscale x 2\nset format x '%.0b %BB'\n";
     }
     s += "set ylabel 'mean NLL (nats/token)'\n";
-    s += "set grid\nset key below noenhanced\n";
+    // The legend beside the plot in a readable font (below it, it ran into the x-axis label).
+    s += "set grid\nset key outside right top vertical Left reverse noenhanced font ',11' spacing 1.15 samplen 3\n"
+         "set tics font ',11'\nset xlabel font ',12'\nset ylabel font ',12'\n";
     for (size_t i = 0; i < order.size(); i++) {
         auto pts = series[order[i]];
         std::stable_sort(pts.begin(), pts.end(), [by_n](const EvalResult *a, const EvalResult *c) {
@@ -509,7 +511,7 @@ bool render_plot(const std::function<std::string(const std::string &)> &make_scr
 bool plot_results(const std::vector<EvalResult> &rs, const std::string &out_path, const PlotOptions &o,
                   std::string *err) {
     if (rs.empty()) return *err = "no results to plot", false;
-    return render_plot([&](const std::string &file) { return gnuplot_script(rs, file, o); }, out_path, o.format, 1000, 700,
+    return render_plot([&](const std::string &file) { return gnuplot_script(rs, file, o); }, out_path, o.format, 1400, 720,
                        err);
 }
 

@@ -206,7 +206,8 @@ __attribute__((target("avx2,fma,f16c"))) void q8_rows_avx2(float *out, const flo
 }
 #undef KVH_ROW
 
-// q4_K / q5_K / q6_K / q4_1 / q5_0 / q5_1 / q8_1 / f16 / bf16 rows, AVX2 + FMA: each 32-element
+// q4_K / q5_K / q6_K / q4_1 / q5_0 / q5_1 / q8_1 / f16 / bf16 (and q2_K / q3_K / iq4_nl / iq4_xs, issue 29,
+// whose weights equal dequantize()'s bit for bit) rows, AVX2 + FMA: each 32-element
 // sub-block is decoded into 4 vectors of its dequantized weights (d sc q - dmin m for q4_K / q5_K and
 // d q + m for q4_1 / q5_1 as one fma, so within an ulp of dequantize(); d sc (q - 32) for q6_K,
 // d (q - 16) for q5_0), then acc += w . x with one fma per vector, in the same order for every row.
@@ -257,6 +258,64 @@ __attribute__((target("avx2,fma,f16c"))) inline void kblock_w(const uint8_t *row
         } else {
             const __m256 m = _mm256_set1_ps(f16[p[2] | (p[3] << 8)]);
             for (int k = 0; k < 4; k++) w[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[k])), m);
+        }
+        return;
+    }
+    if (T == GGML_IQ4_NL) {  // f16 d, 16 bytes of indices (q4_0's order): d grid[index], the grid by a byte shuffle
+        const uint8_t *p = row + 18 * (size_t)j;
+        const __m128i grid = _mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4Values));
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(p + 2)), m15 = _mm_set1_epi8(15);
+        const __m128i lo = _mm_shuffle_epi8(grid, _mm_and_si128(raw, m15));
+        const __m128i hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(raw, 4), m15));
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        const __m256 d = _mm256_set1_ps(f16[p[0] | (p[1] << 8)]);
+        for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+        return;
+    }
+    if (T == GGML_IQ4_XS) {  // sub-block s of a 136-byte super-block: d (scale - 32) grid[index]
+        const uint8_t *blk = row + 136 * (size_t)(j / 8);
+        const int s = j % 8;
+        const int sh = blk[2] | (blk[3] << 8);
+        const int sc = ((blk[4 + s / 2] >> (4 * (s % 2))) & 15) | ((sh >> (2 * s)) & 3) << 4;
+        const __m256 ds = _mm256_set1_ps(f16[blk[0] | (blk[1] << 8)] * (float)(sc - 32));
+        const __m128i grid = _mm_loadu_si128(reinterpret_cast<const __m128i *>(kIq4Values));
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i *>(blk + 8 + 16 * s)), m15 = _mm_set1_epi8(15);
+        const __m128i lo = _mm_shuffle_epi8(grid, _mm_and_si128(raw, m15));
+        const __m128i hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(raw, 4), m15));
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int k = 0; k < 4; k++) w[k] = _mm256_mul_ps(ds, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+        return;
+    }
+    if (T == GGML_Q2_K || T == GGML_Q3_K) {
+        // 32 elements = two 16-element scale groups (2 s, 2 s + 1) of super-block j / 8: their 2-bit
+        // quants are the 32 bytes at 32 (s / 4) of the quant bytes, bits 2 (s % 4); q3_K's high bits
+        // are bit s of the 32 hmask bytes (clear: q - 4). q2_K: d sc q - dmin m; q3_K: d (sc - 32) q,
+        // each as dequantize() computes it (a product and a difference, no fma).
+        const int s = j % 8;
+        const uint8_t *blk = row + (size_t)(T == GGML_Q2_K ? 84 : 110) * (j / 8);
+        const uint8_t *qs = blk + (T == GGML_Q2_K ? 16 : 32) + 32 * (s / 4);
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(qs));
+        __m256i q = _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * (s % 4))), _mm256_set1_epi8(3));
+        float ds[2], ms[2] = {0, 0};
+        if (T == GGML_Q2_K) {
+            const float d = f16[blk[80] | (blk[81] << 8)], dmin = f16[blk[82] | (blk[83] << 8)];
+            for (int h = 0; h < 2; h++) {
+                ds[h] = d * (float)(blk[2 * s + h] & 15);
+                ms[h] = dmin * (float)(blk[2 * s + h] >> 4);
+            }
+        } else {
+            const float d = f16[blk[108] | (blk[109] << 8)];
+            for (int h = 0; h < 2; h++) ds[h] = d * (float)(q3k_scale(2 * s + h, blk + 96) - 32);
+            const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(blk));
+            const __m256i bit = _mm256_set1_epi8((char)(1 << s));
+            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit);
+            q = _mm256_sub_epi8(q, _mm256_andnot_si256(set, _mm256_set1_epi8(4)));
+        }
+        const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+        const __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+        for (int k = 0; k < 4; k++) {
+            const __m256 v = _mm256_mul_ps(_mm256_set1_ps(ds[k / 2]), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[k])));
+            w[k] = T == GGML_Q2_K ? _mm256_sub_ps(v, _mm256_set1_ps(ms[k / 2])) : v;
         }
         return;
     }
@@ -375,6 +434,17 @@ void rows(float *out, const float *x, const QView &W, int n, int in_dim, int out
         if (W.type == GGML_Q4_1) k_rows_avx2<GGML_Q4_1>(out, x, W, n, in_dim, out_dim, o0, o1);
         else if (W.type == GGML_Q5_1) k_rows_avx2<GGML_Q5_1>(out, x, W, n, in_dim, out_dim, o0, o1);
         else k_rows_avx2<GGML_Q8_1>(out, x, W, n, in_dim, out_dim, o0, o1);
+        return;
+    }
+    if ((W.type == GGML_Q2_K || W.type == GGML_Q3_K || W.type == GGML_IQ4_XS) && in_dim % 256 == 0 && have_avx2() &&
+        !std::getenv("KVPRUNE_NO_AVX2")) {
+        if (W.type == GGML_Q2_K) k_rows_avx2<GGML_Q2_K>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else if (W.type == GGML_Q3_K) k_rows_avx2<GGML_Q3_K>(out, x, W, n, in_dim, out_dim, o0, o1);
+        else k_rows_avx2<GGML_IQ4_XS>(out, x, W, n, in_dim, out_dim, o0, o1);
+        return;
+    }
+    if (W.type == GGML_IQ4_NL && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {
+        k_rows_avx2<GGML_IQ4_NL>(out, x, W, n, in_dim, out_dim, o0, o1);
         return;
     }
     if ((W.type == GGML_F16 || W.type == GGML_BF16) && in_dim % 32 == 0 && have_avx2() && !std::getenv("KVPRUNE_NO_AVX2")) {

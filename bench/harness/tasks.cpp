@@ -504,10 +504,31 @@ bool has_key(const std::string &spec, const std::string &key) {
 std::string with_ratio(const std::string &spec, double r) { return spec + " compression_ratio=" + ratio_text(r); }
 
 // Whether a spec's policy takes a compression ratio (all but full).
+// The keys compression_ratio sets under a spec's policy (kvprune.h's table; policy=think: those of
+// its token policy, where resolve_task_spec sends the ratio).
+std::vector<std::string> ratio_size_keys(const kvp_config &c) {
+    const kvp_policy p = c.policy == KVP_POLICY_THINK ? c.token_policy : c.policy;
+    switch (p) {
+        case KVP_POLICY_FULL: return {};
+        case KVP_POLICY_WINDOW:
+        case KVP_POLICY_STREAMING: return {"window"};
+        case KVP_POLICY_LETHE: return {"capacity"};
+        case KVP_POLICY_SIMLAYERKV:
+            if (c.nonlazy == KVP_POLICY_FULL) return {"window"};
+            return {"window", "budget"};
+        default: return {"budget"};
+    }
+}
+
+// A spec takes the grid's ratios unless its policy keeps everything (full) or it gives the size a
+// ratio would set (window=64, budget=128, ...): such a spec runs once, as given (issue 29).
 bool takes_ratio(const Checkpoint &ck, const std::string &spec, std::string *err) {
     kvp_config c;
     if (!parse_policy(ck.cfg, spec, &c, err)) return false;
-    return c.policy != KVP_POLICY_FULL;
+    if (c.policy == KVP_POLICY_FULL || (c.policy == KVP_POLICY_THINK && c.token_policy == KVP_POLICY_FULL)) return false;
+    for (const std::string &k : ratio_size_keys(c))
+        if (has_key(spec, k)) return false;
+    return true;
 }
 
 }  // namespace
@@ -567,7 +588,9 @@ bool expand_task_grid(const Checkpoint &ck, const std::string &text, const TaskG
     const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
     for (int L : g.lengths) {
         if (L > ck.cfg.seq_len)
-            return *err = strprintf("length %d is beyond the model's context (%d tokens)", L, ck.cfg.seq_len), false;
+            return *err = strprintf("--lengths: length %d is beyond the model's context (%d tokens); give lengths up to %d",
+                                    L, ck.cfg.seq_len, ck.cfg.seq_len),
+                   false;
         for (const std::string &t : g.tasks) {
             TaskPrompt p;
             if (ck.tok ? !make_task_prompt_tokens(t, *ck.tok, text_ids, L, g.depths[0], 0, g.seed, &p, err)
@@ -830,14 +853,44 @@ double cell_score(const TaskResult &r) { return r.task == "recall" ? r.byte_accu
 
 std::string pct(double r) { return r < 0 ? std::string("full") : strprintf("%g%%", std::round((1 - r) * 1000) / 10); }
 
+// A spec whose policy keeps every token (the full-KV baseline).
+bool is_full_spec(const std::string &policy) {
+    std::istringstream is(policy);
+    std::string t;
+    while (is >> t)
+        if (t == "policy=full") return true;
+    return false;
+}
+
+// The row / series / panel a result belongs to: its policy family (task_label), except a spec run
+// as given with a size of its own (window=64, no ratio), which is shown whole ("window window=64").
+std::string row_label(const TaskResult &r) {
+    if (r.ratio >= 0 || is_full_spec(r.policy)) return task_label(r.policy);
+    return r.policy.compare(0, 7, "policy=") == 0 ? r.policy.substr(7) : r.policy;
+}
+
 }  // namespace
+
+std::vector<std::string> task_specs_with_baseline(const Checkpoint &ck, const std::vector<std::string> &given,
+                                                  const std::vector<int> &lengths) {
+    for (const std::string &s : given) {
+        kvp_config c;
+        std::string e;
+        if (parse_policy(ck.cfg, s, &c, &e) && c.policy == KVP_POLICY_FULL) return given;
+    }
+    int longest = 0;
+    for (int L : lengths) longest = std::max(longest, L);
+    std::vector<std::string> out = {"policy=full capacity=" + std::to_string(longest + 64)};  // the answer's tokens too
+    out.insert(out.end(), given.begin(), given.end());
+    return out;
+}
 
 std::string task_report(const std::vector<TaskResult> &rs) {
     std::vector<std::string> tasks, labels, settings;
     std::set<double> ratio_set;
     for (const TaskResult &r : rs) {
         if (std::find(tasks.begin(), tasks.end(), r.task) == tasks.end()) tasks.push_back(r.task);
-        const std::string l = task_label(r.policy);
+        const std::string l = row_label(r);
         if (std::find(labels.begin(), labels.end(), l) == labels.end()) labels.push_back(l);
         if (std::find(settings.begin(), settings.end(), r.setting) == settings.end()) settings.push_back(r.setting);
         if (r.ratio >= 0) ratio_set.insert(r.ratio);
@@ -846,11 +899,13 @@ std::string task_report(const std::vector<TaskResult> &rs) {
     for (const std::string &task : tasks) {
         std::map<std::tuple<std::string, std::string, double>, Agg> agg;
         std::set<int64_t> lens;
+        std::set<std::string> full_labels;  // rows of the full-KV baseline
         size_t depths = 0;
         std::set<double> ds;
         for (const TaskResult &r : rs) {
             if (r.task != task) continue;
-            Agg &a = agg[std::make_tuple(task_label(r.policy), r.setting, r.ratio)];
+            Agg &a = agg[std::make_tuple(row_label(r), r.setting, r.ratio)];
+            if (r.ratio < 0 && is_full_spec(r.policy)) full_labels.insert(row_label(r));
             a.n++;
             a.acc += cell_score(r);
             a.live += (double)r.live_bytes;
@@ -858,6 +913,7 @@ std::string task_report(const std::vector<TaskResult> &rs) {
             ds.insert(r.depth);
         }
         depths = ds.size();
+        std::vector<std::string> zero_full;  // settings in which full KV answered nothing
         std::string lt;
         for (int64_t l : lens) lt += (lt.empty() ? "" : ", ") + std::to_string(l);
         o += "### " + task + " (" + (task == "recall" ? "mean byte accuracy" : "fraction of cells answered exactly") +
@@ -865,9 +921,13 @@ std::string task_report(const std::vector<TaskResult> &rs) {
         std::vector<std::pair<std::string, double>> cols;
         for (const std::string &s : settings)
             for (auto it = ratio_set.rbegin(); it != ratio_set.rend(); ++it) cols.push_back({s, *it});
+        // Specs run once without a ratio: full KV, and specs with an explicit size (window=64), which
+        // get a column of their own ("as given") when there are any.
+        bool as_given = false;
+        for (const auto &e : agg) as_given = as_given || (std::get<2>(e.first) < 0 && !full_labels.count(std::get<0>(e.first)));
         for (const auto &c : cols) o += " " + c.first + " " + pct(c.second) + " |";
-        o += " full KV |\n|---|";
-        for (size_t i = 0; i <= cols.size(); i++) o += "---|";
+        o += std::string(as_given ? " as given |" : "") + " full KV |\n|---|";
+        for (size_t i = 0; i <= cols.size() + (as_given ? 1 : 0); i++) o += "---|";
         o += "\n";
         for (const std::string &l : labels) {
             bool any = false;
@@ -888,11 +948,21 @@ std::string task_report(const std::vector<TaskResult> &rs) {
                 any = true;
                 fullc += (fullc.empty() ? "" : " / ") +
                          strprintf("%.2f (%.0f KiB)", it->second.acc / (double)it->second.n, it->second.live / it->second.n / 1024);
+                if (full_labels.count(l) && it->second.acc == 0)
+                    zero_full.push_back(s + ", " + std::to_string(it->second.n) + (it->second.n == 1 ? " cell" : " cells"));
             }
-            line += " " + fullc + " |\n";
+            if (as_given && !full_labels.count(l)) line += " " + fullc + " |" + " |\n";
+            else line += std::string(as_given ? " |" : "") + " " + fullc + " |\n";
             if (any) o += line;
         }
         o += "\n";
+        if (!zero_full.empty()) {
+            std::string w;
+            for (const std::string &z : zero_full) w += (w.empty() ? "" : "; ") + z;
+            o += "**Warning: full KV scores 0 on " + task + "** (" + w +
+                 "): the model cannot do this task at these lengths, so the policies' scores here say nothing about "
+                 "pruning (use a model that can, or shorter --lengths).\n\n";
+        }
     }
     o += "Cells: (accuracy) (mean live KV KiB after the answer); the full KV column lists the settings in column order.\n";
     return o;
@@ -922,8 +992,11 @@ std::string task_heatmap_script(const std::vector<TaskResult> &rs, const std::st
     std::map<std::string, std::map<std::pair<int64_t, double>, Agg>> cells;
     std::string model;
     for (const TaskResult &r : rs) {
-        if (r.task != task || r.setting != setting) continue;
-        const std::string name = task_label(r.policy) + (r.ratio < 0 ? std::string(" (full)") : " @" + pct(r.ratio));
+        const bool both = setting == "both";  // a panel per setting too
+        if (r.task != task || (!both && r.setting != setting)) continue;
+        const std::string name =
+            row_label(r) + (r.ratio >= 0 ? " @" + pct(r.ratio) : is_full_spec(r.policy) ? std::string(" (full)") : std::string()) +
+            (both ? ", " + r.setting : std::string());
         if (!cells.count(name)) panels.push_back(name);
         Agg &a = cells[name][{r.length, r.depth}];
         a.n++;
@@ -974,7 +1047,7 @@ std::string task_memory_script(const std::vector<TaskResult> &rs, const std::str
     for (const TaskResult &r : rs) {
         if (r.task != task) continue;
         if (std::find(settings.begin(), settings.end(), r.setting) == settings.end()) settings.push_back(r.setting);
-        const std::string l = task_label(r.policy);
+        const std::string l = row_label(r);
         if (std::find(labels.begin(), labels.end(), l) == labels.end()) labels.push_back(l);
         Agg &a = pts[r.setting][l][r.ratio];
         a.n++;
@@ -982,18 +1055,23 @@ std::string task_memory_script(const std::vector<TaskResult> &rs, const std::str
         a.live += (double)r.live_bytes;
         model = base_of(r.model);
     }
-    *width = 700 * std::max<int>(1, (int)settings.size());
-    *height = 620;
+    // A panel per setting, one above the other, each with its legend at its right in a readable font
+    // (issue 29: a legend below the panels in 8 pt crowded the x-axis label); the panel grows with
+    // the number of series so that the legend fits beside it.
+    const int per_panel = std::max(480, 60 + 22 * (int)labels.size());
+    *width = 1200;
+    *height = per_panel * std::max<int>(1, (int)settings.size()) + 50;
     std::string s;
     if (!out_path.empty()) s += "set output " + gp_q(out_path) + "\n";
     if (settings.empty()) return s + "set title " + gp_q("no rows for task " + task) + "\nplot NaN notitle\n";
-    s += "set multiplot layout 1," + std::to_string(settings.size()) + " title " +
-         gp_q("kvprune " + task + ": accuracy against live KV bytes (model " + model + ")") + " noenhanced\n";
-    s += "set logscale x 2\nset format x '%.0b %BB'\nset yrange [-0.05:1.05]\nset grid\nset key below noenhanced font ',8'\n"
-         "set xlabel 'mean live KV bytes'\nset ylabel '" +
-         std::string(task == "recall" ? "mean byte accuracy" : "accuracy") + "'\n";
+    s += "set multiplot layout " + std::to_string(settings.size()) + ",1 title " +
+         gp_q("kvprune " + task + ": accuracy against live KV bytes (model " + model + ")") + " noenhanced font ',13'\n";
+    s += "set logscale x 2\nset format x '%.0b %BB'\nset yrange [-0.05:1.05]\nset grid\n"
+         "set key outside right top vertical Left reverse noenhanced font ',11' spacing 1.15 samplen 3 width 1\n"
+         "set tics font ',11'\nset xlabel 'mean live KV bytes' font ',12' offset 0,0.3\nset ylabel '" +
+         std::string(task == "recall" ? "mean byte accuracy" : "accuracy") + "' font ',12'\n";
     for (const std::string &setting : settings) {
-        s += "set title " + gp_q(setting) + "\n";
+        s += "set title " + gp_q(setting) + " font ',12'\n";
         std::string plot = "plot ";
         int k = 0;
         for (size_t i = 0; i < labels.size(); i++) {
@@ -1007,7 +1085,7 @@ std::string task_memory_script(const std::vector<TaskResult> &rs, const std::str
             for (const auto &p : xy) s += strprintf("%.9g %.6g\n", p.first, p.second);
             s += "EOD\n";
             plot += (k ? ", \\\n     " : "") + d + " using 1:2 with linespoints lw 2 dt " + std::to_string(k % 5 + 1) + " pt " +
-                    std::to_string(kPointTypes[i % 8]) + " ps 1.4 title " + gp_q(labels[i]);
+                    std::to_string(kPointTypes[(i + i / 8) % 8]) + " ps 1.4 title " + gp_q(labels[i]);
             k++;
         }
         s += plot + "\n";

@@ -127,10 +127,16 @@ struct TaskGrid {
 
 // The default policies of `--task` (every policy of the papers, their quantized / ThinK variants).
 std::vector<std::string> default_task_specs();
+// The specs a grid runs for the --policy specs given: a full-KV baseline first (policy=full with
+// capacity = the longest length + 64, room for the answer) unless one of them is policy=full.
+std::vector<std::string> task_specs_with_baseline(const Checkpoint &ck, const std::vector<std::string> &given,
+                                                  const std::vector<int> &lengths);
 
 // Expands the grid into rows (every field that identifies a cell; no results yet), in output order:
 // spec x ratio, setting, length, task, depth, sample. Full KV (and any spec whose policy takes no
-// ratio) appears once, with ratio -1. Checks every spec against the model (resolving the ratio for
+// ratio) appears once, with ratio -1, and so does a spec that gives the size a ratio would set
+// (window=64 under window/streaming, budget=... under h2o/snapkv/..., capacity under lethe): it runs
+// as given. Checks every spec against the model (resolving the ratio for
 // each length), every length against the model's context and the text, every depth.
 bool expand_task_grid(const Checkpoint &ck, const std::string &text, const TaskGrid &g, std::vector<TaskResult> *rows,
                       std::string *err);
@@ -162,7 +168,7 @@ std::string task_label(const std::string &policy);
 std::string task_report(const std::vector<TaskResult> &rs);
 
 // gnuplot scripts (terminal excluded): the needle heatmap (a panel per spec and ratio, length x
-// depth, colour = accuracy) for one task and setting, and accuracy against live KV bytes (one line
+// depth, colour = accuracy) for one task and setting ("both": a panel per setting too), and accuracy against live KV bytes (one line
 // per spec, a panel per setting) for one task.
 std::string task_heatmap_script(const std::vector<TaskResult> &rs, const std::string &task, const std::string &setting,
                                 const std::string &out_path, int *width, int *height);

@@ -266,4 +266,168 @@ inline std::string quant_q5_K(const float *x, size_t n) {
     return o;
 }
 
+// ---- the types of llama-quantize's Q2_K, Q3_K_S/M, IQ4_NL and IQ4_XS presets (issue 29), written
+// from the block layouts (ggml-common.h's structs), plain round-to-nearest quantizers.
+
+// The 16 values of an iq4_nl / iq4_xs index (a fixed non-linear grid of the format).
+constexpr int kIq4Grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// The index of the grid value nearest to t (ties: the lower).
+inline int iq4_nearest(double t) {
+    int best = 0;
+    for (int i = 1; i < 16; i++)
+        if (std::fabs(t - kIq4Grid[i]) < std::fabs(t - kIq4Grid[best])) best = i;
+    return best;
+}
+
+// The element of largest magnitude (its sign kept) of v[0..n).
+inline float signed_max(const float *v, int n) {
+    float big = 0;
+    for (int i = 0; i < n; i++)
+        if (std::fabs(v[i]) > std::fabs(big)) big = v[i];
+    return big;
+}
+
+// iq4_nl blocks of 32 (18 bytes): f16 d, 16 bytes of 4-bit indices (element i < 16: low nibble of
+// byte i, else high nibble of byte i - 16); value d grid[index]. d maps the element of largest
+// magnitude to grid[0] = -127.
+inline std::string quant_iq4_nl(const float *x, size_t n) {
+    std::string o;
+    for (size_t b = 0; b < n / 32; b++) {
+        const float *v = x + 32 * b;
+        const uint16_t dh = to_f16(signed_max(v, 32) / -127.0f);
+        const double d = from_f16(dh);
+        int q[32];
+        for (int i = 0; i < 32; i++) q[i] = d == 0 ? 8 : iq4_nearest(v[i] / d);  // grid[8] = 1: nearest to 0 of d = 0
+        put(o, &dh, 2);
+        for (int i = 0; i < 16; i++) o.push_back((char)(q[i] | q[i + 16] << 4));
+    }
+    return o;
+}
+
+// iq4_xs super-blocks of 256 (136 bytes): f16 d, u16 of scale high bits (bits 2s..2s+1 for
+// sub-block s), 4 bytes of scale low nibbles (sub-block s: byte s / 2, high nibble when s is odd),
+// 128 bytes of indices (sub-block s of 32 in bytes 16 s .. + 15, iq4_nl's order); value
+// d (scale - 32) grid[index], scale 0..63.
+inline std::string quant_iq4_xs(const float *x, size_t n) {
+    std::string o;
+    for (size_t b = 0; b < n / 256; b++) {
+        const float *v = x + 256 * b;
+        float want[8], amax = 0;
+        for (int s = 0; s < 8; s++) {
+            want[s] = signed_max(v + 32 * s, 32) / -127.0f;
+            amax = std::fmax(amax, std::fabs(want[s]));
+        }
+        const uint16_t dh = to_f16(amax / 31.0f);
+        const double d = from_f16(dh);
+        uint16_t sh = 0;
+        uint8_t sl[4] = {0}, qs[128] = {0};
+        for (int s = 0; s < 8; s++) {
+            const int ls = (int)std::max(-32L, std::min(31L, d == 0 ? 0L : std::lround(want[s] / d))) + 32;
+            sh = (uint16_t)(sh | (ls >> 4) << (2 * s));
+            sl[s / 2] = (uint8_t)(sl[s / 2] | (ls & 15) << (4 * (s % 2)));
+            const double ds = d * (ls - 32);
+            for (int i = 0; i < 16; i++) {
+                const int lo = ds == 0 ? 8 : iq4_nearest(v[32 * s + i] / ds);
+                const int hi = ds == 0 ? 8 : iq4_nearest(v[32 * s + 16 + i] / ds);
+                qs[16 * s + i] = (uint8_t)(lo | hi << 4);
+            }
+        }
+        put(o, &dh, 2);
+        put(o, &sh, 2);
+        put(o, sl, 4);
+        put(o, qs, 128);
+    }
+    return o;
+}
+
+// Where element l (0..15) of 16-element sub-block s (0..15) of a q2_K / q3_K super-block keeps its
+// two low bits: byte 32 (s / 8) + 16 (s % 2) + l of the 64 quant bytes, bits 2 ((s / 2) % 4) and up.
+inline void k23_pos(int s, int l, int *byte, int *shift) {
+    *byte = 32 * (s / 8) + 16 * (s % 2) + l;
+    *shift = 2 * ((s / 2) % 4);
+}
+
+// q2_K super-blocks of 256 (84 bytes): 16 bytes of scales (sub-block s of 16: low nibble the scale,
+// high nibble the min), 64 bytes of 2-bit quants (k23_pos), f16 d, f16 dmin; value
+// d scale q - dmin min. Per sub-block step (max - min) / 3 and offset -min (min clipped to <= 0),
+// each a 4-bit multiple of d / dmin.
+inline std::string quant_q2_K(const float *x, size_t n) {
+    std::string o;
+    for (size_t b = 0; b < n / 256; b++) {
+        const float *v = x + 256 * b;
+        float step[16], off[16], smax = 0, omax = 0;
+        for (int s = 0; s < 16; s++) {
+            float lo = 0, hi = v[16 * s];
+            for (int l = 0; l < 16; l++) {
+                lo = std::fmin(lo, v[16 * s + l]);
+                hi = std::fmax(hi, v[16 * s + l]);
+            }
+            step[s] = (hi - lo) / 3.0f;
+            off[s] = -lo;
+            smax = std::fmax(smax, step[s]);
+            omax = std::fmax(omax, off[s]);
+        }
+        const uint16_t dh = to_f16(smax / 15.0f), mh = to_f16(omax / 15.0f);
+        const double d = from_f16(dh), dmin = from_f16(mh);
+        uint8_t sc[16], qs[64] = {0};
+        for (int s = 0; s < 16; s++) {
+            const int a = d == 0 ? 0 : (int)std::min(15L, std::lround(step[s] / d));
+            const int m = dmin == 0 ? 0 : (int)std::min(15L, std::lround(off[s] / dmin));
+            sc[s] = (uint8_t)(a | m << 4);
+            for (int l = 0; l < 16; l++) {
+                const double ds = d * a;
+                const long k = ds == 0 ? 0 : std::lround((v[16 * s + l] + dmin * m) / ds);
+                int byte, shift;
+                k23_pos(s, l, &byte, &shift);
+                qs[byte] = (uint8_t)(qs[byte] | (int)std::max(0L, std::min(3L, k)) << shift);
+            }
+        }
+        put(o, sc, 16);
+        put(o, qs, 64);
+        put(o, &dh, 2);
+        put(o, &mh, 2);
+    }
+    return o;
+}
+
+// q3_K super-blocks of 256 (110 bytes): 32 bytes of high bits (element l of sub-block s: bit s / 2
+// of byte 16 (s % 2) + l), 64 bytes of 2-bit low quants (k23_pos), 12 bytes of 6-bit scales (scale
+// s: low 4 bits in the low nibble of byte s for s < 8, the high nibble of byte s - 8 for s >= 8;
+// bits 4..5 in bits 2 (s / 4) .. + 1 of byte 8 + s % 4), f16 d; value d (scale - 32) (q - 4) with
+// q = low + 4 high (0..7). The sub-block's element of largest magnitude maps to q - 4 = -4.
+inline std::string quant_q3_K(const float *x, size_t n) {
+    std::string o;
+    for (size_t b = 0; b < n / 256; b++) {
+        const float *v = x + 256 * b;
+        float want[16], amax = 0;
+        for (int s = 0; s < 16; s++) {
+            want[s] = signed_max(v + 16 * s, 16) / -4.0f;
+            amax = std::fmax(amax, std::fabs(want[s]));
+        }
+        const uint16_t dh = to_f16(amax / 31.0f);
+        const double d = from_f16(dh);
+        uint8_t hm[32] = {0}, qs[64] = {0}, sc[12] = {0};
+        for (int s = 0; s < 16; s++) {
+            const int ls = (int)std::max(-32L, std::min(31L, d == 0 ? 0L : std::lround(want[s] / d))) + 32;
+            if (s < 8) sc[s] = (uint8_t)(sc[s] | (ls & 15));
+            else sc[s - 8] = (uint8_t)(sc[s - 8] | (ls & 15) << 4);
+            sc[8 + s % 4] = (uint8_t)(sc[8 + s % 4] | (ls >> 4) << (2 * (s / 4)));
+            const double ds = d * (ls - 32);
+            for (int l = 0; l < 16; l++) {
+                const int q = (int)std::max(0L, std::min(7L, (ds == 0 ? 0L : std::lround(v[16 * s + l] / ds)) + 4));
+                int byte, shift;
+                k23_pos(s, l, &byte, &shift);
+                qs[byte] = (uint8_t)(qs[byte] | (q & 3) << shift);
+                hm[16 * (s % 2) + l] = (uint8_t)(hm[16 * (s % 2) + l] | (q >> 2) << (s / 2));
+            }
+        }
+        put(o, hm, 32);
+        put(o, qs, 64);
+        put(o, sc, 12);
+        put(o, &dh, 2);
+    }
+    return o;
+}
+
 }  // namespace gguftest

@@ -17,6 +17,7 @@
 #include "checkpoint.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "qmatmul.h"
 #include "session.h"
 #include "tasks.h"
 #include "tokenizer.h"
@@ -176,8 +177,8 @@ std::string header(uint32_t ver, uint64_t nt, uint64_t nkv) {
 }
 
 TEST(GgufReader, MalformedFiles) {
-    expect_bad("", "no 'GGUF' magic");
-    expect_bad("GGML1234", "no 'GGUF' magic");
+    expect_bad("", "not a GGUF file (bad magic): it starts with '', a GGUF file with 'GGUF'");
+    expect_bad("GGML1234", "not a GGUF file (bad magic): it starts with 'GGML'");
     expect_bad(header(1, 0, 0), "version 1 is not supported");
     expect_bad(header(4, 0, 0), "version 4 is not supported");
     expect_bad(header(3, 0, 1ull << 62), "metadata count");
@@ -274,6 +275,50 @@ TEST(GgufReader, OpenErrors) {
     EXPECT_NE(err.find("empty file"), std::string::npos) << err;
 }
 
+// A text file named x.gguf is "not a GGUF file (bad magic)" with what it starts with, not "truncated"
+// (issue 29); a short file of another name says both readings.
+TEST(GgufReader, NotAGgufFileSaysBadMagicAndWhatWasFound) {
+    TmpFile t("x.gguf");
+    ASSERT_TRUE(write_bytes(t.path, "hello\n"));
+    Checkpoint ck;
+    std::string err;
+    EXPECT_FALSE(load_model(t.path, &ck, &err));
+    EXPECT_NE(err.find("not a GGUF file (bad magic): it starts with 'hell' (68 65 6c 6c), a GGUF file with 'GGUF'"),
+              std::string::npos)
+        << err;
+    EXPECT_EQ(err.find("truncated"), std::string::npos) << err;
+    TmpFile b("x.bin");
+    ASSERT_TRUE(write_bytes(b.path, "hello\n"));
+    EXPECT_FALSE(load_model(b.path, &ck, &err));
+    EXPECT_NE(err.find("truncated: 6 bytes, smaller than the 28-byte header of a llama2.c checkpoint (nor a GGUF file: it starts "
+                       "with 'hell' (68 65 6c 6c), not 'GGUF')"),
+              std::string::npos)
+        << err;
+}
+
+// Every ggml type number has its name in messages (issue 29: "type type 20" was iq4_nl); a number
+// no ggml version used is called unknown or corrupt.
+TEST(GgufReader, EveryGgmlTypeIsNamed) {
+    const std::pair<uint32_t, const char *> names[] = {
+        {0, "f32"},     {1, "f16"},      {2, "q4_0"},     {4, "q4_2"},        {10, "q2_K"},  {11, "q3_K"},  {15, "q8_K"},
+        {16, "iq2_xxs"}, {17, "iq2_xs"}, {18, "iq3_xxs"}, {19, "iq1_s"},      {20, "iq4_nl"}, {21, "iq3_s"}, {22, "iq2_s"},
+        {23, "iq4_xs"}, {24, "i8"},      {28, "f64"},     {29, "iq1_m"},      {30, "bf16"},  {34, "tq1_0"}, {35, "tq2_0"},
+        {36, "iq4_nl_4_4"}, {39, "mxfp4"}};
+    for (const auto &n : names) {
+        EXPECT_EQ(ggml_type_name(n.first), n.second);
+        EXPECT_TRUE(ggml_type_known(n.first));
+        EXPECT_EQ(ggml_type_phrase(n.first), std::string("type ") + n.second);
+    }
+    for (uint32_t t = 0; t < 64; t++)
+        EXPECT_EQ(ggml_type_name(t).find("type "), ggml_type_known(t) ? std::string::npos : 8u) << t;
+    EXPECT_EQ(ggml_type_name(16777216), "unknown type 16777216");
+    EXPECT_EQ(ggml_type_phrase(16777216), "an unknown or corrupt type number 16777216 (no ggml type has it)");
+    for (uint32_t t : kGgmlSupported) {  // every supported type has a block and dequantizes
+        uint64_t be = 0, bb = 0;
+        EXPECT_TRUE(ggml_block(t, &be, &bb)) << ggml_type_name(t);
+    }
+}
+
 // ---------------------------------------------------------------- dequantization
 
 // References written from the block layouts (element index -> value), not from the loops of
@@ -340,6 +385,40 @@ double ref_elem(uint32_t type, const uint8_t *blk, int j) {
             const int low = g >= 2 ? (lo >> 4) : (lo & 15);
             const int high = (qh[32 * half + l] >> (2 * g)) & 3;
             return h(208) * sc[8 * half + l / 16 + 2 * g] * ((low | high << 4) - 32);
+        }
+        // q2_K / q3_K (issue 29): 16 sub-blocks of 16; element j sits in half j / 128, 2-bit group
+        // g = (j % 128) / 32 (bits 2g of its byte), column sub = (j % 32) / 16, lane l = j % 16; its
+        // scale is number 8 half + 2 g + sub.
+        case GGML_Q2_K: {  // scales[16] (low nibble scale, high nibble min), qs[64], f16 d, f16 dmin
+            const int half = j / 128, g = (j % 128) / 32, sub = (j % 32) / 16, l = j % 16;
+            const int sc = blk[8 * half + 2 * g + sub];
+            const int q = (blk[16 + 32 * half + 16 * sub + l] >> (2 * g)) & 3;
+            return h(80) * (sc & 15) * q - h(82) * (sc >> 4);
+        }
+        case GGML_Q3_K: {  // hmask[32], qs[64], scales[12] (sixteen 6-bit values), f16 d
+            const int half = j / 128, g = (j % 128) / 32, sub = (j % 32) / 16, l = j % 16, is = 8 * half + 2 * g + sub;
+            // The 12 bytes as three little-endian words a0 a1 a2: scales 0..3 = a0's low nibbles with 2
+            // bits of a2 (bits 0..1 of each byte) on top, 4..7 = a1's low nibbles with a2's bits 2..3,
+            // 8..11 = a0's high nibbles with a2's bits 4..5, 12..15 = a1's high nibbles with bits 6..7.
+            uint32_t a[3];
+            std::memcpy(a, blk + 96, 12);
+            const uint32_t m4 = 0x0f0f0f0f, m2 = 0x03030303;
+            const uint32_t w[4] = {(a[0] & m4) | (a[2] & m2) << 4, (a[1] & m4) | ((a[2] >> 2) & m2) << 4,
+                                   ((a[0] >> 4) & m4) | ((a[2] >> 4) & m2) << 4, ((a[1] >> 4) & m4) | ((a[2] >> 6) & m2) << 4};
+            const int sc = (int)((w[is / 4] >> (8 * (is % 4))) & 0xff) - 32;
+            const int lo = (blk[32 + 32 * half + 16 * sub + l] >> (2 * g)) & 3;
+            const bool high = (blk[16 * sub + l] >> (4 * half + g)) & 1;
+            return h(108) * sc * (lo - (high ? 0 : 4));
+        }
+        case GGML_IQ4_NL:  // f16 d, q4_0's nibble order, value d grid[index]
+            return h(0) * gguftest::kIq4Grid[nib32(blk + 2)];
+        case GGML_IQ4_XS: {  // f16 d, u16 scales_h, u8 scales_l[4], qs[128]: 8 sub-blocks of 32
+            const int s = j / 32, i = j % 32;
+            const int sh = blk[2] | blk[3] << 8;
+            const int ls = ((blk[4 + s / 2] >> (4 * (s % 2))) & 15) | ((sh >> (2 * s)) & 3) << 4;
+            const uint8_t *qs = blk + 8 + 16 * s;
+            const int idx = i < 16 ? (qs[i] & 15) : (qs[i - 16] >> 4);
+            return h(0) * (ls - 32) * gguftest::kIq4Grid[idx];
         }
         default: return NAN;
     }
@@ -535,6 +614,110 @@ TEST(GgufDequant, WriterQuantizersRoundTripThroughTheReader) {
     }
 }
 
+// q2_K, q3_K, iq4_nl, iq4_xs (issue 29): random blocks and edge cases (zero / negative /
+// subnormal scales, every scale and index extreme) dequantize as the format reference above says.
+TEST(GgufDequant, Q2KQ3KIq4BlocksMatchTheFormatReference) {
+    std::mt19937 rng(29);
+    const uint16_t zero = 0, neg = gguftest::to_f16(-0.03125f), pos = gguftest::to_f16(0.0078125f), sub = 0x0003,
+                   negzero = 0x8000;
+    for (uint32_t type : {GGML_Q2_K, GGML_Q3_K, GGML_IQ4_NL, GGML_IQ4_XS}) {
+        uint64_t be, bb;
+        ASSERT_TRUE(ggml_block(type, &be, &bb)) << ggml_type_name(type);
+        const size_t doff = type == GGML_Q2_K ? 80 : type == GGML_Q3_K ? 108 : 0;
+        std::string all;
+        for (uint16_t d : {zero, neg, pos, sub, negzero})
+            for (uint16_t m : {pos, neg, zero}) {  // q2_K's dmin
+                std::string b = rand_bytes(rng, bb);
+                set16(b, doff, d);
+                if (type == GGML_Q2_K) set16(b, 82, m);
+                all += b;
+                if (type != GGML_Q2_K) break;
+            }
+        for (char fill : {(char)0xFF, (char)0x00, (char)0x55, (char)0xAA, (char)0x0F}) {  // scales, mins, indices, high bits
+            std::string b(bb, fill);
+            set16(b, doff, neg);
+            if (type == GGML_Q2_K) set16(b, 82, pos);
+            all += b;
+        }
+        check_blocks(type, all);
+    }
+}
+
+// The writer's quantizers for these types on known data: the dequantized values (reader and format
+// reference) are within a step of the input, and quantized products through matmul_q (the harness
+// path for these types) equal a double product over the reference's values.
+TEST(GgufDequant, Q2KQ3KIq4QuantizedDataThroughDequantAndMatmul) {
+    std::mt19937 rng(2929);
+    std::uniform_real_distribution<float> u(-0.4f, 0.3f);
+    const int rows = 24, cols = 512;  // 2 super-blocks per row, rows in two row blocks
+    std::vector<float> x((size_t)rows * cols);
+    for (auto &v : x) v = u(rng);
+    for (int i = 0; i < 256; i++) x[(size_t)(512 + i)] = 0.0f;          // an all-zero super-block
+    for (int i = 0; i < 256; i++) x[(size_t)(1024 + i)] = 0.001f * (float)i;  // an all-positive one
+    struct Case {
+        uint32_t type;
+        std::string bytes;
+        double bound;  // |x - dequantized|: about a step of the coarsest sub-block (scales rounded)
+    } cases[] = {{GGML_Q2_K, gguftest::quant_q2_K(x.data(), x.size()), 0.7 / 3 * 0.75},
+                 // q3_K: q - 4 in -4..3 with the largest magnitude at -4, so the other sign clips at 3 (a step)
+                 {GGML_Q3_K, gguftest::quant_q3_K(x.data(), x.size()), 0.4 / 4 * 1.2},
+                 {GGML_IQ4_NL, gguftest::quant_iq4_nl(x.data(), x.size()), 0.4 / 127 * 14},
+                 {GGML_IQ4_XS, gguftest::quant_iq4_xs(x.data(), x.size()), 0.4 / 127 * 16}};
+    for (const Case &c : cases) {
+        SCOPED_TRACE(ggml_type_name(c.type));
+        uint64_t be, bb;
+        ASSERT_TRUE(ggml_block(c.type, &be, &bb));
+        ASSERT_EQ(c.bytes.size(), x.size() / be * bb);
+        check_blocks(c.type, c.bytes);  // reader == format reference on the quantized data
+        std::vector<float> y(x.size());
+        ASSERT_TRUE(dequantize(c.type, c.bytes.data(), y.data(), x.size()));
+        std::vector<double> ref(x.size());
+        double worst = 0;
+        for (size_t i = 0; i < x.size(); i++) {
+            ref[i] = ref_elem(c.type, reinterpret_cast<const uint8_t *>(c.bytes.data()) + i / be * bb, (int)(i % be));
+            worst = std::max(worst, std::fabs(ref[i] - x[i]));
+        }
+        EXPECT_LT(worst, c.bound);
+        EXPECT_GT(worst, 0.0);  // it did quantize
+        for (int i = 0; i < 256; i++) EXPECT_NEAR(y[(size_t)(512 + i)], 0.0f, 1e-7) << "zero super-block, element " << i;
+        uint64_t bad = 1;
+        EXPECT_TRUE(ggml_finite(c.type, c.bytes.data(), x.size(), &bad));
+        // matmul_q: out[t][o] = W[o] . v[t], for 1, 5 (a tile of 4 and one) and 9 rows of v, 1 and 3 threads,
+        // through the AVX2 kernel (where the CPU has it) and the portable one (KVPRUNE_NO_AVX2)
+        QView W;
+        W.type = c.type;
+        W.data = reinterpret_cast<const uint8_t *>(c.bytes.data());
+        W.row_bytes = c.bytes.size() / rows;
+        for (int path = 0; path < 2; path++)
+        for (int n : {1, 5, 9}) {
+            SCOPED_TRACE(path ? "portable kernel" : "default kernel");
+            if (path) setenv("KVPRUNE_NO_AVX2", "1", 1);
+            else unsetenv("KVPRUNE_NO_AVX2");
+            std::vector<float> v((size_t)n * cols);
+            for (auto &e : v) e = u(rng);
+            std::vector<float> out1((size_t)n * rows), out3((size_t)n * rows);
+            matmul_q(out1.data(), v.data(), W, n, cols, rows, 1);
+            matmul_q(out3.data(), v.data(), W, n, cols, rows, 3);
+            EXPECT_EQ(std::memcmp(out1.data(), out3.data(), out1.size() * 4), 0) << n << " rows";
+            for (int t = 0; t < n; t++)
+                for (int o = 0; o < rows; o++) {
+                    double want = 0, mag = 0;
+                    for (int i = 0; i < cols; i++) {
+                        want += ref[(size_t)o * cols + i] * v[(size_t)t * cols + i];
+                        mag += std::fabs(ref[(size_t)o * cols + i] * v[(size_t)t * cols + i]);
+                    }
+                    EXPECT_NEAR(out1[(size_t)t * rows + o], want, 1e-5 * mag + 1e-6) << "row " << o << " of x row " << t;
+                }
+            unsetenv("KVPRUNE_NO_AVX2");
+        }
+        // a non-finite scale is found
+        std::string broken = c.bytes;
+        set16(broken, bb + (c.type == GGML_Q2_K ? 80 : c.type == GGML_Q3_K ? 108 : 0), 0x7C00);
+        EXPECT_FALSE(ggml_finite(c.type, broken.data(), x.size(), &bad));
+        EXPECT_EQ(bad, 1u);
+    }
+}
+
 TEST(GgufDequant, HalfAndBfloat) {
     // f16: exact values, signs, subnormals, the largest finite, infinity.
     const std::pair<uint16_t, double> f16[] = {{0x3C00, 1.0},  {0xC000, -2.0},         {0x3555, 0.333251953125},
@@ -557,7 +740,7 @@ TEST(GgufDequant, HalfAndBfloat) {
     EXPECT_EQ(x[0], 1.0f);
     EXPECT_EQ(x[1], 2.0f);
     EXPECT_EQ(x[2], -0.5f);
-    EXPECT_FALSE(dequantize(10 /* q2_K */, raw, x, 256));
+    EXPECT_FALSE(dequantize(18 /* iq3_xxs */, raw, x, 256));
 }
 
 // ---------------------------------------------------------------- tiny models vs a double forward
@@ -609,11 +792,20 @@ Mat rand_mat(std::mt19937 &rng, int rows, int cols, uint32_t type) {
                                 : type == GGML_Q5_0 || type == GGML_Q5_1   ? 0.01f
                                 : type == GGML_Q4_K                        ? 0.0003f
                                 : type == GGML_Q5_K                        ? 0.00015f
+                                : type == GGML_Q2_K                        ? 0.002f
+                                : type == GGML_Q3_K                        ? 0.0008f
+                                : type == GGML_IQ4_NL                      ? 0.0008f
+                                : type == GGML_IQ4_XS                      ? 0.000025f
                                                                            : 0.0001f;
             std::uniform_real_distribution<float> ud(0.3f * scale, scale);
             const uint16_t d = gguftest::to_f16((rng() & 1 ? 1 : -1) * ud(rng));
             if (type == GGML_Q6_K) {
                 set16(blk, 208, d);
+            } else if (type == GGML_Q2_K) {  // d and dmin at the end (dmin positive: d sc q - dmin m)
+                set16(blk, 80, d);
+                set16(blk, 82, gguftest::to_f16(ud(rng)));
+            } else if (type == GGML_Q3_K) {
+                set16(blk, 108, d);
             } else {
                 set16(blk, 0, d);
                 if (type == GGML_Q4_K || type == GGML_Q5_K) set16(blk, 2, gguftest::to_f16(ud(rng)));
@@ -655,11 +847,11 @@ struct Tiny {
 // this also gives one matrix kind different types in different layers).
 Tiny make_tiny(const std::string &arch, uint32_t type, bool tied, uint32_t seed, bool mixed = false) {
     std::mt19937 rng(seed);
-    const uint32_t cycle[12] = {GGML_Q4_K, GGML_Q6_K, GGML_F32, GGML_Q8_0, GGML_F16, GGML_BF16,
-                                GGML_Q4_0, GGML_Q5_0, GGML_Q5_K, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1};
+    const uint32_t cycle[16] = {GGML_Q4_K, GGML_Q6_K, GGML_F32,  GGML_Q8_0, GGML_F16,  GGML_BF16,   GGML_Q4_0,  GGML_Q5_0,
+                                GGML_Q5_K, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1, GGML_Q2_K, GGML_IQ4_NL, GGML_Q3_K, GGML_IQ4_XS};
     int next = 0;
     auto rand_mat = [&](std::mt19937 &g, int rows, int cols, uint32_t ty) {
-        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 12] : ty);
+        return ::rand_mat(g, rows, cols, mixed ? cycle[next++ % 16] : ty);
     };
     Tiny t;
     t.arch = arch;
@@ -899,6 +1091,14 @@ TEST(GgufModel, Q41Q50Q51Q81Q5KMatchTheDoubleReference) {
     check_tiny("qwen3", GGML_Q5_K, false);
 }
 
+// llama-quantize's Q2_K, Q3_K_S/M, IQ4_NL and IQ4_XS types (issue 29) in a GGUF file through the
+// writer: loaded, read in place, the forward pass equal to the double reference.
+TEST(GgufModel, Q2KQ3KIq4NlIq4XsMatchTheDoubleReference) {
+    for (uint32_t type : {GGML_Q2_K, GGML_Q3_K, GGML_IQ4_NL, GGML_IQ4_XS}) check_tiny("llama", type, type != GGML_Q3_K);
+    check_tiny("qwen2", GGML_IQ4_NL, false);
+    check_tiny("qwen3", GGML_Q3_K, true);
+}
+
 TEST(GgufModel, Qwen2BiasesAndQwen3QkNormMatchTheDoubleReference) {
     check_tiny("qwen2", GGML_F32, true);
     check_tiny("qwen2", GGML_Q8_0, false);
@@ -916,7 +1116,8 @@ TEST(GgufModel, MixedTypesPerMatrixAndLayer) {
 // The quantized products: the same bits for 1, 2 and 3 threads, and prefill of all tokens equal
 // to prefill of one then decode of the rest (the f32 path's property, kept by the kernels).
 TEST(GgufModel, QuantizedProductsIndependentOfThreadsAndOfPrefillSplit) {
-    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K, GGML_Q5_0, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1, GGML_Q5_K}) {
+    for (uint32_t type : {GGML_Q8_0, GGML_Q4_K, GGML_Q5_0, GGML_Q4_1, GGML_Q5_1, GGML_Q8_1, GGML_Q5_K, GGML_Q2_K, GGML_Q3_K,
+                          GGML_IQ4_NL, GGML_IQ4_XS}) {
         SCOPED_TRACE(ggml_type_name(type));
         Tiny t = make_tiny("qwen2", type, false, 77);
         TmpFile f("threads.gguf");
@@ -1024,7 +1225,10 @@ TEST(GgufModel, RefusalsNameWhatIsNotSupported) {
         }),
         "rope_freqs.weight together with rope.scaling.type linear is not supported");
     has(refusal([](Writer &w) { w.u32("llama.attention.sliding_window", 4096); }), "sliding-window");
-    has(refusal([](Writer &w) { w.tensors[0].type = 11; }), "has type q3_K, not supported (supported: f32, f16, bf16");
+    has(refusal([](Writer &w) { w.tensors[0].type = 18; }), "has type iq3_xxs, not supported (supported: f32, f16, bf16");
+    has(refusal([](Writer &w) { w.tensors[0].type = 15; }), "has type q8_K, not supported");
+    has(refusal([](Writer &w) { w.tensors[0].type = 16777216; }),
+        "has an unknown or corrupt type number 16777216 (no ggml type has it), not supported");
     has(refusal([](Writer &w) { w.tensors.pop_back(); }), "missing tensor blk.1.ffn_up.weight");
     has(refusal([](Writer &w) {
             w.u32("llama.attention.key_length", 64);

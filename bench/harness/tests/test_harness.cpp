@@ -574,6 +574,9 @@ TEST(HarnessOutput, PlotScript) {
     PlotOptions o;
     EXPECT_EQ(plot_x_axis(lc, o), "n");
     EXPECT_NE(gnuplot_script(lc, "x.png").find("set xlabel 'N: tokens fed"), std::string::npos);
+    // the legend beside the plot, readable (issue 29: it was below, 8 pt, over the x-axis label)
+    EXPECT_NE(gnuplot_script(lc, "x.png").find("set key outside right top vertical"), std::string::npos);
+    EXPECT_EQ(gnuplot_script(lc, "x.png").find("set key below"), std::string::npos);
     EXPECT_EQ(plot_x_axis({a, b}, o), "bytes");
     o.x = "bytes";
     EXPECT_EQ(plot_x_axis(lc, o), "bytes");

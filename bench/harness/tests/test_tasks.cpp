@@ -324,7 +324,9 @@ TEST_F(TaskModel, GridChecksAndThreads) {
     TaskGrid b = g;
     b.lengths = {2000};
     EXPECT_FALSE(expand_task_grid(*ck_, text, b, &rows, &err));
-    EXPECT_NE(err.find("beyond the model's context (1024 tokens)"), std::string::npos) << err;
+    EXPECT_NE(err.find("--lengths: length 2000 is beyond the model's context (1024 tokens); give lengths up to 1024"),
+              std::string::npos)
+        << err;
     b = g;
     b.depths = {1.5};
     EXPECT_FALSE(expand_task_grid(*ck_, text, b, &rows, &err));
@@ -339,4 +341,108 @@ TEST_F(TaskModel, GridChecksAndThreads) {
     EXPECT_NE(err.find("unknown task 'needle'"), std::string::npos) << err;
     EXPECT_FALSE(expand_task_grid(*ck_, text.substr(0, 200), g, &rows, &err));
     EXPECT_NE(err.find("the text has 200 bytes"), std::string::npos) << err;
+}
+
+// Issue 29, defect 3: a spec with an explicit size (window=64, budget=96, capacity under lethe, a
+// simlayerkv window) runs once as given, for any --compression-ratio list (0 included); specs
+// without one take every ratio; full KV still runs once.
+TEST_F(TaskModel, ExplicitSizeRunsOnceAsGiven) {
+    const std::string &text = eval_text();
+    TaskGrid g;
+    g.tasks = {"passkey"};
+    g.specs = {"policy=full capacity=400", "policy=window window=64", "policy=snapkv budget=96", "policy=snapkv",
+               "policy=streaming sinks=4", "policy=simlayerkv nonlazy=snapkv window=32", "policy=think token_policy=snapkv budget=80"};
+    g.settings = {kSettings[0]};
+    g.lengths = {256};
+    g.depths = {0.5};
+    for (const std::vector<double> &ratios : {std::vector<double>{0.5, 0.75, 0.875}, std::vector<double>{0}}) {
+        g.ratios = ratios;
+        std::vector<TaskResult> rows;
+        std::string err;
+        ASSERT_TRUE(expand_task_grid(*ck_, text, g, &rows, &err)) << err;
+        std::vector<std::pair<std::string, double>> got;
+        for (const TaskResult &r : rows) got.push_back({r.policy, r.ratio});
+        std::vector<std::pair<std::string, double>> want = {{"policy=full capacity=400", -1},
+                                                            {"policy=window window=64", -1},
+                                                            {"policy=snapkv budget=96", -1}};
+        for (double r : ratios) want.push_back({"policy=snapkv compression_ratio=" + std::string(r == 0 ? "0" : r == 0.5 ? "0.5" : r == 0.75 ? "0.75" : "0.875"), r});
+        for (double r : ratios)
+            want.push_back({"policy=streaming sinks=4 compression_ratio=" + std::string(r == 0 ? "0" : r == 0.5 ? "0.5" : r == 0.75 ? "0.75" : "0.875"), r});
+        want.push_back({"policy=simlayerkv nonlazy=snapkv window=32", -1});
+        want.push_back({"policy=think token_policy=snapkv budget=80", -1});
+        EXPECT_EQ(got, want);
+    }
+    // and they run: the as-given specs resolve to themselves
+    g.ratios = {0.5};
+    std::vector<TaskResult> rows;
+    std::string err;
+    ASSERT_TRUE(expand_task_grid(*ck_, text, g, &rows, &err)) << err;
+    ASSERT_TRUE(run_task_rows(*ck_, text, &rows, 2, &err)) << err;
+    EXPECT_EQ(rows[1].spec, "policy=window window=64");
+    EXPECT_EQ(rows[0].correct, 1) << "full KV answers";
+    // the report: full KV in its column, the as-given specs in theirs (a row each, named whole)
+    const std::string rep = task_report(rows);
+    EXPECT_NE(rep.find("| policy | query-aware 50% | as given | full KV |"), std::string::npos) << rep;
+    EXPECT_NE(rep.find("| `window window=64` | | 0."), std::string::npos) << rep;
+    EXPECT_NE(rep.find("| `full` | | | 1.00 ("), std::string::npos) << rep;
+    EXPECT_EQ(rep.find("Warning"), std::string::npos) << rep;
+}
+
+// With any --policy list the full-KV baseline is added (unless one is full already).
+TEST_F(TaskModel, FullKvBaselineRunsWithAnyPolicyList) {
+    EXPECT_EQ(task_specs_with_baseline(*ck_, {"policy=window window=64"}, {256, 512}),
+              (std::vector<std::string>{"policy=full capacity=576", "policy=window window=64"}));
+    EXPECT_EQ(task_specs_with_baseline(*ck_, {"policy=snapkv", "policy=full capacity=300"}, {256}),
+              (std::vector<std::string>{"policy=snapkv", "policy=full capacity=300"}));
+    const auto d = task_specs_with_baseline(*ck_, default_task_specs(), {1000});
+    ASSERT_EQ(d.size(), default_task_specs().size() + 1);
+    EXPECT_EQ(d[0], "policy=full capacity=1064");
+}
+
+// A full-KV baseline that answers nothing is flagged: the model cannot do the task.
+TEST(Tasks, ReportFlagsAFullKvBaselineThatScoresZero) {
+    std::vector<TaskResult> rs;
+    for (int i = 0; i < 4; i++) {
+        TaskResult r;
+        r.task = "passkey";
+        r.setting = kSettings[i % 2];
+        r.policy = i < 2 ? "policy=full capacity=600" : "policy=window compression_ratio=0.5";
+        r.ratio = i < 2 ? -1 : 0.5;
+        r.length = 500;
+        r.correct = 0;
+        rs.push_back(r);
+    }
+    std::string rep = task_report(rs);
+    EXPECT_NE(rep.find("**Warning: full KV scores 0 on passkey** (query-aware, 1 cell; query-agnostic, 1 cell): the model "
+                       "cannot do this task"),
+              std::string::npos)
+        << rep;
+    rs[0].correct = 1;
+    rep = task_report(rs);
+    EXPECT_NE(rep.find("**Warning: full KV scores 0 on passkey** (query-agnostic, 1 cell)"), std::string::npos) << rep;
+    rs[1].correct = 1;
+    EXPECT_EQ(task_report(rs).find("Warning"), std::string::npos);
+}
+
+// The memory plot's legend (issue 29): beside each panel in an 11-point font, not 8-point below the
+// panels where it ran into the x-axis label; the canvas grows with the number of series.
+TEST(Tasks, MemoryPlotLegendIsBesideThePanelsAndReadable) {
+    std::vector<TaskResult> rs;
+    for (int i = 0; i < 30; i++) {
+        TaskResult r;
+        r.task = "passkey";
+        r.setting = kSettings[i % 2];
+        r.policy = "policy=snapkv pool_kernel=" + std::to_string(3 + 2 * (i / 2)) + " compression_ratio=0.5";
+        r.ratio = 0.5;
+        r.length = 256;
+        r.live_bytes = 1000 + (uint64_t)i;
+        rs.push_back(r);
+    }
+    int w = 0, h = 0;
+    const std::string s = task_memory_script(rs, "passkey", "", &w, &h);
+    EXPECT_NE(s.find("set key outside right top vertical"), std::string::npos) << s;
+    EXPECT_NE(s.find("font ',11'"), std::string::npos) << s;
+    EXPECT_EQ(s.find("set key below"), std::string::npos) << s;
+    EXPECT_EQ(s.find("font ',8'"), std::string::npos) << s;
+    EXPECT_GE(h, 2 * (60 + 22 * 15)) << "15 series per panel, two panels";
 }
