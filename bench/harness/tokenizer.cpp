@@ -4,7 +4,7 @@
 #include <cctype>
 #include <cstdio>
 #include <cstring>
-#include <queue>
+#include <functional>
 
 #include "gguf.h"
 
@@ -412,14 +412,21 @@ struct Sym {
     int32_t prev, next;
 };
 
-// A candidate pair (left, right) of adjacent symbols; still valid while both keep the sizes they
-// had when it was queued (a symbol only grows by taking its right neighbour).
+// A candidate pair: symbol `left` and its right neighbour, `size` bytes together when queued. It is
+// still valid while left.n + right.n == size with both non-empty (a symbol only grows by taking its
+// right neighbour, so any merge touching either changes the sum or empties one of them). key is
+// priority << 32 | left: the smallest key merges first (priority: BPE rank, SentencePiece score
+// order), the leftmost pair on ties.
 struct Pair {
-    int32_t left, right;
+    uint64_t key;
     uint32_t size;
-    float score;   // SentencePiece: higher first
-    int32_t rank;  // BPE: lower first
+    int32_t left() const { return (int32_t)(uint32_t)key; }
 };
+
+bool valid(const std::vector<Sym> &sym, const Pair &p) {
+    const Sym &l = sym[(size_t)p.left()];
+    return l.n != 0 && l.next >= 0 && sym[(size_t)l.next].n != 0 && l.n + sym[(size_t)l.next].n == p.size;
+}
 
 std::vector<Sym> split_chars(const std::string &w) {
     std::vector<Sym> sym;
@@ -433,13 +440,167 @@ std::vector<Sym> split_chars(const std::string &w) {
     return sym;
 }
 
-void merge(std::vector<Sym> &sym, const Pair &p) {
-    Sym &l = sym[(size_t)p.left];
-    Sym &r = sym[(size_t)p.right];
+void merge(std::vector<Sym> &sym, int32_t left) {
+    Sym &l = sym[(size_t)left];
+    Sym &r = sym[(size_t)l.next];
     l.n += r.n;
     r.n = 0;
     l.next = r.next;
-    if (r.next >= 0) sym[(size_t)r.next].prev = p.left;
+    if (r.next >= 0) sym[(size_t)r.next].prev = left;
+}
+
+// A 4-ary min-heap of pairs by key (shallower and more cache-friendly than a binary heap: a run of
+// one character queues a pair per character).
+class PairHeap {
+public:
+    explicit PairHeap(std::vector<Pair> v) : h_(std::move(v)) {
+        for (size_t i = h_.size(); i-- > 0;) down(i);
+    }
+    void push(const Pair &p) {
+        h_.push_back(p);
+        size_t i = h_.size() - 1;
+        while (i > 0) {
+            const size_t up = (i - 1) / 4;
+            if (h_[up].key <= p.key) break;
+            h_[i] = h_[up];
+            i = up;
+        }
+        h_[i] = p;
+    }
+    bool pop(Pair *top) {
+        if (h_.empty()) return false;
+        *top = h_[0];
+        h_[0] = h_.back();
+        h_.pop_back();
+        if (!h_.empty()) down(0);
+        return true;
+    }
+
+private:
+    void down(size_t i) {
+        const Pair p = h_[i];
+        const size_t n = h_.size();
+        for (;;) {
+            const size_t c = 4 * i + 1;
+            if (c >= n) break;
+            size_t best = c;
+            const size_t end = std::min(c + 4, n);
+            for (size_t j = c + 1; j < end; j++)
+                if (h_[j].key < h_[best].key) best = j;
+            if (h_[best].key >= p.key) break;
+            h_[i] = h_[best];
+            i = best;
+        }
+        h_[i] = p;
+    }
+    std::vector<Pair> h_;
+};
+
+// The same order for long words: one bucket per priority, each a run of pairs queued in increasing
+// `left` (consumed from its head) plus a heap for the pairs queued out of that order, and a heap of
+// the priorities with pairs. A run of one character queues its pairs almost always in order, so
+// most pushes and pops take O(1) instead of a walk down a heap of a million pairs.
+class BucketQueue {
+public:
+    explicit BucketQueue(const std::vector<Pair> &seed) {
+        for (const Pair &p : seed) push(p);
+    }
+    void push(const Pair &p) {
+        const uint32_t prio = (uint32_t)(p.key >> 32);
+        auto it = index_.find(prio);
+        if (it == index_.end()) {
+            it = index_.emplace(prio, (uint32_t)buckets_.size()).first;
+            buckets_.emplace_back();
+        }
+        Bucket &b = buckets_[it->second];
+        if (b.head == b.run.size()) {
+            b.run.clear();
+            b.head = 0;
+        }
+        if (b.run.empty() || p.key > b.run.back().key) {
+            b.run.push_back(p);
+        } else {
+            b.heap.push_back(p);
+            std::push_heap(b.heap.begin(), b.heap.end(), later);
+        }
+        if (!b.queued) {
+            b.queued = true;
+            prios_.push_back((uint64_t)prio << 32 | it->second);
+            std::push_heap(prios_.begin(), prios_.end(), std::greater<uint64_t>());
+        }
+    }
+    bool pop(Pair *top) {
+        while (!prios_.empty()) {
+            Bucket &b = buckets_[(uint32_t)prios_.front()];
+            const bool in_run = b.head < b.run.size(), in_heap = !b.heap.empty();
+            if (!in_run && !in_heap) {
+                b.queued = false;
+                std::pop_heap(prios_.begin(), prios_.end(), std::greater<uint64_t>());
+                prios_.pop_back();
+                continue;
+            }
+            if (in_run && (!in_heap || b.run[b.head].key < b.heap.front().key)) {
+                *top = b.run[b.head++];
+            } else {
+                *top = b.heap.front();
+                std::pop_heap(b.heap.begin(), b.heap.end(), later);
+                b.heap.pop_back();
+            }
+            return true;
+        }
+        return false;
+    }
+
+private:
+    static bool later(const Pair &a, const Pair &b) { return a.key > b.key; }
+    struct Bucket {
+        std::vector<Pair> run, heap;
+        size_t head = 0;
+        bool queued = false;
+    };
+    std::vector<Bucket> buckets_;
+    std::unordered_map<uint32_t, uint32_t> index_;
+    std::vector<uint64_t> prios_;  // priority << 32 | bucket, of the buckets with pairs
+};
+
+// Pops pairs in key order, merges the valid ones and queues the pairs they make.
+template <class Queue, class PairOf, class Merged>
+void merge_with(std::vector<Sym> &sym, Queue &heap, PairOf pair_of, Merged merged) {
+    Pair top, p;
+    while (heap.pop(&top)) {
+        if (!valid(sym, top)) continue;
+        const int32_t l = top.left();
+        merge(sym, l);
+        merged(l);
+        const int32_t prev = sym[(size_t)l].prev;
+        if (prev >= 0 && pair_of(prev, &p)) heap.push(p);
+        if (sym[(size_t)l].next >= 0 && pair_of(l, &p)) heap.push(p);
+    }
+}
+
+// The merge loop, seeded with every adjacent pair. prio(l, &priority, &size) tells whether symbol l
+// merges with its right neighbour; merged(l) runs after each merge into l.
+template <class Prio, class Merged>
+void merge_loop(std::vector<Sym> &sym, Prio prio, Merged merged) {
+    auto pair_of = [&](int32_t l, Pair *p) {
+        uint32_t pr, size;
+        if (!prio(l, &pr, &size)) return false;
+        p->key = (uint64_t)pr << 32 | (uint32_t)l;
+        p->size = size;
+        return true;
+    };
+    std::vector<Pair> seed;
+    seed.reserve(sym.size());
+    Pair p;
+    for (size_t i = 0; i + 1 < sym.size(); i++)
+        if (pair_of((int32_t)i, &p)) seed.push_back(p);
+    if (sym.size() >= 256) {
+        BucketQueue q(seed);
+        merge_with(sym, q, pair_of, merged);
+    } else {
+        PairHeap q(std::move(seed));
+        merge_with(sym, q, pair_of, merged);
+    }
 }
 
 }  // namespace
@@ -485,6 +646,20 @@ bool Tokenizer::build(Kind kind, const std::string &pre, std::vector<std::string
     t->scores_ = std::move(scores);
     t->types_ = std::move(types);
     t->strip_.assign(t->pieces_.size(), 0);
+    {  // each piece's score as a rank: 0 for the highest score, equal scores equal ranks (NaN last)
+        std::vector<float> order;
+        for (float x : t->scores_)
+            if (x == x) order.push_back(x);
+        std::sort(order.begin(), order.end(), [](float a, float b) { return a > b; });
+        order.erase(std::unique(order.begin(), order.end()), order.end());
+        t->score_order_.resize(t->scores_.size());
+        for (size_t i = 0; i < t->scores_.size(); i++) {
+            const float x = t->scores_[i];
+            t->score_order_[i] = x == x ? (uint32_t)(std::lower_bound(order.begin(), order.end(), x, [](float a, float b) { return a > b; }) -
+                                                     order.begin())
+                                        : (uint32_t)order.size();
+        }
+    }
     for (int i = 0; i < 256; i++) t->byte_tok_[i] = -1;
     t->ids_.reserve(t->pieces_.size());
     for (size_t i = 0; i < t->pieces_.size(); i++) {
@@ -501,24 +676,24 @@ bool Tokenizer::build(Kind kind, const std::string &pre, std::vector<std::string
     }
     std::stable_sort(t->specials_.begin(), t->specials_.end(),
                      [&](int32_t a, int32_t b) { return t->pieces_[(size_t)a].size() > t->pieces_[(size_t)b].size(); });
-    // merges: "left right", split at the first space after the first byte (as llama.cpp)
-    std::vector<std::pair<std::string, std::string>> halves;
-    halves.reserve(merges.size());
-    std::unordered_map<std::string, int32_t> part_index;
-    for (const std::string &m : merges) {
-        const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string::npos;
-        std::string a, b;
-        if (sp != std::string::npos) {
-            a = m.substr(0, sp);
-            b = m.substr(sp + 1);
-        }
-        for (const std::string *h : {&a, &b})
-            if (part_index.emplace(*h, (int32_t)t->merge_parts_.size()).second) t->merge_parts_.push_back(*h);
-        halves.emplace_back(std::move(a), std::move(b));
-    }
-    for (size_t i = 0; i < t->merge_parts_.size(); i++) t->part_id_[std::string_view(t->merge_parts_[i])] = (int32_t)i;
-    for (size_t r = 0; r < halves.size(); r++) {
-        const uint64_t key = (uint64_t)(uint32_t)part_index[halves[r].first] << 32 | (uint32_t)part_index[halves[r].second];
+    // merges: "left right", split at the first space after the first byte (as llama.cpp); the
+    // halves are interned (part_id_ holds views into merge_parts_, which never reallocates)
+    t->merge_parts_.reserve(2 * merges.size());
+    auto intern = [&](std::string_view h) {
+        auto it = t->part_id_.find(h);
+        if (it != t->part_id_.end()) return it->second;
+        t->merge_parts_.emplace_back(h);
+        const int32_t id = (int32_t)t->merge_parts_.size() - 1;
+        t->part_id_.emplace(std::string_view(t->merge_parts_.back()), id);
+        return id;
+    };
+    t->merge_rank_.reserve(merges.size());
+    for (size_t r = 0; r < merges.size(); r++) {
+        const std::string_view m(merges[r]);
+        const size_t sp = m.size() > 1 ? m.find(' ', 1) : std::string_view::npos;
+        const std::string_view a = sp == std::string_view::npos ? std::string_view() : m.substr(0, sp);
+        const std::string_view b = sp == std::string_view::npos ? std::string_view() : m.substr(sp + 1);
+        const uint64_t key = (uint64_t)(uint32_t)intern(a) << 32 | (uint32_t)intern(b);
         t->merge_rank_.emplace(key, (int32_t)r);  // the first rank of a repeated merge
     }
     *out = t;
@@ -607,25 +782,18 @@ bool Tokenizer::from_gguf(const GgufFile &f, int vocab, std::shared_ptr<const To
 
 void Tokenizer::encode_spm(const std::string &text, std::vector<int32_t> *out) const {
     std::vector<Sym> sym = split_chars(text);
-    auto cmp = [](const Pair &a, const Pair &b) { return a.score < b.score || (a.score == b.score && a.left > b.left); };
-    std::priority_queue<Pair, std::vector<Pair>, decltype(cmp)> q(cmp);
-    auto add = [&](int32_t l, int32_t r) {
-        if (l < 0 || r < 0) return;
-        const uint32_t n = sym[(size_t)l].n + sym[(size_t)r].n;
-        const int32_t id = find(std::string_view(text).substr(sym[(size_t)l].b, n));
-        if (id < 0) return;
-        q.push({l, r, n, scores_[(size_t)id], 0});
-    };
-    for (size_t i = 1; i < sym.size(); i++) add((int32_t)i - 1, (int32_t)i);
-    while (!q.empty()) {
-        const Pair p = q.top();
-        q.pop();
-        const Sym &l = sym[(size_t)p.left], &r = sym[(size_t)p.right];
-        if (l.n == 0 || r.n == 0 || l.n + r.n != p.size) continue;
-        merge(sym, p);
-        add(sym[(size_t)p.left].prev, p.left);
-        add(p.left, sym[(size_t)p.left].next);
-    }
+    const std::string_view tv(text);
+    merge_loop(
+        sym,
+        [&](int32_t l, uint32_t *prio, uint32_t *size) {
+            const uint32_t n = sym[(size_t)l].n + sym[(size_t)sym[(size_t)l].next].n;
+            const int32_t id = find(tv.substr(sym[(size_t)l].b, n));
+            if (id < 0) return false;
+            *prio = score_order_[(size_t)id];
+            *size = n;
+            return true;
+        },
+        [](int32_t) {});
     for (int32_t i = sym.empty() ? -1 : 0; i != -1; i = sym[(size_t)i].next) {
         const std::string_view piece = std::string_view(text).substr(sym[(size_t)i].b, sym[(size_t)i].n);
         const int32_t id = find(piece);
@@ -672,25 +840,18 @@ void Tokenizer::bpe_word(const std::string &word, std::vector<int32_t> *out) con
         return it == part_id_.end() ? -1 : it->second;
     };
     for (size_t i = 0; i < sym.size(); i++) part[i] = part_of(sym[i]);
-    auto cmp = [](const Pair &a, const Pair &b) { return a.rank > b.rank || (a.rank == b.rank && a.left > b.left); };
-    std::priority_queue<Pair, std::vector<Pair>, decltype(cmp)> q(cmp);
-    auto add = [&](int32_t l, int32_t r) {
-        if (l < 0 || r < 0 || part[(size_t)l] < 0 || part[(size_t)r] < 0) return;
-        auto it = merge_rank_.find((uint64_t)(uint32_t)part[(size_t)l] << 32 | (uint32_t)part[(size_t)r]);
-        if (it == merge_rank_.end()) return;
-        q.push({l, r, sym[(size_t)l].n + sym[(size_t)r].n, 0.0f, it->second});
-    };
-    for (size_t i = 1; i < sym.size(); i++) add((int32_t)i - 1, (int32_t)i);
-    while (!q.empty()) {
-        const Pair p = q.top();
-        q.pop();
-        const Sym &l = sym[(size_t)p.left], &r = sym[(size_t)p.right];
-        if (l.n == 0 || r.n == 0 || l.n + r.n != p.size) continue;
-        merge(sym, p);
-        part[(size_t)p.left] = part_of(sym[(size_t)p.left]);
-        add(sym[(size_t)p.left].prev, p.left);
-        add(p.left, sym[(size_t)p.left].next);
-    }
+    merge_loop(
+        sym,
+        [&](int32_t l, uint32_t *prio, uint32_t *size) {
+            const int32_t r = sym[(size_t)l].next;
+            if (part[(size_t)l] < 0 || part[(size_t)r] < 0) return false;
+            auto it = merge_rank_.find((uint64_t)(uint32_t)part[(size_t)l] << 32 | (uint32_t)part[(size_t)r]);
+            if (it == merge_rank_.end()) return false;
+            *prio = (uint32_t)it->second;
+            *size = sym[(size_t)l].n + sym[(size_t)r].n;
+            return true;
+        },
+        [&](int32_t l) { part[(size_t)l] = part_of(sym[(size_t)l]); });
     for (int32_t i = sym.empty() ? -1 : 0; i != -1; i = sym[(size_t)i].next) {
         const std::string_view s = std::string_view(word).substr(sym[(size_t)i].b, sym[(size_t)i].n);
         const int32_t id = find(s);

@@ -88,6 +88,7 @@ private:
     std::string model_, pre_;
     std::vector<std::string> pieces_;
     std::vector<float> scores_;
+    std::vector<uint32_t> score_order_;                      // SentencePiece: 0 = highest score
     std::vector<int32_t> types_;
     std::vector<uint8_t> strip_;                             // bit 0 lstrip, bit 1 rstrip
     std::unordered_map<std::string_view, int32_t> ids_;     // views into pieces_ (last id wins)
