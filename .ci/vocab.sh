@@ -39,8 +39,10 @@ if [ "$(git -C "$SRC" rev-parse HEAD 2>/dev/null || true)" != "$COMMIT" ]; then
   fi
   rm -rf "$CACHE/package" "$SRC"
   tar -xzf "$tgz" -C "$CACHE" package/llama/gitRelease.bundle
-  git -c advice.detachedHead=false clone -q "$CACHE/package/llama/gitRelease.bundle" "$SRC"
-  rm -rf "$CACHE/package"
+  # only models/ is checked out (the vectors); the rest of the tree stays in the object store
+  git -c advice.detachedHead=false clone -q --no-checkout "$CACHE/package/llama/gitRelease.bundle" "$SRC"
+  git -C "$SRC" -c advice.detachedHead=false checkout -q HEAD -- models
+  rm -rf "$CACHE/package" "$tgz"
 fi
 got=$(git -C "$SRC" rev-parse HEAD)
 if [ "$got" != "$COMMIT" ]; then
