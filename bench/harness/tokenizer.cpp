@@ -281,7 +281,7 @@ void split_matches(const Cps &c, size_t b, size_t e, Match match, Pieces *out) {
     s.emit(e);
 }
 
-enum Pre { kPreDefault, kPreGpt2, kPreLlama3, kPreQwen2, kPreQwen35, kPreSmollm, kPreFalcon };
+enum Pre { kPreDefault, kPreGpt2, kPreLlama3, kPreQwen2, kPreQwen35, kPreSmollm, kPreFalcon, kPreDeepseekCoder };
 
 struct PreName {
     const char *name;
@@ -299,6 +299,7 @@ const PreName kPreNames[] = {
     {"smollm", kPreSmollm}, {"starcoder", kPreSmollm}, {"refact", kPreSmollm}, {"command-r", kPreSmollm},
     {"codeshell", kPreSmollm}, {"exaone", kPreSmollm}, {"minerva-7b", kPreSmollm},
     {"falcon", kPreFalcon},
+    {"deepseek-coder", kPreDeepseekCoder},
 };
 
 bool is_ascii_digit(uint32_t c) { return c >= '0' && c <= '9'; }
@@ -362,6 +363,33 @@ Pieces pre_pieces(Pre pre, const Cps &c) {
             });
             gpt2();
             break;
+        case kPreDeepseekCoder: {  // [\r\n], \s?\p{L}+, \s?\p{P}+, [一-龥ࠀ-一가-퟿]+, \p{N}
+            auto one = [&](auto pred) {
+                each([&](size_t b, size_t e, Pieces *out) {
+                    split_matches(c, b, e, [&](size_t p, size_t) -> size_t { return pred(p) ? 1 : 0; }, out);
+                });
+            };
+            auto space_then = [&](auto pred) {  // \s?X+: the space only when X follows
+                each([&](size_t b, size_t e, Pieces *out) {
+                    split_matches(c, b, e, [&](size_t p, size_t end) -> size_t {
+                        size_t q = p;
+                        if (c.ws[q] && q + 1 < end && pred(q + 1)) q++;
+                        else if (!pred(q)) return 0;
+                        while (q < end && pred(q)) q++;
+                        return q - p;
+                    }, out);
+                });
+            };
+            one([&](size_t p) { return c.cp[p] == '\r' || c.cp[p] == '\n'; });
+            space_then([&](size_t p) { return c.cls[p] == kLetter && !c.ws[p]; });
+            space_then([&](size_t p) { return c.cls[p] == kPunct && !c.ws[p]; });
+            class_runs([&](size_t p) {
+                const uint32_t x = c.cp[p];
+                return !c.ws[p] && ((x >= 0x4E00 && x <= 0x9FA5) || (x >= 0x0800 && x <= 0x4E00) || (x >= 0xAC00 && x <= 0xD7FF));
+            });
+            one(number);
+            break;
+        }
         case kPreLlama3:
         case kPreQwen2:
         case kPreQwen35:

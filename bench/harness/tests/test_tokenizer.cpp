@@ -363,7 +363,7 @@ TEST(Tokenizer, PreTokenizerNamesAreLlamaCpps) {
     EXPECT_FALSE(Tokenizer::build(Tokenizer::kBpe, "gpt2", p, {}, {}, {}, &t, &err));  // llama.cpp never writes it
     EXPECT_NE(err.find("'gpt2' is not supported (supported: default, llama3"), std::string::npos) << err;
     for (const char *name : {"gpt-2", "llama-bpe", "llama3", "qwen2", "qwen35", "default", "smollm", "starcoder", "refact",
-                             "command-r", "mpt", "olmo", "falcon", "phi-2", "stablelm2"})
+                             "command-r", "mpt", "olmo", "falcon", "phi-2", "stablelm2", "deepseek-coder"})
         EXPECT_TRUE(Tokenizer::build(Tokenizer::kBpe, name, p, {}, {}, {}, &t, &err)) << name << ": " << err;
     auto split = [](const char *pre, const std::string &s) { return make_bpe(pre, {}).tok->pre_split(s); };
     // default: [\p{P}$+<=>^~|]+, the GPT-2 regex, \p{N}+, [0-9]{3}: "1 John 1" keeps the space alone
@@ -373,6 +373,9 @@ TEST(Tokenizer, PreTokenizerNamesAreLlamaCpps) {
               (V{"Hello", " world", "'", "s", " ", "123", "45", " ", " end", "\n", "\n", "x"}));
     EXPECT_EQ(split("falcon", "a+b=`c` 12345"), (V{"a", "+", "b", "=`", "c", "`", " ", "123", "45"}));
     EXPECT_EQ(split("starcoder", "ab12 cd"), (V{"ab", "1", "2", " cd"}));
+    // deepseek-coder: [\r\n], \s?\p{L}+, \s?\p{P}+, CJK/Hangul runs, \p{N}
+    EXPECT_EQ(split("deepseek-coder", "if x12:\n  y, \xE4\xBD\xA0\xE5\xA5\xBD"),
+              (V{"if", " x", "1", "2", ":", "\n", " ", " y", ",", " ", "\xE4\xBD\xA0\xE5\xA5\xBD"}));
     EXPECT_EQ(split("llama-bpe", "DON'T 1234567 ok!!\n\n  hi"), (V{"DON", "'T", " ", "123", "456", "7", " ok", "!!\n\n", " ", " hi"}));
 }
 
