@@ -668,6 +668,16 @@ bool Tokenizer::build(Kind kind, const std::string &pre, std::vector<std::string
     }
     scores.resize(pieces.size(), 0.0f);
     types.resize(pieces.size(), 1);
+    // llama.cpp makes every end-of-generation token a control token, whatever the file's type (so
+    // "</s>", user-defined in Phi-3's file, is text without parse_special)
+    static const char *const kEog[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+                                       "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+                                       "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+                                       "<turn|>", "<|tool_response>", "<\xEF\xBD\x9C" "end\xE2\x96\x81" "of\xE2\x96\x81" "sentence\xEF\xBD\x9C>",
+                                       "[e~["};
+    for (size_t i = 0; i < pieces.size(); i++)
+        for (const char *e : kEog)
+            if (pieces[i] == e) types[i] = 3;
     for (size_t i = 0; i < pieces.size(); i++)
         if (pieces[i].empty()) pieces[i] = "[EMPTY_" + std::to_string(i) + "]";  // as llama.cpp
     t->pieces_ = std::move(pieces);

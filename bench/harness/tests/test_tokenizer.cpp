@@ -402,6 +402,11 @@ TEST(Tokenizer, ParseSpecialIsASwitch) {
     EXPECT_EQ(b.tok->decode(off), "x<|end|>y<u>z");
     Ids on = b.tok->encode("x<|end|>y<u>z", false, false, true);
     EXPECT_EQ(on, (Ids{'x', end, 'y', u, 'z'}));
+    // an end-of-generation token is a control token even when the file says user-defined (Phi-3's
+    // "</s>"), as llama.cpp makes it
+    Bpe e = make_bpe("gpt-2", {}, {"</s>"}, {4});
+    EXPECT_EQ(e.tok->encode("a</s>", false, false, false).size(), 5u);
+    EXPECT_EQ(e.tok->encode("a</s>", false, false, true), (Ids{'a', 256}));
     // SentencePiece: after a special token the next fragment gets its U+2581 again
     Spm s = small_spm();
     const int32_t ua = s.ref.id.at("\xE2\x96\x81" "a");
