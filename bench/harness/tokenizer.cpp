@@ -712,6 +712,13 @@ bool Tokenizer::build(Kind kind, const std::string &pre, std::vector<std::string
         // control (3), user-defined (4) and unknown (2) tokens split the text first
         if (t->types_[i] == 2 || t->types_[i] == 3 || t->types_[i] == 4) t->specials_.push_back((int32_t)i);
     }
+    if (kind == kSpm)  // llama.cpp looks "<0xXX>" up by text (upper-case hex, the last such piece)
+        for (int b = 0; b < 256; b++) {
+            char name[8];
+            std::snprintf(name, sizeof name, "<0x%02X>", b);
+            const int32_t id = t->find(name);
+            if (id >= 0) t->byte_tok_[b] = id;
+        }
     std::stable_sort(t->specials_.begin(), t->specials_.end(),
                      [&](int32_t a, int32_t b) { return t->pieces_[(size_t)a].size() > t->pieces_[(size_t)b].size(); });
     // merges: "left right", split at the first space after the first byte (as llama.cpp); the
