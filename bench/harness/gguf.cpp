@@ -594,7 +594,8 @@ bool GgufFile::parse(const uint8_t *data, size_t size, const std::string &name, 
         tensors_.push_back(std::move(t));
     }
     const uint64_t data_start = (c.pos + align_ - 1) / align_ * align_;
-    if (data_start > size) return fail("truncated: no room for the tensor data after the header");
+    // A file without tensors (llama.cpp's vocabulary-only files) may end right after its metadata.
+    if (!tensors_.empty() && data_start > size) return fail("truncated: no room for the tensor data after the header");
     const uint64_t room = size - data_start;
     for (GgufTensor &t : tensors_) {
         // Unknown types keep nbytes 0 and no data: the model loader names them; info lists them.

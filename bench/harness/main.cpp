@@ -7,6 +7,7 @@
 //   kvprune keys   [--policy NAME] [--markdown]
 //   kvprune report --in results.json
 //   kvprune info   --model M
+//   kvprune tokenize --model M [--text T | --file F] [--chunks] [--bos] [--special]
 //
 // See docs/harness.md. Exit status: 0 success, 1 error (bad file, bad policy, failed run),
 // 2 usage error.
@@ -28,6 +29,7 @@
 #include <vector>
 
 #include "checkpoint.h"
+#include "gguf.h"
 #include "eval.h"
 #include "gguf.h"
 #include "plot.h"
@@ -165,8 +167,16 @@ const char *kUsageInfo =
     "    --model takes a llama2.c .bin or a GGUF file (llama, qwen2, qwen3; weight types f32, f16, bf16,\n"
     "    q8_0, q8_1, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K in any mix; docs/harness.md).\n";
 
+const char *kUsageTokenize =
+    "kvprune tokenize --model M [--text T | --file F] [--chunks] [--bos] [--special]\n"
+    "    The token ids of a text through a GGUF file's tokenizer (vocabulary-only files too), on one line.\n"
+    "    --chunks: the input is llama.cpp's test-tokenizer-0 format (chunks separated by lines\n"
+    "    __ggml_vocab_test__); one line of ids per chunk. --bos: BOS first when the model adds one\n"
+    "    (`info`'s add_bos, as run and eval do). --special: control-token text becomes the token\n"
+    "    (llama.cpp's parse_special; off by default, as for eval text).\n";
+
 std::string usage_all() {
-    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport + kUsageInfo +
+    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport + kUsageInfo + kUsageTokenize +
            "kvprune help | version\n"
            "SPEC is the kvp_config_apply string, e.g. \"policy=streaming sinks=4 window=60\" (`kvprune keys`).\n"
            "GGUF models with a tokenizer read text through it; other models with vocab 256 read text as\n"
@@ -1139,6 +1149,92 @@ int cmd_keys(int argc, char **argv) {
     return 0;
 }
 
+// ---------------------------------------------------------------- tokenize
+
+bool is_gguf(const std::string &path) {
+    char magic[4] = {0, 0, 0, 0};
+    std::ifstream f(path, std::ios::binary);
+    return f.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+void print_tokenizer(const Tokenizer &t) {
+    std::printf("tokenizer      %s%s%s, %d tokens, bos %d, eos %d, add_bos %s\n", t.model_name().c_str(),
+                t.kind() == Tokenizer::kBpe ? ", pre " : "", t.kind() == Tokenizer::kBpe ? t.pre().c_str() : "", t.size(), t.bos,
+                t.eos, t.add_bos ? "yes" : "no");
+}
+
+// `info` on a GGUF file without tensors (llama.cpp's vocabulary files): 1 when printed, -1 on a
+// bad tokenizer, 0 for any other file (the model path).
+int info_vocab_only(const std::string &path) {
+    if (!is_gguf(path)) return 0;
+    GgufFile f;
+    std::string err;
+    if (!f.open(path, &err) || !f.tensors().empty()) return 0;
+    std::shared_ptr<const Tokenizer> t;
+    if (!Tokenizer::from_gguf(f, 0, &t, &err)) {
+        error("info", err);
+        return -1;
+    }
+    std::string arch, name;
+    f.get_str("general.architecture", &arch);
+    f.get_str("general.name", &name);
+    std::printf("model          %s\n", path.c_str());
+    std::printf("format         gguf v%u, vocabulary only: no tensors (%zu bytes)\n", f.version(), f.file_size());
+    std::printf("architecture   %s%s%s\n", arch.empty() ? "(none)" : arch.c_str(), name.empty() ? "" : ", name: ", name.c_str());
+    if (t) print_tokenizer(*t);
+    else std::printf("tokenizer      none\n");
+    return 1;
+}
+
+int cmd_tokenize(int argc, char **argv) {
+    Args a;
+    if (!parse_args(argc, argv, 2, {"model", "text", "file"}, {"chunks", "bos", "special"}, &a))
+        return usage_error("tokenize", a.err, kUsageTokenize);
+    if (a.help) return help(kUsageTokenize);
+    if (!a.has("model")) return usage_error("tokenize", "--model is required", kUsageTokenize);
+    if (a.has("text") == a.has("file")) return usage_error("tokenize", "give one of --text and --file", kUsageTokenize);
+    const std::string path = a.get("model");
+    std::string err, text = a.get("text");
+    if (!is_gguf(path)) return error("tokenize", "'" + path + "' is not a GGUF file (tokenize reads a GGUF file's tokenizer)");
+    GgufFile f;
+    if (!f.open(path, &err)) return error("tokenize", err);
+    std::shared_ptr<const Tokenizer> t;
+    if (!Tokenizer::from_gguf(f, 0, &t, &err)) return error("tokenize", err);
+    if (!t) return error("tokenize", "'" + path + "' has no tokenizer (no tokenizer.ggml.model)");
+    if (a.has("file")) {
+        std::ifstream in(a.get("file"), std::ios::binary);
+        if (!in) return error("tokenize", "cannot read '" + a.get("file") + "'");
+        text.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    }
+    std::vector<std::string> chunks;
+    if (a.has("chunks")) {  // as llama.cpp's test-tokenizer-0 reads its .inp files
+        const std::string sep = "\n__ggml_vocab_test__\n";
+        for (size_t pos = 0; pos < text.size();) {
+            const size_t next = text.find(sep, pos);
+            if (next == std::string::npos) {
+                chunks.push_back(text.substr(pos));
+                break;
+            }
+            chunks.push_back(text.substr(pos, next - pos));
+            pos = next + sep.size();
+        }
+    } else {
+        chunks.push_back(text);
+    }
+    const bool bos = a.has("bos") && t->add_bos;
+    std::string line;
+    for (const std::string &c : chunks) {
+        line.clear();
+        for (int32_t id : t->encode(c, bos, t->add_space_prefix, a.has("special"))) {
+            if (!line.empty()) line.push_back(' ');
+            line += std::to_string(id);
+        }
+        line.push_back('\n');
+        std::fwrite(line.data(), 1, line.size(), stdout);
+    }
+    return 0;
+}
+
 // ---------------------------------------------------------------- info
 
 int cmd_info(int argc, char **argv) {
@@ -1147,6 +1243,7 @@ int cmd_info(int argc, char **argv) {
     if (a.help) return help(kUsageInfo);
     std::string err;
     Checkpoint ck;
+    if (int rc = info_vocab_only(a.get("model", bundled(kDefaultModel)))) return rc > 0 ? 0 : 1;
     if (!load_checkpoint(a.get("model", bundled(kDefaultModel)), &ck, &err)) return error("info", err);
     const ModelConfig &c = ck.cfg;
     uint64_t params = 0;
@@ -1241,6 +1338,7 @@ int main(int argc, char **argv) {
     if (cmd == "keys") return cmd_keys(argc, argv);
     if (cmd == "report") return cmd_report(argc, argv);
     if (cmd == "info") return cmd_info(argc, argv);
+    if (cmd == "tokenize") return cmd_tokenize(argc, argv);
     if (cmd == "help" || cmd == "--help" || cmd == "-h") {
         std::printf("%s", usage_all().c_str());
         return 0;

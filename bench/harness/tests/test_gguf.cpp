@@ -1473,7 +1473,8 @@ TEST(GgufTokenizer, Llama2SentencePieceReproducesEveryCase) {
     // byte fallback for a character outside the vocabulary, and BOS as text
     auto ids = ck.tok->encode("\xF0\x9F\xA6\x99", false);
     EXPECT_EQ(ck.tok->decode(ids), " \xF0\x9F\xA6\x99");
-    EXPECT_EQ(ck.tok->encode("<s>hi", false).front(), 1);
+    EXPECT_EQ(ck.tok->encode("<s>hi", false, true, /*parse_special=*/true).front(), 1);
+    EXPECT_NE(ck.tok->encode("<s>hi", false).front(), 1);  // haystack text: "<s>" is text
     // A long text (the eval text, 200 KB) encodes in linear time and decodes back.
     std::ifstream tf(std::string(KVP_HARNESS_MODELS_DIR) + "/enbytes-1m.eval.txt", std::ios::binary);
     std::string big((std::istreambuf_iterator<char>(tf)), std::istreambuf_iterator<char>());
@@ -1532,10 +1533,11 @@ std::vector<std::string> split(const std::string &pre, const std::string &text) 
 
 TEST(GgufTokenizer, BytePairPreTokenizers) {
     using V = std::vector<std::string>;
-    // gpt2 / default: contractions (case-sensitive), " ?letters", " ?digits" (any run), spaces
-    EXPECT_EQ(split("default", "Hello world's 12345  end\n\nx"),
+    // gpt-2: contractions (case-sensitive), " ?letters", " ?digits" (any run), spaces (default:
+    // test_tokenizer.cpp)
+    EXPECT_EQ(split("gpt-2", "Hello world's 12345  end\n\nx"),
               (V{"Hello", " world", "'s", " 12345", " ", " end", "\n", "\n", "x"}));
-    EXPECT_EQ(split("gpt2", "DON'T"), (V{"DON", "'", "T"}));
+    EXPECT_EQ(split("gpt-2", "DON'T"), (V{"DON", "'", "T"}));
     // llama3: case-insensitive contractions, digits in threes, punctuation + newlines, \s*[\r\n]+
     EXPECT_EQ(split("llama3", "DON'T 1234567 ok!!\n\n  hi"),
               (V{"DON", "'T", " ", "123", "456", "7", " ok", "!!\n\n", " ", " hi"}));
@@ -1558,7 +1560,7 @@ TEST(GgufTokenizer, BytePairMergesAndRoundTrip) {
     // 123 merges (digits in threes), 4 alone; 's merges
     EXPECT_EQ(t->encode("1234's", false), (std::vector<int32_t>{base + 10, '4', base + 11}));
     // a control token written in the text, unmerged bytes for the rest (space = U+0120, id 288-256=32 -> byte 0x20)
-    auto ids = t->encode("hi<|end|> \xC3\xA9", false);
+    auto ids = t->encode("hi<|end|> \xC3\xA9", false, false, /*parse_special=*/true);
     EXPECT_EQ(ids, (std::vector<int32_t>{'h', 'i', base + 13, ' ', 0xC3, 0xA9}));
     EXPECT_EQ(t->decode(ids), "hi \xC3\xA9");
     const std::string text = "Hello, world!\n\tDON'T 3.14159 caf\xC3\xA9 \xE4\xBD\xA0\xE5\xA5\xBD  \xF0\x9F\x98\x80";
