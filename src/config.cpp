@@ -891,6 +891,25 @@ kvp_status config_check(const kvp_config &c, Msg &m) {
 
 uint32_t config_key_count() { return kNumKeys; }
 
+void config_word_text(size_t off, uint32_t word, Msg &m) {
+    for (uint32_t i = 0; i < kNumFieldKeys; ++i) {
+        const Key &k = kKeys[i];
+        if (k.off != off) continue;
+        if (k.kind == kEnum) {
+            if (word < count_names(k.names)) m.s(k.names[word]);
+            else m.s("(value ").u(word).s(")");
+        } else if (k.kind == kF32) {
+            float f;
+            memcpy(&f, &word, sizeof f);
+            m.f(double(f));
+        } else {
+            m.u(word);
+        }
+        return;
+    }
+    m.u(word);
+}
+
 bool config_key_info(uint32_t index, kvp_key_info *info) {
     if (index >= kNumKeys) return false;
     const Key &k = kKeys[index];

@@ -29,6 +29,9 @@ kvp_status config_check(const kvp_config &cfg, Msg &m);
 // The key table.
 uint32_t config_key_count();
 bool config_key_info(uint32_t index, kvp_key_info *info);  // info has a valid struct_size
+// The stored value `word` of the kvp_config field at byte `off` as a person reads it: an enum's
+// name (q8, not 2), a float's value, a number (state.cpp's messages).
+void config_word_text(size_t off, uint32_t word, Msg &m);
 int config_key_used(const kvp_config &full, const char *name);
 
 // Versioned structs: size between the first released layout and the library's, multiple of 4.

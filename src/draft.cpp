@@ -226,10 +226,12 @@ kvp_status draft_commit(kvp_cache *c, uint32_t accepted, Msg &m) {
     if (accepted) {
         for (uint32_t l = 0; l < md.n_layers; ++l) {
             const DraftLayer dl = draft_layer(c, l);
-            // as the caller's kvp_prefill of them would: under max_prompt through the prompt (prompt.h)
+            // as the caller's kvp_prefill of them would: under max_prompt through the prompt (prompt.h),
+            // which ends with the commit (accepted tokens are generated ones: the next call is a decode)
             if (prompt_takes(c, l)) prompt_prefill(c, l, accepted, dl.pos, dl.q, dl.k, dl.v, Out());
             else cache_step(c, l, accepted, dl.pos, dl.q, dl.k, dl.v, nullptr, StepMode::kPrefill);
         }
+        prompt_finish_all(c);
     }
     draft_reset(c);
     return KVP_OK;

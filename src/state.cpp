@@ -914,7 +914,11 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
         if (mine != theirs) {
             m.s("the state was saved from another configuration: ");
             config_word_name(4 + 4 * size_t(i), m);
-            m.s(" differs (saved word ").u(theirs).s(", this cache ").u(mine).s(")");
+            m.s(" differs (the state was saved with ");
+            config_word_text(4 + 4 * size_t(i), theirs, m);
+            m.s(", this cache has ");
+            config_word_text(4 + 4 * size_t(i), mine, m);
+            m.s(")");
             return KVP_ERR_CONFIG;
         }
     }

@@ -294,6 +294,14 @@ TEST(State, BadBuffersLeaveTheCacheUnchanged) {
         EXPECT_TRUE(has(c.c, o.key.c_str())) << kvp_last_error(c.c);
         EXPECT_TRUE(save(c.c) == c0) << o.spec;
     }
+    {  // the values are named, not their stored words (issue 29): "f32 ... q8", "h2o ... snapkv"
+        ref::Cache c(m, spec + " kv_dtype=q8");
+        EXPECT_EQ(kvp_state_load(c.c, st.data(), st.size()), KVP_ERR_CONFIG);
+        EXPECT_TRUE(has(c.c, "kv_dtype differs (the state was saved with f32, this cache has q8)")) << kvp_last_error(c.c);
+        ref::Cache p(m, "policy=snapkv budget=24 capacity=32 max_draft=2");
+        EXPECT_EQ(kvp_state_load(p.c, st.data(), st.size()), KVP_ERR_CONFIG);
+        EXPECT_TRUE(has(p.c, "policy differs (the state was saved with h2o, this cache has snapkv)")) << kvp_last_error(p.c);
+    }
     // load during a draft
     ASSERT_EQ(kvp_draft_begin(b.c), KVP_OK);
     EXPECT_EQ(kvp_state_load(b.c, st.data(), st.size()), KVP_ERR_STATE);
@@ -533,8 +541,8 @@ namespace {
 const char *const kEditSpecs[] = {
     "policy=full capacity=40",
     "policy=window window=12 capacity=16",
-    "policy=streaming sinks=4 window=12 compress_every=4 capacity=20",
-    "policy=streaming sinks=8 window=12 compress_every=4 capacity=24",
+    "policy=streaming sinks=4 window=12 compress_every=4 capacity=21",
+    "policy=streaming sinks=8 window=12 compress_every=4 capacity=25",
     "policy=h2o budget=12 recent=4 capacity=16",
     "policy=h2o budget=12 recent=4 capacity=16 total_capacity=28 score=fixed",
     "policy=snapkv budget=10 obs_window=4 capacity=16 recent=2 prefill_stage=24",

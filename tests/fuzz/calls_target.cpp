@@ -659,7 +659,8 @@ struct Sequence {
             last_pos[l] += acc;
             if (l == 0) seen0 += acc;
         }
-
+        // max_prompt: the commit's prefill went through a prompt that the commit ended
+        KVPF_CHECK(kvp_prompt_end(t) == KVP_OK, "twin prompt_end: %s", kvp_last_error(t));
         KVPF_CHECK(observe(a, m, "cache") == observe(t, m, "twin"), "cache and twin differ after a commit of %u", acc);
     }
 

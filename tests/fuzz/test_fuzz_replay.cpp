@@ -103,8 +103,8 @@ struct SeedSpec {
 const SeedSpec kStateSeeds[] = {
     {"full", "policy=full capacity=16"},
     {"window", "policy=window window=8 capacity=10"},
-    {"streaming", "policy=streaming sinks=2 window=8 compress_every=2 capacity=12"},
-    {"streaming-sinks", "policy=streaming sinks=4 window=6 compress_every=2 capacity=12"},
+    {"streaming", "policy=streaming sinks=2 window=8 compress_every=2 capacity=13"},
+    {"streaming-sinks", "policy=streaming sinks=4 window=6 compress_every=2 capacity=13"},
     {"h2o", "policy=h2o budget=8 recent=2 capacity=10"},
     {"h2o-fixed", "policy=h2o budget=8 recent=2 capacity=10 total_capacity=18 score=fixed"},
     {"snapkv", "policy=snapkv budget=6 obs_window=2 capacity=10 recent=2 prefill_stage=16"},
