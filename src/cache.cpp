@@ -101,6 +101,20 @@ FmtIn fmt_in_of(kvp_cache *c, HeadStore &hs, const StagedNew &nw, const Scratch 
                  reinterpret_cast<float *>(s.fmt + fp.s_qsc)};
 }
 
+// The score=fixed and formatted-storage parts of a head's attention input (thread tid's scratch
+// s; fw and fin hold them for the caller), new rows nw.
+void attn_extras(kvp_cache *c, HeadStore &hs, const BlockPool &pool, const Scratch &s, size_t tid, const StagedNew &nw,
+                 AttnIn &a, FixedWork &fw, FmtIn &fin) {
+    if (pool.kq) {
+        fw = fixed_work(c, tid);
+        a.fx = &fw;
+    }
+    if (c->fmt) {
+        fin = fmt_in_of(c, hs, nw, s);
+        a.fmt = &fin;
+    }
+}
+
 // Observation, formatted conversion and prune of one head after its attention (thread tid's
 // scratch). An open prompt's chunk (j.prompt) converts only; the prompt's end (j.prompt_w)
 // observes and prunes only (nothing new to convert).
@@ -206,18 +220,13 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     AttnIn a = attn_in(c, h, nr, hs.len() + ap.staged, tid, nullptr);
     a.window = layer_window(c->cfg, j.layer);
     FixedWork fw;
-    if (pool.kq) {
-        fw = fixed_work(c, tid);
-        a.fx = &fw;
-    }
     FmtIn fin;
-    if (c->fmt) {
-        // prompt staging: the staged run's rows are the pool's staging rows (kSrcStaged)
+    StagedNew nw = ap.nw;
+    if (c->fmt && ap.staged) {  // prompt staging: the staged run's rows are the pool's staging rows (kSrcStaged)
         const FmtPool &fpo = fmt_pool(*c->fmt, pool);
-        const StagedNew snw{ap.L0, ap.staged, fpo.sk, fpo.sv, c->plan.stride, c->plan.stride};
-        fin = fmt_in_of(c, hs, ap.staged ? snw : ap.nw, s);
-        a.fmt = &fin;
+        nw = StagedNew{ap.L0, ap.staged, fpo.sk, fpo.sv, c->plan.stride, c->plan.stride};
     }
+    attn_extras(c, hs, pool, s, tid, nw, a, fw, fin);
     const QueryPos qp{&j.pos, realign, ap.L0};
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (j.mode == StepMode::kDecode) {
@@ -239,15 +248,8 @@ void head_finish(StepJob &j, uint32_t h, size_t tid) {
     const uint32_t nr = c->fmt ? fmt_runs(c, hs, pool, realign, StagedNew{}, s.runs) : store_runs(hs, pool, realign, s.runs);
     AttnIn a = attn_in(c, h, nr, hs.len(), tid, nullptr);
     FixedWork fw;
-    if (pool.kq) {
-        fw = fixed_work(c, tid);
-        a.fx = &fw;
-    }
     FmtIn fin;
-    if (c->fmt) {
-        fin = fmt_in_of(c, hs, StagedNew{}, s);
-        a.fmt = &fin;
-    }
+    attn_extras(c, hs, pool, s, tid, StagedNew{}, a, fw, fin);
     Appended ap;
     ap.L0 = hs.len() - j.n;  // the kept queries' tokens are the store's last
     head_observe_prune(j, h, a, ap, tid);
