@@ -24,7 +24,7 @@ int main(void) {
     unsigned done = 0, n, t, l, kept;
     size_t size;
     if (kvp_config_default(&cfg, &model) != KVP_OK) return 1; /* a bad geometry */
-    if (kvp_config_apply(&cfg, "policy=h2o budget=96 capacity=160 max_draft=4 max_prompt=512", err, sizeof err) != KVP_OK ||
+    if (kvp_config_apply(&cfg, "policy=h2o budget=96 max_draft=4 max_prompt=512", err, sizeof err) != KVP_OK ||
         !(raw = malloc(kvp_arena_size(&cfg) + 63))) return fprintf(stderr, "config: %s\n", err), 1;
     arena = raw + (64 - (size_t)raw % 64) % 64; /* the one allocation: 64-byte aligned, exact size */
     if (kvp_create_ex(&cfg, arena, kvp_arena_size(&cfg), &c, err, sizeof err) != KVP_OK)
