@@ -463,7 +463,12 @@ kvp_status prefill_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const i
                                                                           c->layers[layer].geom.lp.obs_extra ||
                                                                           c->layers[layer].geom.lp.staged_prefill ||
                                                                           kvp::prompt_takes(c, layer))));
-    kvp_status st = check_tokens(c, layer, n_tokens, positions, dt, kvp::draft_open(c) || reads_q ? q : nullptr, k, v, out, true, m);
+    kvp_status st;
+    // A prefill without q stores tokens without attention, as kvp_append does: it ends an open
+    // prompt first (prompt.h). (With q into a sliding-window local layer it is the prompt's.)
+    if (!q && (st = end_prompt_for(c, layer, n_tokens, positions, dt, nullptr, k, v, out, m)) != KVP_OK)
+        return fail(c, st, m);
+    st = check_tokens(c, layer, n_tokens, positions, dt, kvp::draft_open(c) || reads_q ? q : nullptr, k, v, out, true, m);
     if (st != KVP_OK) return fail(c, st, m);
     const kvp::In qi(q, dt), ki(k, dt), vi(v, dt);
     const kvp::Out oi(out, dt);

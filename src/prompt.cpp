@@ -52,7 +52,13 @@ void open_layer(kvp_cache *c, uint32_t layer) {
 void finish_layer(kvp_cache *c, uint32_t layer) {
     PromptHdr &ph = hdr(c, layer);
     set_caps(c, layer, false);  // the policy prunes to its own capacity
-    cache_prompt_select(c, layer, ph.nq, kept_pos(c, layer), kept_q(c, layer));
+    // The kept queries are the stores' last tokens (every call that adds tokens otherwise ends the
+    // prompt first): never more of them than a store holds.
+    uint32_t w = ph.nq;
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h)
+        if (head_of(c, layer, h).len() < w) w = head_of(c, layer, h).len();
+    const size_t drop = ph.nq - w;
+    cache_prompt_select(c, layer, w, kept_pos(c, layer) + drop, kept_q(c, layer) + drop * q_row_floats(c->cfg));
     // Capacity binds, and the next token must fit: a prefill rule that left more than capacity - 1
     // (streaming with compress_every=0, or whose slack lands on its capacity) gives way to the
     // policy's own eviction ranking. (One prefill call could not reach that state: a prompt of

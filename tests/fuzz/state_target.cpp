@@ -54,6 +54,9 @@ struct Arena {
 };
 
 std::vector<uint8_t> save(kvp_cache *c) {
+    // a loaded config may declare max_prompt (the word is fuzzed too): the prefills after the load
+    // then opened a prompt, which a save refuses; end it first (nothing happens without one)
+    KVPS_CHECK(kvp_prompt_end(c) == KVP_OK, "prompt_end: %s", kvp_last_error(c));
     std::vector<uint8_t> b(kvp_state_size(c));
     size_t w = 0;
     KVPS_CHECK(kvp_state_save(c, b.data(), b.size(), &w) == KVP_OK && w == b.size(), "save: %s", kvp_last_error(c));
