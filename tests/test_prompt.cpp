@@ -305,6 +305,13 @@ TEST(Prompt, CallsAroundAnOpenPrompt) {
     // an append ends it
     ASSERT_EQ(kvp_append(c, 0, 1, nullptr, &in.k[150 * in.nkv], &in.v[150 * in.nkv]), KVP_OK) << kvp_last_error(c);
     EXPECT_LE(kvp_layer_len(c, 1), 33u);
+    // a prefill without q stores without attention, as an append: it ends the prompt first
+    prefill_all(0, 100);
+    EXPECT_GT(kvp_layer_len(c, 1), 100u);  // what it held plus the new prompt
+    ASSERT_EQ(kvp_prefill(c, 1, 1, nullptr, nullptr, &in.k[151 * in.nkv], &in.v[151 * in.nkv], nullptr, nullptr), KVP_OK)
+        << kvp_last_error(c);
+    EXPECT_LE(kvp_layer_len(c, 1), 33u);
+    EXPECT_LE(kvp_layer_len(c, 0), 32u);
     // reset: nothing open, a saved state loads
     prefill_all(0, 100);
     ASSERT_EQ(kvp_reset(c), KVP_OK);
