@@ -164,20 +164,8 @@ const Implemented &implemented() {
 // The sequence's config, named in a violation's message (what to reproduce it with).
 thread_local std::string g_spec;
 [[noreturn]] void fail(const std::string &what) { violation("calls", (what + " [config: " + g_spec + "]").c_str()); }
-#define KVPF_CHECK(cond, ...)                                              \
-    do {                                                                   \
-        if (!(cond)) {                                                     \
-            char msg_[512];                                                \
-            snprintf(msg_, sizeof msg_, __VA_ARGS__);                      \
-            fail(std::string(#cond) + ": " + msg_);                        \
-        }                                                                  \
-    } while (0)
+#define KVPF_CHECK KVPFUZZ_CHECK
 
-struct Arena {
-    void *p = nullptr;
-    explicit Arena(size_t n) { p = n ? aligned_alloc(64, (n + 63) / 64 * 64) : nullptr; }
-    ~Arena() { free(p); }
-};
 
 // What we observe of a cache: per layer its length, capacity and per head positions; counters.
 struct View {

@@ -29,14 +29,7 @@ constexpr size_t kHeader = 40;
 constexpr uint32_t kWords = uint32_t((sizeof(kvp_config) - 4) / 4);
 
 [[noreturn]] void fail(const std::string &what) { violation("state", what.c_str()); }
-#define KVPS_CHECK(cond, ...)                                   \
-    do {                                                        \
-        if (!(cond)) {                                          \
-            char msg_[512];                                     \
-            snprintf(msg_, sizeof msg_, __VA_ARGS__);           \
-            fail(std::string(#cond) + ": " + msg_);             \
-        }                                                       \
-    } while (0)
+#define KVPS_CHECK KVPFUZZ_CHECK
 
 uint64_t le(const uint8_t *p, int n) {
     uint64_t v = 0;
@@ -47,11 +40,6 @@ void put(uint8_t *p, uint64_t v, int n) {
     for (int i = 0; i < n; ++i) p[i] = uint8_t(v >> (8 * i));
 }
 
-struct Arena {
-    void *p = nullptr;
-    explicit Arena(size_t n) { p = n ? aligned_alloc(64, (n + 63) / 64 * 64) : nullptr; }
-    ~Arena() { free(p); }
-};
 
 std::vector<uint8_t> save(kvp_cache *c) {
     // a loaded config may declare max_prompt (the word is fuzzed too): the prefills after the load

@@ -8,8 +8,31 @@
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <string>
+
+// For the targets' own files: checks an invariant; when it does not hold, calls the file's
+// fail(std::string) with the condition and a printf-style message (fail reports it through
+// violation()).
+#define KVPFUZZ_CHECK(cond, ...)                          \
+    do {                                                  \
+        if (!(cond)) {                                    \
+            char msg_[512];                               \
+            snprintf(msg_, sizeof msg_, __VA_ARGS__);     \
+            fail(std::string(#cond) + ": " + msg_);       \
+        }                                                 \
+    } while (0)
 
 namespace kvpfuzz {
+
+// A 64-aligned arena of n bytes (NULL for 0) for the targets' caches, freed with it.
+struct Arena {
+    void *p = nullptr;
+    explicit Arena(size_t n) { p = n ? aligned_alloc(64, (n + 63) / 64 * 64) : nullptr; }
+    ~Arena() { free(p); }
+};
 
 // Counters of what the call-sequence target did (summed over runs; for the figures).
 struct CallStats {
