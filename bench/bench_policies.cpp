@@ -11,6 +11,12 @@
 //                                              the victim m tokens before the end, so m-1 rows
 //                                              move; then one kvp_append restores L
 //   BM_RingEvict/L:<kept>/cap:<C>               one streaming front eviction + append (O(1))
+//   BM_Prompt/<mode>/P:<P>/threads:<T>         one kvp_prefill of a P-token prompt (with q and out)
+//                                              into an 8 q-head / 2 kv-head / d 64 layer, from empty:
+//        full            policy=full: causal attention only (the baseline)
+//        h2o_window      h2o scored by the prompt's last 32 queries (prompt_scores=window, before 0.3)
+//        h2o_all         h2o scored by every query (the default since 0.3, fused into the attention)
+//        *_fixed         the same with score=fixed (every query's integer weights are recomputed)
 //
 // Run (random interleaving and repetitions make the decode ratios robust on a shared machine):
 //   build/bench/bench_policies --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
@@ -152,7 +158,41 @@ void BM_RingEvict(benchmark::State &state) {
         }
 }
 
+void BM_Prompt(benchmark::State &state, std::string mode, uint32_t P, int threads) {
+    constexpr uint32_t nq = 8, nkv = 2, d = 64;
+    std::string spec = "policy=full capacity=" + std::to_string(P + 8);
+    if (mode.rfind("h2o_window", 0) == 0) spec = "policy=h2o budget=1024 prompt_scores=window capacity=" + std::to_string(P + 8);
+    if (mode.rfind("h2o_all", 0) == 0) spec = "policy=h2o budget=1024 capacity=" + std::to_string(P + 8);
+    if (mode.find("_fixed") != std::string::npos) spec += " score=fixed";
+    spec += " threads=" + std::to_string(threads);
+    Owned o(1, nq, nkv, d, spec);
+    if (!o.error.empty()) {
+        state.SkipWithError(("setup: " + o.error).c_str());
+        return;
+    }
+    Rng r{5};
+    std::vector<float> q(size_t(P) * nq * d), k(size_t(P) * nkv * d), v(k.size()), out(q.size());
+    for (float &x : q) x = r.uni();
+    for (float &x : k) x = r.uni();
+    for (float &x : v) x = r.uni();
+    for (auto _ : state) {
+        kvp_reset(o.c);
+        if (kvp_prefill(o.c, 0, P, nullptr, q.data(), k.data(), v.data(), out.data(), nullptr) != KVP_OK) {
+            state.SkipWithError(kvp_last_error(o.c));
+            return;
+        }
+        benchmark::DoNotOptimize(out.data());
+    }
+    state.SetItemsProcessed(int64_t(state.iterations()) * P);
+}
+
 void register_all() {
+    for (int t : {1, 2})
+        for (const char *mode : {"full", "h2o_window", "h2o_all", "h2o_window_fixed", "h2o_all_fixed"}) {
+            const std::string name = std::string("BM_Prompt/") + mode + "/P:4096/threads:" + std::to_string(t);
+            benchmark::RegisterBenchmark(name.c_str(), BM_Prompt, std::string(mode), 4096u, t)
+                ->Unit(benchmark::kMillisecond)->UseRealTime();
+        }
     for (int t : {1, 2})
         for (const char *p : {"window", "h2o", "full"}) {
             const std::string name = std::string("BM_DecodeStep/") + p + "/N:4096/threads:" + std::to_string(t);

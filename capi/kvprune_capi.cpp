@@ -461,6 +461,7 @@ kvp_status prefill_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const i
     // for a prompt held whole (max_prompt: q marks the call as a prompt's, prompt.h)
     const bool reads_q = q && (out || (layer < c->cfg.model.n_layers && (c->layers[layer].geom.lp.obs_queries ||
                                                                           c->layers[layer].geom.lp.obs_extra ||
+                                                                          c->layers[layer].geom.lp.obs_all ||
                                                                           c->layers[layer].geom.lp.staged_prefill ||
                                                                           kvp::prompt_takes(c, layer))));
     kvp_status st;

@@ -48,7 +48,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     uint32_t max_cap = 0, max_pin = 0, max_pcap = 0;  // max_pcap: the largest policy capacity
     size_t max_runs = 0;
     uint32_t prompt_w = 0;  // max_prompt: queries stashed per layer (prompt.h)
-    bool any_obs = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
+    bool any_obs = false, any_colsum = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
     p->decode_scores = false;
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
@@ -67,7 +67,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         const uint32_t w = g.lp.obs_queries > g.lp.obs_extra ? g.lp.obs_queries : g.lp.obs_extra;
         if (layer_prompt_room(cfg, l) && w > prompt_w) prompt_w = w;
         if (runs > max_runs) max_runs = runs;
-        const bool observes = g.lp.obs_queries || g.lp.obs_extra || g.lp.observe_first_decode;
+        const bool observes = g.lp.obs_queries || g.lp.obs_extra || g.lp.observe_first_decode || g.lp.obs_all;
+        if (g.lp.obs_all) any_colsum = true;
         if (observes) any_obs = true;
         if (g.lp.staged_prefill) staged = true;
         if (g.lp.decode_scores || observes) any_scoring = true;
@@ -203,6 +204,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     const size_t dec = z.mul(G, ld);  // the group's logits; partials and query rows follow
     size_t pre = z.add(z.add(z.mul(2, z.al16(z.mul(TR, st))), z.al16(z.mul(TR, kKeyBlock))), 2 * z.al16(TR));
     if (any_obs) pre = z.add(pre, z.add(z.add(z.al16(z.mul(TR, ld)), z.al16(z.mul(G, ld))), z.al16(TR)));
+    if (any_colsum) pre = z.add(pre, z.al16(z.mul(TR, (ld + kKeyBlock - 1) / kKeyBlock)));  // colsum's block maxima
     const size_t work = dec > pre ? dec : pre;
     p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));
     p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));

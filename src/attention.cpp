@@ -278,6 +278,45 @@ uint32_t window_lo(const AttnIn &a, int64_t lim) {
     return r.logical + lo;
 }
 
+// The observation rows of a thread's work area, after attend_prefill's buffers: a tile's whole
+// logit rows (lg, plan.logit_ld apart), the per-head sums (obs, G rows), 1/l per row (inv), and
+// the running max per (row, key block) of a colsum sweep (mblk). arena.cpp sizes them.
+struct ObsAreas {
+    float *lg, *obs, *inv, *mblk;
+};
+ObsAreas obs_areas(const AttnIn &a) {
+    const size_t G = a.c->group, st = a.c->plan.stride, TR = size_t(kTileTokens) * G, ld = a.c->plan.logit_ld;
+    ObsAreas o;
+    o.lg = a.work + 2 * align_up(TR * st, kR16) + align_up(TR * kKeyBlock, kR16) + 2 * align_up(TR, kR16);
+    o.obs = o.lg + align_up(TR * ld, kR16);
+    o.inv = o.obs + align_up(G * ld, kR16);
+    o.mblk = o.inv + align_up(TR, kR16);
+    return o;
+}
+
+// colsum's tile step (attention.h): the tile's exp'd logits of keys [k0, vis), each block taken at
+// its running max, are rescaled to the row's final max, then added to colsum weighted by 1/l.
+void colsum_tile(const AttnIn &a, const ObsAreas &oa, uint32_t tq, uint32_t k0, uint32_t vis, const float *mrow,
+                 const float *lrow, size_t nbk) {
+    const uint32_t G = a.c->group;
+    const size_t ld = a.c->plan.logit_ld;
+    for (uint32_t r = 0; r < tq * G; ++r) {
+        float *row = oa.lg + r * ld;
+        for (uint32_t kb0 = k0; kb0 < vis; kb0 += kKeyBlock) {
+            const float mb = oa.mblk[r * nbk + kb0 / kKeyBlock];
+            if (mb == mrow[r] || mb == -INFINITY) continue;  // at the final max already, or all zero
+            const float al = kern::exp_approx(mb - mrow[r]);
+            const uint32_t e = vis - kb0 < kKeyBlock ? vis : kb0 + kKeyBlock;
+            for (uint32_t j = kb0; j < e; ++j) row[j] *= al;
+        }
+    }
+    float wg[kTileTokens];
+    for (uint32_t g = 0; g < G; ++g) {
+        for (uint32_t t = 0; t < tq; ++t) wg[t] = 1.0f / lrow[size_t(t) * G + g];
+        a.c->skern->acc(oa.lg + size_t(g) * ld + k0, size_t(G) * ld, tq, wg, vis - k0, a.colsum + size_t(g) * ld + k0);
+    }
+}
+
 }  // namespace
 
 void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, Out out,
@@ -286,12 +325,16 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q,
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
     const size_t TR = size_t(kTileTokens) * G;
-    const size_t KB = kKeyBlock;
     float *qt = a.work;
     float *O = qt + align_up(TR * st, kR16);
     float *lg = O + align_up(TR * st, kR16);
-    float *mrow = lg + align_up(TR * KB, kR16);
+    float *mrow = lg + align_up(TR * kKeyBlock, kR16);
     float *lrow = mrow + align_up(TR, kR16);
+    // colsum: the tile's logits stay whole in the observation rows (KB apart otherwise), with
+    // each row's running max per key block in mblk (ObsAreas)
+    const ObsAreas oa = obs_areas(a);
+    const size_t KB = a.colsum ? c->plan.logit_ld : kKeyBlock;
+    const size_t nbk = (c->plan.logit_ld + kKeyBlock - 1) / kKeyBlock;
 
     const uint32_t L = a.L, L0 = L - n;
     for (uint32_t i0 = i_begin; i0 < i_end; i0 += kTileTokens) {
@@ -319,9 +362,11 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q,
                 if (wlo[t] > wmax) wmax = wlo[t];
             }
         }
-        for (uint32_t kb0 = wmin / kKeyBlock * kKeyBlock; kb0 <= last_q; kb0 += kKeyBlock) {
+        const uint32_t kbs = wmin / kKeyBlock * kKeyBlock;
+        for (uint32_t kb0 = kbs; kb0 <= last_q; kb0 += kKeyBlock) {
             const uint32_t kb1 = last_q + 1 - kb0 < kKeyBlock ? last_q + 1 : kb0 + kKeyBlock;
             const uint32_t nb = kb1 - kb0;
+            if (a.colsum) lg = oa.lg + kb0;  // the block's columns of the whole rows
             while (a.runs[ri].logical + a.runs[ri].n <= kb0) ++ri;
             for (uint32_t r = ri; r < a.nr && a.runs[r].logical < kb1; ++r) {
                 const Run &run = a.runs[r];
@@ -356,9 +401,11 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q,
                 const float bm = K.max(row, nb);
                 if (bm == -INFINITY) {  // fully masked for this query: contributes nothing
                     memset(row, 0, nb * sizeof(float));
+                    if (a.colsum) oa.mblk[r * nbk + kb0 / kKeyBlock] = -INFINITY;
                     continue;
                 }
                 const float mn = bm > mrow[r] ? bm : mrow[r];
+                if (a.colsum) oa.mblk[r * nbk + kb0 / kKeyBlock] = mn;
                 if (mn != mrow[r] && lrow[r] != 0.0f) {
                     const float al = kern::exp_approx(mrow[r] - mn);
                     float *o = O + r * st;
@@ -378,6 +425,8 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q,
             }
         }
         if (a.fmt) fmt_pv_end(a, rows, O, st);
+        if (a.colsum) colsum_tile(a, oa, tq, kbs, last_q + 1, mrow, lrow, nbk);
+        if (!out) continue;  // scores only
         for (uint32_t t = 0; t < tq; ++t) {
             for (uint32_t g = 0; g < G; ++g) {
                 const size_t r = size_t(t) * G + g;
@@ -397,18 +446,23 @@ void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q,
     }
 }
 
+float *colsum_rows(const AttnIn &a) {
+    const ObsAreas oa = obs_areas(a);
+    for (uint32_t g = 0; g < a.c->group; ++g) memset(oa.obs + size_t(g) * a.c->plan.logit_ld, 0, size_t(a.L) * sizeof(float));
+    return oa.obs;
+}
+
 const float *observe_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, size_t tok_stride,
                              uint32_t w) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const kern::ScoreF32 &S = *c->skern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
-    const size_t TR = size_t(kTileTokens) * G, ld = c->plan.logit_ld;
+    const size_t ld = c->plan.logit_ld;
     // After attend_prefill's buffers (qt is shared: it is rebuilt per tile anyway).
     float *qt = a.work;
-    float *lgf = qt + 2 * align_up(TR * st, kR16) + align_up(TR * kKeyBlock, kR16) + 2 * align_up(TR, kR16);
-    float *obs = lgf + align_up(TR * ld, kR16);
-    float *inv = obs + align_up(size_t(G) * ld, kR16);
+    const ObsAreas oa = obs_areas(a);
+    float *lgf = oa.lg, *obs = oa.obs, *inv = oa.inv;
 
     const uint32_t L = a.L, L0 = L - n;
     for (uint32_t g = 0; g < G; ++g) memset(obs + g * ld, 0, size_t(L) * sizeof(float));

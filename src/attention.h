@@ -46,6 +46,10 @@ struct AttnIn {
     const FixedWork *fx = nullptr;  // score=fixed: the running thread's fixed-point scratch, else NULL
     uint32_t window = 0;            // sliding-window layer (sliding.h): prefill masks keys at pos <= p - window
                                     // per query at original position p; 0: causal only
+    float *colsum = nullptr;        // prefill, float scores: every query's normalised weights summed per key
+                                    // into colsum[g * plan.logit_ld + j] (zeroed by the caller; the
+                                    // observation scratch of the thread's work area; h2o's every-query
+                                    // prompt scores, attend_prefill_tiles)
     const FmtIn *fmt = nullptr;     // formatted store (quant/attn_fmt.h); NULL: plain f32 rows.
                                     // Its scratch is the running thread's: a formatted store's
                                     // decode is never split across threads (cache.cpp).
@@ -83,8 +87,17 @@ float attend_decode(const AttnIn &a, In q, int64_t qpos, Out out, bool scores);
 void attend_prefill(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, Out out, size_t tok_stride);
 // The same for new tokens [i_begin, i_end) only (i_begin a multiple of kTileTokens): tiles are
 // independent, so any split of [0, n) gives the bits of attend_prefill.
+// a.colsum (H2O's scores, arXiv 2306.14048 sec. 4: every query's attention summed per key): a
+// tile's logits stay in the observation rows (plan.logit_ld apart) with each key block's running
+// max; after the tile's sweep each block is rescaled to the row's final max, and the tile's rows,
+// weighted by 1/l, are added to colsum in token order (score kernel `acc`). The attention bits are
+// unchanged; the sums depend on the tile split, so a head's tiles run in order on one thread
+// (cache.cpp never splits such a prefill). out may be NULL then (scores only).
 void attend_prefill_tiles(const AttnIn &a, uint32_t n, const QueryPos &qp, In q, Out out,
                           size_t tok_stride, uint32_t i_begin, uint32_t i_end);
+
+// colsum's rows (a.work's observation area), zeroed for a.L keys: set a.colsum to it.
+float *colsum_rows(const AttnIn &a);
 
 // Prefill observation: full softmax rows of the last w new tokens' queries over every key they
 // see; returns obs with obs[g * plan.logit_ld + j] = sum over those queries of query head g's

@@ -140,6 +140,15 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         else obs.f = observe_prefill(ao, j.n, qp, j.q + qoff, tok_stride, w);
         pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
+    if (j.mode == StepMode::kPrefill && j.q && lp.obs_all && pol.observe && !j.finish) {  // every query (policy.h)
+        Obs obs{a.colsum, nullptr, c->plan.logit_ld};
+        if (a.fx) {  // fixed point: the integer weights of every query, recomputed (not fused)
+            AttnIn ao = a;
+            ao.work = s.work;
+            obs.u = observe_prefill_fixed(ao, j.n, qp, j.q + qoff, tok_stride, j.n);
+        }
+        pol.observe(ctx, hs, a.runs, a.nr, obs);
+    }
     if (j.mode == StepMode::kPrefill && j.q && lp.obs_extra && pol.observe && !j.prompt) {  // a second window (policy.h)
         const uint32_t w = lp.obs_extra < j.n ? lp.obs_extra : j.n;
         AttnIn ao = a;
@@ -231,8 +240,10 @@ void head_step(StepJob &j, uint32_t h, size_t tid) {
     const size_t qoff = size_t(h) * c->group * m.head_dim;
     if (j.mode == StepMode::kDecode) {
         hs.hoyer = attend_decode(a, j.q + qoff, qp.at(0), j.out + qoff, lp.decode_scores);
-    } else if (j.mode == StepMode::kPrefill && j.q && j.out) {
-        attend_prefill(a, j.n, qp, j.q + qoff, j.out + qoff, size_t(m.n_q_heads) * m.head_dim);
+    } else if (j.mode == StepMode::kPrefill && j.q) {
+        if (lp.obs_all && !a.fx) a.colsum = colsum_rows(a);  // every query's mass, fused (attention.h)
+        if (j.out || a.colsum)
+            attend_prefill(a, j.n, qp, j.q + qoff, j.out ? j.out + qoff : Out(), size_t(m.n_q_heads) * m.head_dim);
     }
     head_observe_prune(j, h, a, ap, tid);
 }
@@ -603,6 +614,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     j.split = KVP_THREADS && nt > 1 && (mode == StepMode::kDecode || nt > H) && H <= kSplitHeadsMax && queries &&
               (mode == StepMode::kDecode || out) && !c->fmt &&
               !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill && !prompt) &&
+              !(mode == StepMode::kPrefill && ls.geom.lp.obs_all) &&  // colsum: a head's tiles in order
               !(mode == StepMode::kDecode && ls.observe_decode);
     uint32_t parts = H;  // the most participants the call can use
     if (j.split) {

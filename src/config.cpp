@@ -20,6 +20,7 @@ constexpr const char *kPoolNames[] = {"avg", "max", nullptr};
 constexpr const char *kLazyModeNames[] = {"prefill", "decode", nullptr};
 constexpr const char *kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
 constexpr const char *kRotateNames[] = {"none", "hadamard", nullptr};
+constexpr const char *kPromptScoresNames[] = {"all", "window", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 // Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
@@ -69,7 +70,7 @@ constexpr Key kKeys[] = {
     KVP_ENUM(policy, KVP_POLICY_FULL, kPolicyNames, kAllNames,
              "full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl|think", kAll, "pruning policy"),
     KVP_U32(capacity, 0, 0, kMaxCapacity, kAll,
-            "token slots per layer incl. slack; 0 = the policy's minimum (streaming max(C+R, H), window window+1, h2o/snapkv budget+1, pyramidkv its layer budget+1, lethe 2*budget, full 2048) plus max_draft-1 draft slots (window, streaming, h2o, lethe); a given capacity must hold them too"),
+            "token slots per layer incl. slack; 0 = the policy's minimum (streaming max(C+R, H), window window+1, h2o budget+1, snapkv budget+G (max_new=G, default budget), pyramidkv its layer's largest share+G, lethe 2*budget, full 2048) plus max_draft-1 draft slots (window, streaming, h2o, lethe); a given capacity must hold them too"),
     KVP_ENUM(positions, KVP_POS_DEFAULT, kPositionNames, kAllNames, "default|original|realign", kAll,
              "RoPE positions: original (absolute) or realign (cache-relative); default = realign for streaming/window, original otherwise"),
     KVP_U32(threads, 1, 1, kMaxThreads, kAll,
@@ -90,7 +91,7 @@ constexpr Key kKeys[] = {
     KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | kSnapLike,
             "most recent tokens never evicted by decode eviction; the default follows a smaller budget (h2o: min(32, budget))"),
     KVP_U32(obs_window, 32, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(THINK),
-            "observation window: the last prefill queries that score (snapkv: vote; the window is kept, so snapkv/pyramidkv/asl need budget >= obs_window; the default follows a smaller budget)"),
+            "observation window: the last prefill queries that score (snapkv: vote; the window is kept, so snapkv/pyramidkv/asl need budget >= obs_window; h2o: with prompt_scores=window only; the default follows a smaller budget)"),
     KVP_U32(pool_kernel, 7, 1, 255, kSnapLike, "pooling kernel width of the votes (odd)"),
     KVP_ENUM(pool, KVP_POOL_MAX, kPoolNames, kAllNames, "avg|max", kSnapLike, "pooling of the votes"),
     KVP_F32(beta, 20.0, 1e-6, 1e6, P(PYRAMIDKV), "pyramid steepness (>= 1): the last layer keeps (budget - obs_window) / beta + obs_window"),
@@ -141,6 +142,10 @@ constexpr Key kKeys[] = {
              "rotate stored K (after RoPE) and V by an orthonormal Walsh-Hadamard transform per head, queries and outputs to match (exact in exact arithmetic; for f16/q8/q4 storage); not with policy=think"),
     KVP_U32(max_prompt, 0, 0, kMaxCapacity, kAll & ~P(FULL),
             "the largest prompt held whole in every layer (any chunking) until it ends (kvp_prompt_end or the first decode), when the policy selects from it once; 0 = each prefill call selects from its own chunk (full never selects; asl, think: not yet)"),
+    KVP_U32(max_new, 0, 0, kMaxCapacity, P(SNAPKV) | P(PYRAMIDKV),
+            "G: tokens generated after a prompt while its selection stays whole: the default capacity is the layer's budget + G (the papers keep the selection and append); then decode evicts by score; 0 = budget"),
+    KVP_ENUM(prompt_scores, 0, kPromptScoresNames, kAllNames, "all|window", P(H2O),
+             "h2o: all = every prompt query's attention summed into the scores (H2O), fused into the prefill attention; window = the last obs_window queries only"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -582,7 +587,8 @@ void follow_defaults(kvp_config &c, const Given &g) {
         kvp_config pc;
         policy_view(c, &pc);
         policy_table(kvp_policy(owner)).plan(pc, 0, &lp);
-        const uint64_t room = lp.cap ? lp.cap - 1 : 0;
+        uint64_t room = lp.cap ? lp.cap - 1 : 0;
+        if (lp.budget && lp.budget < room) room = lp.budget;  // snapkv's generation room is not the lazy layers'
         if (uint64_t(c.sinks) + c.window > room && follows(c, g, "window") && room >= uint64_t(c.sinks) + 1)
             c.window = uint32_t(room - c.sinks);
         if (uint64_t(c.sinks) + c.window > room && follows(c, g, "sinks") && room >= c.window)
@@ -712,6 +718,15 @@ kvp_status check_given_used(const kvp_config &c, const Given &g, Msg &m) {
             any = true;
         }
         m.s(")");
+        return KVP_ERR_CONFIG;
+    }
+    // h2o scores the prompt with every query unless prompt_scores=window (the only use it has of
+    // obs_window there; think's channel choice and lethe use obs_window themselves)
+    const uint32_t pol = raw(c.policy);
+    const bool h2o = pol == KVP_POLICY_H2O || (pol == KVP_POLICY_SIMLAYERKV && raw(c.nonlazy) == KVP_POLICY_H2O);
+    if (h2o && c.prompt_scores == 0 && g.has(key_named("obs_window"))) {
+        m.s("key 'obs_window' has no effect under policy=").s(policy_name(pol))
+            .s(" with prompt_scores=all (every prompt query scores, H2O's rule): give prompt_scores=window to score by the last obs_window queries");
         return KVP_ERR_CONFIG;
     }
     return KVP_OK;

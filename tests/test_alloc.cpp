@@ -126,7 +126,7 @@ TEST(NoAllocation, AfterCreateInCallerMemory) {
 // selection, compaction) and a dry shared pool (self-prune) allocate nothing either, with
 // original and realign positions and on 1 and 2 threads.
 TEST(NoAllocation, ScoredPolicyAndDryPool) {
-    for (const char *spec : {"policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2",
+    for (const char *spec : {"policy=h2o budget=120 recent=16 capacity=260 threads=2",
                              "policy=h2o budget=120 recent=16 capacity=260 positions=realign threads=1",
                              "policy=h2o budget=200 recent=16 capacity=260 total_capacity=420 threads=2",
                              "policy=streaming sinks=4 window=200 capacity=260 total_capacity=460 threads=1",
@@ -233,8 +233,8 @@ TEST(NoAllocation, ParallelPathsAllocateNothing) {
     const struct {
         const char *spec;
         uint32_t nq, nkv;
-    } cases[] = {{"policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2", 8, 4},
-                 {"policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2", 8, 1},
+    } cases[] = {{"policy=h2o budget=120 recent=16 capacity=260 threads=2", 8, 4},
+                 {"policy=h2o budget=120 recent=16 capacity=260 threads=2", 8, 1},
                  {"policy=streaming sinks=4 window=200 capacity=260 threads=3", 8, 2},
                  {"policy=h2o budget=200 recent=16 capacity=260 positions=realign threads=3", 4, 1}};
     for (const auto &cs : cases) {
@@ -326,7 +326,7 @@ TEST(NoAllocation, CallsFromOtherHostThreads) {
 // team of another size; in the library it allocated on the next call).
 TEST(NoAllocation, AfterHostOpenMpTeamsOfOtherSizes) {
     setenv("KVP_PAR_WORK", "0", 1);
-    kvp_config cfg = config("policy=h2o budget=120 recent=16 obs_window=32 capacity=260 threads=2");
+    kvp_config cfg = config("policy=h2o budget=120 recent=16 capacity=260 threads=2");
     const size_t bytes = kvp_arena_size(&cfg);
     void *arena = __libc_memalign(64, bytes);
     kvp_cache *c = nullptr;

@@ -275,7 +275,7 @@ TEST(ComposeStaged, QuantizedSnapKvKeepsTheF32Selection) {
 TEST(ComposeStaged, PromptLargerThanCapacityInOneCallWithQ4) {
     const kvp_model m = ref::model(3, 4, 2, 32);
     const Prompt p(m, 340, 9);
-    ref::Cache c(m, "policy=snapkv budget=48 kv_dtype=q4 quant_group=16");
+    ref::Cache c(m, "policy=snapkv budget=48 max_new=1 kv_dtype=q4 quant_group=16");
     ASSERT_NE(c.c, nullptr);
     EXPECT_EQ(kvp_layer_capacity(c.c, 0), 49u);
     EXPECT_EQ(kvp_prefill_room(c.c), 1024u);

@@ -60,7 +60,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 47u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 49u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -119,9 +119,9 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
         {KVP_POLICY_FULL, {}},
         {KVP_POLICY_WINDOW, {"window", "max_prompt"}},
         {KVP_POLICY_STREAMING, {"sinks", "window", "extra", "compress_every", "slack", "max_drop", "max_prompt"}},
-        {KVP_POLICY_H2O, {"budget", "recent", "obs_window", "max_prompt"}},
-        {KVP_POLICY_SNAPKV, {"budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage", "max_prompt"}},
-        {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage", "max_prompt"}},
+        {KVP_POLICY_H2O, {"budget", "recent", "obs_window", "max_prompt", "prompt_scores"}},
+        {KVP_POLICY_SNAPKV, {"budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage", "max_prompt", "max_new"}},
+        {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage", "max_prompt", "max_new"}},
         {KVP_POLICY_LETHE,
          {"sparse_ratio", "recent_ratio", "segments", "decay", "sinks", "budget", "obs_window", "evict_threshold", "max_prompt"}},
         {KVP_POLICY_SIMLAYERKV,
@@ -566,7 +566,8 @@ TEST(Apply, KeyThePolicyIgnoresIsRefusedWhenTheSpecChoosesThePolicy) {
         const char *spec, *key, *policy, *keys;
     };
     const Case cases[] = {
-        {"policy=h2o budget=64 window=48", "window", "h2o", "(its keys: budget, recent, obs_window, max_prompt; common to all: policy, capacity"},
+        {"policy=h2o budget=64 window=48", "window", "h2o", "(its keys: budget, recent, obs_window, max_prompt, prompt_scores; common to all: policy, capacity"},
+        {"policy=h2o obs_window=8", "obs_window", "h2o", "with prompt_scores=all (every prompt query scores"},
         {"policy=window sinks=3", "sinks", "window", "(its keys: window, max_prompt; common to all: policy, capacity"},
         {"policy=streaming budget=3", "budget", "streaming", "(its keys: sinks, window, extra"},
         {"policy=snapkv window=8", "window", "snapkv", "(its keys: budget, recent, obs_window, pool_kernel, pool"},
@@ -586,7 +587,7 @@ TEST(Apply, KeyThePolicyIgnoresIsRefusedWhenTheSpecChoosesThePolicy) {
         EXPECT_EQ(memcmp(&cfg, &before, sizeof cfg), 0) << c.spec;
     }
     // the keys the policy uses, its nonlazy / token policy's, and keys common to all are accepted
-    for (const char *ok : {"policy=h2o budget=64 recent=4 obs_window=8 capacity=80 kv_dtype=q8 max_draft=2",
+    for (const char *ok : {"policy=h2o budget=64 recent=4 obs_window=8 prompt_scores=window capacity=80 kv_dtype=q8 max_draft=2",
                            "policy=simlayerkv nonlazy=h2o budget=64 sinks=2 window=16",
                            "policy=think token_policy=streaming sinks=2 window=30 key_channel_ratio=0.25",
                            "policy=window window=48 threads=2 block=32",
@@ -649,7 +650,7 @@ TEST(Check, BudgetBelowObsWindowIsRefused) {
         ASSERT_EQ(kvp_config_apply(&cfg, spec, err, sizeof err), KVP_OK) << spec << ": " << err;
         EXPECT_EQ(cfg.obs_window, cfg.budget) << spec;  // followed
     }
-    for (const char *spec : {"policy=snapkv budget=16 obs_window=16", "policy=h2o budget=8 obs_window=16",
+    for (const char *spec : {"policy=snapkv budget=16 obs_window=16", "policy=h2o budget=8 obs_window=16 prompt_scores=window",
                              "policy=lethe budget=8 obs_window=16"}) {
         kvp_config cfg = defaults();
         char err[512] = "";

@@ -463,7 +463,7 @@ TEST(DraftCapacity, DefaultCapacityIncludesTheRoom) {
                         {"policy=lethe budget=40", 80, 1},
                         {"policy=simlayerkv nonlazy=h2o budget=48 sinks=4 window=24", 49, 1},
                         {"policy=think token_policy=h2o budget=48", 49, 1},
-                        {"policy=snapkv budget=48", 49, 0},
+                        {"policy=snapkv budget=48", 96, 0},  // budget + max_new (default: budget)
                         {"policy=pyramidkv budget=48 obs_window=8", 0, 0},
                         {"policy=asl budget=48", 49, 0},
                         {"policy=full", 2048, 0}};

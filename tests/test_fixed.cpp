@@ -244,8 +244,8 @@ void run_h2o_fixed(const kvp_model &m, uint32_t budget, uint32_t recent, uint32_
     rng.fill(v);
     if (zero_q) std::fill(q.begin(), q.end(), 0.0f);
     const std::string spec = "policy=h2o score=fixed budget=" + std::to_string(budget) + " recent=" +
-                             std::to_string(recent) + " obs_window=" + std::to_string(obs) + " capacity=" +
-                             std::to_string(P + 4);
+                             std::to_string(recent) + " capacity=" + std::to_string(P + 4) +
+                             (obs < P ? " prompt_scores=window obs_window=" + std::to_string(obs) : std::string());
     ref::Cache c(m, spec);
     ASSERT_NE(c.c, nullptr);
     std::vector<float> out(size_t(P) * nq);
@@ -336,7 +336,7 @@ TEST(FixedH2o, DecisionsEqualAnIntegerSimulationLargeInputs) {  // exponents far
 TEST(FixedH2o, TiesEvictTheOlderToken) {
     run_h2o_fixed(ref::model(1, 2, 1, 8, KVP_ROPE_GPTJ), 6, 2, 1, 10, 60, 1.0f, 5, true);
     const kvp_model m = ref::model(1, 2, 1, 8, KVP_ROPE_NONE);
-    ref::Cache c(m, "policy=h2o score=fixed budget=6 recent=2 obs_window=1 capacity=16");
+    ref::Cache c(m, "policy=h2o score=fixed budget=6 recent=2 obs_window=1 capacity=16 prompt_scores=window");
     std::vector<float> q(16 * 2 * 8, 0.0f), kv(16 * 8);
     ref::Rng rng(5);
     rng.fill(kv);

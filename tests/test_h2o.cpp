@@ -98,7 +98,9 @@ void run_selection_on(const Inputs &in, uint32_t budget, uint32_t recent, uint32
     const kvp_model &m = in.m;
     const uint32_t T = in.T;
     const std::string spec = "policy=h2o budget=" + std::to_string(budget) + " recent=" + std::to_string(recent) +
-                             " obs_window=" + std::to_string(obs) + " capacity=" + std::to_string(P + 8);
+                             " capacity=" + std::to_string(P + 8) +
+                             (obs < P ? " prompt_scores=window obs_window=" + std::to_string(obs)
+                                      : std::string());  // obs >= P: every query (the default)
     ref::Cache c(m, spec);
     std::vector<Sim> sim(m.n_kv_heads, Sim{budget, recent, {}, {}});
     std::vector<float> out(size_t(P) * in.nq);
@@ -192,7 +194,7 @@ TEST(H2o, GroupSumDecidesHeavyHitters) {
             for (uint32_t h = 0; h < 2; ++h) in.k[size_t(t) * in.nkv + h * 8] = 4.0f;
     }
     run_selection_on(in, 10, 2, 8, 20);
-    ref::Cache c(m, "policy=h2o budget=10 recent=2 obs_window=8 capacity=28");
+    ref::Cache c(m, "policy=h2o budget=10 recent=2 obs_window=8 capacity=28 prompt_scores=window");
     std::vector<float> out(size_t(20) * in.nq);
     ASSERT_EQ(kvp_prefill(c.c, 0, 20, nullptr, in.q.data(), in.k.data(), in.v.data(), out.data(), nullptr), KVP_OK);
     for (int32_t hh : {0, 5, 10, 15}) {  // the heavy prompt tokens survive the prefill compression
@@ -215,7 +217,7 @@ TEST(H2o, GroupSumDecidesHeavyHitters) {
 // older-first tie rule decides; the library must evict exactly the oldest.
 TEST(H2o, TiesEvictTheOlderToken) {
     const kvp_model m = ref::model(1, 2, 1, 8, KVP_ROPE_NONE);
-    ref::Cache c(m, "policy=h2o budget=6 recent=2 obs_window=1 capacity=16");
+    ref::Cache c(m, "policy=h2o budget=6 recent=2 obs_window=1 capacity=16 prompt_scores=window");
     std::vector<float> q(16 * 2 * 8, 0.0f), kv(16 * 8);
     ref::Rng rng(5);
     rng.fill(kv);
@@ -231,7 +233,7 @@ TEST(H2o, TiesEvictTheOlderToken) {
 TEST(H2o, RealignAfterScatteredEvictionsMatchesReference) {
     const kvp_model m = ref::model(1, 4, 2, 16, KVP_ROPE_GPTJ);
     const Inputs in(m, 400, 21, 3.0f);
-    ref::Cache c(m, "policy=h2o budget=20 recent=3 obs_window=4 capacity=32 positions=realign");
+    ref::Cache c(m, "policy=h2o budget=20 recent=3 obs_window=4 capacity=32 positions=realign prompt_scores=window");
     std::vector<float> out(size_t(32) * in.nq);
     double worst = 0;
     uint32_t t = 0;
@@ -308,7 +310,7 @@ uint64_t run_hash(const std::string &spec) {
 
 TEST(H2o, SameBitsForThreads123BothPositionModes) {
     for (const char *pos : {"original", "realign"}) {
-        const std::string base = std::string("policy=h2o budget=40 recent=8 obs_window=16 capacity=64 positions=") + pos;
+        const std::string base = std::string("policy=h2o budget=40 recent=8 obs_window=16 capacity=64 prompt_scores=window positions=") + pos;
         const uint64_t h1 = run_hash(base + " threads=1");
         EXPECT_EQ(run_hash(base + " threads=2"), h1) << pos;
         EXPECT_EQ(run_hash(base + " threads=3"), h1) << pos;

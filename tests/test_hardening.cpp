@@ -204,7 +204,7 @@ TEST(InputRange, LargestAcceptedInputsGiveFiniteOutputs) {
 // checked and became NaN scores.
 TEST(InputRange, QueryIsCheckedWhenOutIsNull) {
     const kvp_model m = ref::model(1, 2, 1, 8);
-    ref::Cache c(m, "policy=h2o budget=8 recent=2 obs_window=4");
+    ref::Cache c(m, "policy=h2o budget=8 recent=2");  // every query scores (prompt_scores=all): all are read
     std::vector<float> q(16 * 4, 0.5f), kv(8 * 4, 0.25f);
     q[20] = NAN;
     EXPECT_EQ(kvp_prefill(c.c, 0, 4, nullptr, q.data(), kv.data(), kv.data(), nullptr, nullptr), KVP_ERR_NONFINITE);

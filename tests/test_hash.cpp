@@ -82,7 +82,7 @@ const Workload kWorkloads[] = {
 // so these hash the kept positions of every (layer, KV head) after every call and the counters,
 // not the outputs. Every scored policy, both position modes, a shared pool, many prunes.
 const Workload kFixedWorkloads[] = {
-    {"fixed_h2o", 2, 8, 2, 33, KVP_ROPE_GPTJ, 32, "policy=h2o score=fixed budget=24 recent=4 obs_window=8 capacity=64",
+    {"fixed_h2o", 2, 8, 2, 33, KVP_ROPE_GPTJ, 32, "policy=h2o score=fixed budget=24 recent=4 obs_window=8 prompt_scores=window capacity=64",
      40, 200, 11, true},
     {"fixed_h2o_realign_pool", 3, 4, 2, 24, KVP_ROPE_NEOX, 0,
      "policy=h2o score=fixed budget=40 recent=6 positions=realign total_capacity=96", 30, 180, 12, true},

@@ -78,8 +78,8 @@ const char *const kPolicies[] = {
     "policy=full capacity=200",
     "policy=window window=45",
     "policy=streaming sinks=3 window=30 compress_every=5 slack=4 max_drop=3",
-    "policy=h2o budget=40 recent=6 obs_window=8 capacity=90",
-    "policy=h2o budget=40 recent=6 obs_window=8 capacity=90 positions=realign",
+    "policy=h2o budget=40 recent=6 capacity=90",
+    "policy=h2o budget=40 recent=6 capacity=90 positions=realign",
 };
 
 TEST(Pool, BlockSizeNeverChangesABit) {
@@ -107,7 +107,7 @@ TEST(Pool, DeferredCompactionNeverChangesABit) {
             for (uint32_t h = 0; h < 2; ++h) kvp::head_of(c, l, h).hole_cap = 0;
     };
     for (const char *pos : {"original", "realign"}) {
-        const std::string spec = std::string("policy=h2o budget=200 recent=8 obs_window=16 capacity=260 positions=") + pos;
+        const std::string spec = std::string("policy=h2o budget=200 recent=8 capacity=260 positions=") + pos;
         ref::Cache probe(w.m, spec);
         ASSERT_EQ(kvp::head_of(probe.c, 0, 0).hole_cap, 260u / 32);
         const uint64_t deferred = run(w, spec, pre, 400, watch);
@@ -152,7 +152,7 @@ TEST(Pool, DryPoolMakesTheLayerSelfPrune) {
     const std::vector<uint32_t> pre = {30, 30, 30, 30};
     // h2o: budget 64 per layer would need 4 x 5 blocks per head; the pool has 10
     {
-        ref::Cache c(w.m, "policy=h2o budget=64 recent=8 obs_window=8 total_capacity=160");
+        ref::Cache c(w.m, "policy=h2o budget=64 recent=8 total_capacity=160");
         ASSERT_NE(c.c, nullptr);
         std::vector<float> out(size_t(64) * w.nq);
         kvp_stats s;

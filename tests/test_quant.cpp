@@ -113,7 +113,7 @@ const PolicyCase kPolicies[] = {
     {"policy=window window=45", 30, 150},
     {"policy=streaming sinks=4 window=40 compress_every=8", 20, 160},
     {"policy=streaming sinks=11 window=30 compress_every=5 positions=original", 20, 120},
-    {"policy=h2o budget=48 recent=6 obs_window=8 capacity=80", 60, 170},
+    {"policy=h2o budget=48 recent=6 obs_window=8 prompt_scores=window capacity=80", 60, 170},
     {"policy=h2o budget=40 recent=3 positions=realign", 25, 160},
     // prompt staging: a prompt larger than the layer in one call, committed into the format
     {"policy=snapkv budget=48 recent=6 obs_window=8 capacity=80", 150, 230},

@@ -271,7 +271,7 @@ uint64_t run_hash(const std::string &spec, int32_t *lazy_layers) {
 
 TEST(SimLayerKv, SameBitsForThreads123) {
     for (const char *pos : {"original", "realign"})
-        for (const char *rest : {"nonlazy=h2o budget=48 recent=8 obs_window=16 capacity=100 lazy_mode=prefill lazy_threshold=0.25",
+        for (const char *rest : {"nonlazy=h2o budget=48 recent=8 capacity=100 lazy_mode=prefill lazy_threshold=0.25",
                                  "nonlazy=snapkv budget=48 capacity=100 lazy_mode=decode lazy_threshold=0.3",
                                  "nonlazy=full capacity=256 lazy_force=5 score=fixed"}) {
             const std::string base = std::string("policy=simlayerkv sinks=4 window=16 lazy_last=8 positions=") + pos + " " + rest;

@@ -340,7 +340,7 @@ TEST(SnapKv, PoolingKeepsNeighboursOfAHeavyToken) {
 TEST(SnapKv, PromptLargerThanTheLayerTakesOneCall) {
     const kvp_model m = ref::model(3, 4, 2, 16, KVP_ROPE_GPTJ);
     const Inputs in(m, 230, 10, 1.0f);
-    ref::Cache c(m, "policy=snapkv budget=48");
+    ref::Cache c(m, "policy=snapkv budget=48 max_new=1");
     ASSERT_NE(c.c, nullptr);
     EXPECT_EQ(kvp_layer_capacity(c.c, 0), 49u);
     EXPECT_EQ(kvp_prefill_room(c.c), 1024u);  // the default staging area: max(1024, capacity)
@@ -362,7 +362,7 @@ TEST(SnapKv, PromptLargerThanTheLayerTakesOneCall) {
         for (uint32_t l = 0; l < 3; ++l) ASSERT_EQ(kvp_decode(c.c, l, in.qt(t), in.kt(t), in.vt(t), out.data()), KVP_OK);
     EXPECT_EQ(kvp_layer_len(c.c, 2), 48u);
     // an explicit staging area bounds the chunk, with a message naming it
-    ref::Cache small(m, "policy=snapkv budget=48 prefill_stage=100");
+    ref::Cache small(m, "policy=snapkv budget=48 max_new=1 prefill_stage=100");
     EXPECT_EQ(kvp_prefill_room(small.c), 100u);
     EXPECT_EQ(kvp_prefill(small.c, 0, 101, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_ERR_FULL);
     EXPECT_NE(strstr(kvp_last_error(small.c), "prefill_stage"), nullptr) << kvp_last_error(small.c);
@@ -492,66 +492,100 @@ TEST(SnapKv, SharedPoolKeepsWhatFits) {
 
 // ---- PyramidKV ----
 
-// The schedule written independently: B = budget - w, min = B/beta, max = 2B - min, layer l gets
-// round(max - l (max - min)/(L - 1)) + w; one layer or budget <= w: budget.
-uint32_t pyramid(uint32_t L, uint32_t budget, uint32_t w, double beta, uint32_t l) {
-    if (budget <= w || L == 1) return budget;
-    const double B = budget - w, mn = B / beta, mx = 2 * B - mn;
-    return uint32_t(std::lround(std::max(0.0, mx - l * (mx - mn) / (L - 1)))) + w;
+// The schedule written independently from KVCache-Factory's PyramidKVCluster.update_kv (its
+// clamp to the prompt and its uniform fallback), per-layer rounding as kvpress: S = budget - w;
+// a selection over q tokens keeps min(q, budget) when q < 2S; else min = floor(S/beta), max =
+// 2S - min, clamped to max = q - w (min = 2S - max) when max >= q - w; layer l keeps
+// round(max - l (max - min)/(L - 1)) + w. One layer or budget <= w: budget.
+uint32_t pyramid(uint32_t L, uint32_t budget, uint32_t w, double beta, uint32_t l, uint32_t q) {
+    if (budget <= w || L == 1) return std::min(budget, q);
+    const double S = budget - w;
+    if (q < budget || q < 2 * S) return std::min(budget, q);
+    double mn = std::floor(S / beta), mx = 2 * S - mn;
+    if (mx >= double(q) - w) {
+        mx = double(q) - w;
+        mn = 2 * S - mx;
+    }
+    return std::min(q, uint32_t(std::lround(std::max(0.0, mx - l * (mx - mn) / (L - 1)))) + w);
+}
+// A layer's store: its largest share over every prompt length.
+uint32_t pyramid_most(uint32_t L, uint32_t budget, uint32_t w, double beta, uint32_t l) {
+    uint32_t most = 0;
+    for (uint32_t q = 1; q <= 6 * budget + 64; ++q) most = std::max(most, pyramid(L, budget, w, beta, l, q));
+    return most;
 }
 
-TEST(PyramidKv, BudgetsFollowThePyramidAndSizeEachLayer) {
+// Every layer keeps its share for the prompt's length (short, uniform, clamped, long), and its
+// store holds its largest share plus the generation room.
+TEST(PyramidKv, SharesFollowThePromptLength) {
     struct Case {
         uint32_t L, budget, w;
         float beta;
         uint32_t cap;
-    } cases[] = {// budget = w: every layer keeps the budget (budget < w is refused, issue 28)
-                 {6, 64, 8, 20, 0}, {6, 64, 8, 1, 0},  {1, 50, 8, 20, 0}, {2, 10, 8, 20, 0}, {8, 9, 8, 20, 0},
-                 {4, 5, 5, 20, 0},  {32, 100, 32, 20, 0}, {5, 64, 8, 3, 80}, {3, 2, 1, 1e6f, 0}};
+    } cases[] = {{6, 64, 8, 20, 0}, {6, 64, 8, 1, 0},  {1, 50, 8, 20, 0},    {2, 10, 8, 20, 0}, {8, 9, 8, 20, 0},
+                 {4, 5, 5, 20, 0},  {8, 40, 8, 20, 0}, {5, 64, 8, 3, 80}, {3, 12, 8, 2, 0}};
     for (const Case &k : cases) {
         const kvp_model m = ref::model(k.L, 2, 1, 8, KVP_ROPE_GPTJ);
         std::string spec = "policy=pyramidkv budget=" + std::to_string(k.budget) + " obs_window=" + std::to_string(k.w) +
                            " beta=" + std::to_string(k.beta);
         if (k.cap) spec += " capacity=" + std::to_string(k.cap);
-        ref::Cache c(m, spec);
-        ASSERT_NE(c.c, nullptr) << spec;
-        uint64_t sum = 0, sum_budget = 0;
+        const uint32_t S = k.budget > k.w ? k.budget - k.w : 0, mn = uint32_t(std::floor(S / k.beta));
+        const uint32_t qs[] = {1, k.budget - 1, k.budget, S > 0 ? 2 * S - 1 : 1, 2 * S, 2 * S + k.w / 2,
+                               2 * S - mn + k.w, 2 * S - mn + k.w + 1, 3 * k.budget + 7};
+        ref::Cache sizes(m, spec);
+        ASSERT_NE(sizes.c, nullptr) << spec;
+        uint64_t sum = 0;
         for (uint32_t l = 0; l < k.L; ++l) {
-            const uint32_t b = pyramid(k.L, k.budget, k.w, k.beta, l);
-            EXPECT_GE(b, 1u) << spec;  // never 0 tokens
-            EXPECT_EQ(c.c->layers[l].geom.lp.budget, b) << spec << " layer " << l;
-            const uint32_t cap = b + (k.cap ? k.cap - k.budget : 1);
-            EXPECT_EQ(kvp_layer_capacity(c.c, l), cap) << spec << " layer " << l;
-            if (l > 0) {
-                EXPECT_LE(b, pyramid(k.L, k.budget, k.w, k.beta, l - 1)) << spec;  // non-increasing
-            }
+            const uint32_t most = pyramid_most(k.L, k.budget, k.w, k.beta, l);
+            const uint32_t cap = most + (k.cap ? k.cap - k.budget : k.budget);  // max_new default: budget
+            EXPECT_EQ(kvp_layer_capacity(sizes.c, l), cap) << spec << " layer " << l;
             sum += cap;
-            sum_budget += b;
         }
-        EXPECT_EQ(c.c->plan.sum_cap, sum) << spec;  // the arena holds exactly the per-layer stores
-        if (k.budget > k.w && k.L > 1) {  // the mean is the budget, within rounding
-            EXPECT_LE(std::abs(int64_t(sum_budget) - int64_t(k.L) * k.budget), int64_t(k.L)) << spec;
-        }
-        if (k.beta == 1.0f) {
-            for (uint32_t l = 0; l < k.L; ++l) EXPECT_EQ(kvp_layer_capacity(c.c, l), k.budget + 1) << spec;  // uniform
+        EXPECT_EQ(sizes.c->plan.sum_cap, sum) << spec;  // the arena holds exactly the per-layer stores
+        for (uint32_t q : qs) {
+            if (q == 0) continue;
+            ref::Cache c(m, spec);
+            const Inputs in(m, q, 40 + q, 1.0f);
+            std::vector<float> out(size_t(q) * in.nq);
+            uint64_t kept = 0;
+            for (uint32_t l = 0; l < k.L; ++l) {
+                ASSERT_EQ(kvp_prefill(c.c, l, q, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK)
+                    << spec << " q " << q << ": " << kvp_last_error(c.c);
+                const uint32_t b = pyramid(k.L, k.budget, k.w, k.beta, l, q);
+                EXPECT_GE(b, 1u) << spec;  // never 0 tokens
+                EXPECT_EQ(kvp_layer_len(c.c, l), b) << spec << " q " << q << " layer " << l;
+                kept += b;
+            }
+            if (k.budget > k.w && k.L > 1 && q >= 2 * S && q >= k.budget) {  // the mean is the budget, within rounding
+                EXPECT_LE(std::abs(int64_t(kept) - int64_t(k.L) * k.budget), int64_t(k.L)) << spec << " q " << q;
+            }
         }
     }
 }
 
-// The arena of a pyramid is the sum of its layers' stores: smaller than snapkv's at the top
-// budget for every layer, and its pool has exactly the layers' blocks.
-TEST(PyramidKv, ArenaIsTheExactSumOfTheLayers) {
-    const kvp_model m = ref::model(6, 4, 2, 16, KVP_ROPE_GPTJ);
-    ref::Cache p(m, "policy=pyramidkv budget=64 obs_window=8 block=1");
-    uint64_t blocks = 0;
-    for (uint32_t l = 0; l < 6; ++l) blocks += p.c->layers[l].geom.max_blocks;
-    EXPECT_EQ(p.c->plan.nblocks, blocks);
-    uint64_t caps = 0;
-    for (uint32_t l = 0; l < 6; ++l) caps += kvp_layer_capacity(p.c, l);
-    EXPECT_EQ(caps, 6u * 65);  // budgets 117, 96, 75, 53, 32, 11 around the mean 64
-    EXPECT_EQ(kvp_layer_capacity(p.c, 0), 118u);
-    ref::Cache top(m, "policy=snapkv budget=117 obs_window=8 block=1");
-    EXPECT_LT(p.bytes, top.bytes);
+// The issue's case, budget 3/4 of the prompt: below 2 (budget - w) every layer keeps the budget
+// (the old schedule kept the top layers whole and left ~10% of the budget unused). Just above,
+// the top layer is clamped to the prompt less the window and the lower layers take the rest.
+TEST(PyramidKv, ShortPromptsAreUniformAndTheTopIsClamped) {
+    const kvp_model m = ref::model(8, 4, 2, 16, KVP_ROPE_GPTJ);
+    const Inputs in(m, 320, 5, 1.0f);
+    std::vector<float> out(size_t(320) * in.nq);
+    ref::Cache u(m, "policy=pyramidkv budget=240 obs_window=32");
+    for (uint32_t l = 0; l < 8; ++l) {
+        ASSERT_EQ(kvp_prefill(u.c, l, 320, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK);
+        EXPECT_EQ(kvp_layer_len(u.c, l), 240u) << l;
+    }
+    const uint32_t q = 270, B = 160, w = 32;  // S = 128: min 6, max 250 >= q - w = 238: clamped
+    ref::Cache c(m, "policy=pyramidkv budget=160 obs_window=32");
+    uint64_t kept = 0;
+    for (uint32_t l = 0; l < 8; ++l) {
+        ASSERT_EQ(kvp_prefill(c.c, l, q, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK);
+        EXPECT_EQ(kvp_layer_len(c.c, l), pyramid(8, B, w, 20, l, q)) << l;
+        kept += kvp_layer_len(c.c, l);
+    }
+    EXPECT_EQ(kvp_layer_len(c.c, 0), q);        // max = q - w: the whole prompt
+    EXPECT_EQ(kvp_layer_len(c.c, 7), 18u + w);  // min = 2S - max = 18
+    EXPECT_LE(std::abs(int64_t(kept) - 8 * int64_t(B)), 8);
 }
 
 // Each layer's selection follows its own budget (the same simulation as snapkv).
@@ -562,7 +596,7 @@ TEST(PyramidKv, EachLayerSelectsWithItsBudget) {
     std::vector<float> out(size_t(120) * in.nq);
     for (uint32_t l = 0; l < 4; ++l) {
         ASSERT_EQ(kvp_prefill(c.c, l, 120, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK);
-        const uint32_t b = pyramid(4, 30, 6, 4, l);
+        const uint32_t b = pyramid(4, 30, 6, 4, l, 120);
         for (uint32_t h = 0; h < 2; ++h) {
             Head hd;
             const Selection s = snap_select(in, h, hd, 0, 120, Params{30, 6, 5, true, 0, 32}, b);

@@ -247,29 +247,29 @@ std::vector<uint8_t> run_work(const Work &w, uint32_t threads, bool force) {
 const Work kWorks[] = {
     {"mqa_full", 2, 8, 1, 128, KVP_ROPE_NEOX, "policy=full capacity=360", 300, 30, false},
     {"mqa_full_gapped", 1, 4, 1, 128, KVP_ROPE_GPTJ, "policy=full capacity=360", 290, 20, true},
-    {"mqa_h2o", 2, 8, 1, 128, KVP_ROPE_NEOX, "policy=h2o budget=270 recent=16 obs_window=16 capacity=300", 290, 40, false},
+    {"mqa_h2o", 2, 8, 1, 128, KVP_ROPE_NEOX, "policy=h2o budget=270 recent=16 capacity=300", 290, 40, false},
     {"mqa_h2o_realign", 1, 8, 1, 128, KVP_ROPE_GPTJ,
-     "policy=h2o budget=260 recent=8 obs_window=8 capacity=300 positions=realign", 280, 50, false},
+     "policy=h2o budget=260 recent=8 capacity=300 positions=realign", 280, 50, false},
     {"mqa_streaming", 1, 4, 1, 128, KVP_ROPE_NEOX, "policy=streaming sinks=4 window=280 compress_every=8", 290, 40, false},
     {"kv2_window", 2, 8, 2, 64, KVP_ROPE_GPTJ, "policy=window window=560", 540, 30, false},
-    {"kv4_h2o", 1, 8, 4, 32, KVP_ROPE_NEOX, "policy=h2o budget=200 recent=8 obs_window=8 capacity=260", 220, 40, false},
+    {"kv4_h2o", 1, 8, 4, 32, KVP_ROPE_NEOX, "policy=h2o budget=200 recent=8 capacity=260", 220, 40, false},
     // As many KV heads as threads or more: decode claims whole heads and takes their chunks in
     // order, a participant with no head left moves the back half of another's chunks into its
     // own range (3 chunks per head here, so threads 2 and 3 both steal).
     {"kv4_window_chunks", 1, 4, 4, 128, KVP_ROPE_NEOX, "policy=window window=600", 540, 24, false},
-    {"kv4_h2o_chunks", 1, 8, 4, 128, KVP_ROPE_GPTJ, "policy=h2o budget=300 recent=16 obs_window=16 capacity=340", 320,
+    {"kv4_h2o_chunks", 1, 8, 4, 128, KVP_ROPE_GPTJ, "policy=h2o budget=300 recent=16 capacity=340", 320,
      30, false},
     // The other features on the parallel paths: score=fixed (split-K decode scores at the merge,
     // split prefill observes in fixed point), snapkv's staged prompt and formatted storage (their
     // heads run whole on one thread; decode after them splits where the storage is f32).
     {"mqa_h2o_fixed", 1, 8, 1, 128, KVP_ROPE_NEOX,
-     "policy=h2o budget=270 recent=16 obs_window=16 capacity=300 score=fixed", 290, 20, false},
+     "policy=h2o budget=270 recent=16 capacity=300 score=fixed", 290, 20, false},
     {"mqa_snapkv_realign", 1, 8, 1, 128, KVP_ROPE_GPTJ,
      "policy=snapkv budget=200 obs_window=16 capacity=300 positions=realign", 280, 30, false},
     {"kv2_pyramidkv_fixed", 2, 4, 2, 32, KVP_ROPE_NEOX,
      "policy=pyramidkv budget=100 obs_window=8 capacity=200 score=fixed", 160, 20, false},
     {"mqa_h2o_q8", 1, 4, 1, 128, KVP_ROPE_NEOX,
-     "policy=h2o budget=270 recent=16 obs_window=16 capacity=300 kv_dtype=q8", 290, 20, false},
+     "policy=h2o budget=270 recent=16 capacity=300 kv_dtype=q8", 290, 20, false},
     {"kv2_think_q4", 1, 4, 2, 32, KVP_ROPE_GPTJ,
      "policy=think token_policy=h2o budget=150 recent=16 capacity=200 key_channel_ratio=0.5 kv_dtype=q4", 180, 20,
      false},

@@ -273,6 +273,17 @@ typedef struct kvp_config {
                                     would pass capacity + P (kvp_layer_stats.prompt_early). 0 (default) = off:
                                     each prefill call selects from its own chunk. Not with asl, think or a
                                     shared pool (total_capacity) yet. */
+    /* appended in 0.3 (issue 28): the papers' defaults */
+    uint32_t max_new;            /* max_new=G (snapkv, pyramidkv): tokens the caller plans to generate after a
+                                    prompt. The default capacity is the layer's budget + G, so the prompt's
+                                    selection stays whole while G tokens are generated (the papers keep it
+                                    and append every generated token); after that decode evicts by the
+                                    accumulated scores (h2o's rule, `recent` kept). 0 (default) = G = budget.
+                                    A given capacity below budget + G is refused when max_new is given. */
+    uint32_t prompt_scores;      /* prompt_scores=all (0, default) | window (1) (h2o): all = every prompt query's
+                                    attention is summed into the scores (H2O's accumulated attention), fused
+                                    into the prefill attention; window = only the last obs_window queries
+                                    (the behaviour before 0.3) */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */

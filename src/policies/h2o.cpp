@@ -33,7 +33,10 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
     p->cap = config_capacity(cfg, cfg.budget + 1);
     p->decode_scores = true;
-    p->obs_queries = cfg.obs_window;
+    // prompt scores (H2O, arXiv 2306.14048 sec. 4: the accumulated attention of every query):
+    // all = every prefill query, fused into the prefill attention; window = the last obs_window
+    p->obs_all = cfg.prompt_scores == 0;
+    p->obs_queries = p->obs_all ? 0 : cfg.obs_window;
     p->scratch_bytes = size_t(p->cap) * 12;  // evict_lowest
     p->hole_cap = default_hole_cap(p->cap);
 }

@@ -52,6 +52,10 @@ struct LayerPlan {
     uint32_t budget;        // tokens the layer keeps from a prompt (snapkv, pyramidkv), 0 otherwise
     uint32_t obs_extra;     // prefill with q: a second observation, of the chunk's last obs_extra queries (kObsExtra)
     bool observe_first_decode;  // the first decode after create/reset hands its query's row to observe (kObsDecode)
+    bool obs_all;           // prefill with q: every query's attention mass per key (h2o's prompt
+                            // scores), fused into the prefill attention (attention.h colsum), handed
+                            // to observe as a kObsWindow observation; also inside an open prompt
+                            // (the sums are additive per key), so the prompt's end observes nothing
 };
 
 // The context of one operation.

@@ -2,18 +2,39 @@
 
 #include <math.h>
 
+#include "cache.h"
 #include "config.h"
 #include "policies/snapkv.h"
 
 namespace kvp {
 
-uint32_t pyramid_budget(const kvp_config &cfg, uint32_t layer) {
-    const uint32_t L = cfg.model.n_layers, w = cfg.obs_window;
-    if (cfg.budget <= w || L == 1) return cfg.budget;
-    const double B = double(cfg.budget - w);
-    const double mn = B / double(cfg.beta), mx = 2.0 * B - mn;
+uint32_t pyramid_keep(const kvp_config &cfg, uint32_t layer, uint32_t q_len) {
+    const uint32_t L = cfg.model.n_layers, w = cfg.obs_window, B = cfg.budget;
+    if (B <= w || L == 1) return B;
+    const double S = double(B - w);
+    // a prompt below the budget is kept whole; below 2S every layer keeps the budget (uniform)
+    if (q_len < B || double(q_len) < 2.0 * S) return B;
+    double mn = floor(S / double(cfg.beta)), mx = 2.0 * S - mn;
+    if (mx >= double(q_len) - w) {  // clamp the top to what the prompt has, and redistribute
+        mx = double(q_len) - w;
+        mn = 2.0 * S - mx;
+    }
     const double sel = floor(mx - double(layer) * (mx - mn) / double(L - 1) + 0.5);
     return uint32_t(sel < 0.0 ? 0.0 : sel) + w;
+}
+
+uint32_t pyramid_budget(const kvp_config &cfg, uint32_t layer) {
+    const uint32_t w = cfg.obs_window, B = cfg.budget;
+    uint32_t most = B;  // short prompts: uniform
+    if (B <= w || cfg.model.n_layers == 1) return most;
+    // long prompts: the unclamped pyramid; between, the clamped one is linear in q_len on each
+    // side of the clamp, so its extremes are the clamp's ends: enumerate the clamped range
+    const uint64_t S = B - w, lo = 2 * S, hi = lo + w + uint64_t(floor(double(S) / double(cfg.beta))) + 1;
+    for (uint64_t q = lo; q <= hi; ++q) {
+        const uint32_t qq = uint32_t(q > kMaxCapacity ? kMaxCapacity : q), k = pyramid_keep(cfg, layer, qq);
+        if ((k < qq ? k : qq) > most) most = k < qq ? k : qq;  // a selection keeps at most its q tokens
+    }
+    return most;
 }
 
 namespace {
@@ -25,7 +46,7 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
     }
     kvp_status st = snapkv_check_common("pyramidkv", cfg, m);
     if (st != KVP_OK) return st;
-    const uint64_t top = uint64_t(pyramid_budget(cfg, 0)) + (cfg.capacity ? cfg.capacity - cfg.budget : 1);
+    const uint64_t top = uint64_t(pyramid_budget(cfg, 0)) + (cfg.capacity ? cfg.capacity - cfg.budget : snapkv_gen_room(cfg));
     if (top > kMaxCapacity) {
         m.s("pyramidkv: the first layer's capacity ").u(top).s(" exceeds the capacity limit");
         return KVP_ERR_CONFIG;
@@ -35,12 +56,19 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 
 void plan(const kvp_config &cfg, uint32_t layer, LayerPlan *p) {
     const uint32_t b = pyramid_budget(cfg, layer);
-    snapkv_plan(cfg, b, b + (cfg.capacity ? cfg.capacity - cfg.budget : 1), p);
+    snapkv_plan(cfg, b, b + (cfg.capacity ? cfg.capacity - cfg.budget : snapkv_gen_room(cfg)), p);
+}
+
+// The selection keeps the layer's share for the tokens it selects from (the prompt, or what the
+// layer holds plus a chunk).
+void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
+    const uint32_t q = hs.len() + ctx.staged;
+    snapkv_prune_keep(ctx, hs, mode, pyramid_keep(ctx.c->cfg, ctx.layer, q));
 }
 
 }  // namespace
 
 const Policy kPyramidKvPolicy = {"pyramidkv",    KVP_POS_ORIGINAL, &check,           &plan,    &snapkv_observe,
-                                 &snapkv_prune,  nullptr,          &snapkv_evictable, &snapkv_self_prune, nullptr};
+                                 &prune,         nullptr,          &snapkv_evictable, &snapkv_self_prune, nullptr};
 
 }  // namespace kvp

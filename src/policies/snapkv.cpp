@@ -81,11 +81,10 @@ void compute_votes(const PolicyCtx &ctx, const Obs &obs, uint32_t P, const SelSc
 
 // The staged selection: keep min(L, budget, room) tokens: the window (the last w, clamped) and
 // the best-voted prefix tokens; everything else is a victim.
-void select_and_commit(PolicyCtx &ctx, HeadStore &hs) {
-    const LayerPlan &lp = ctx.c->layers[ctx.layer].geom.lp;
+void select_and_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t budget) {
     const uint32_t L = hs.len() + ctx.staged, w = window_of(ctx), P = L - w;
     const uint32_t room = stage_room(ctx, hs);
-    uint32_t keep = lp.budget < L ? lp.budget : L;
+    uint32_t keep = budget < L ? budget : L;
     if (keep > room) keep = room;
     if (keep >= L) {
         stage_commit(ctx, hs, nullptr, 0);  // everything fits: nothing is a victim
@@ -126,9 +125,15 @@ void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr,
 
 const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs) { return sel_scratch(ctx, hs).vote; }
 
-void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
+void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
+    snapkv_prune_keep(ctx, hs, mode, ctx.c->layers[ctx.layer].geom.lp.budget);
+}
+
+uint32_t snapkv_gen_room(const kvp_config &cfg) { return cfg.max_new ? cfg.max_new : cfg.budget; }
+
+void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget) {
     if (selecting(ctx)) {
-        select_and_commit(ctx, hs);
+        select_and_commit(ctx, hs, budget);
         return;
     }
     // decode (and prefill without queries): h2o's rule at capacity - 1
@@ -167,8 +172,13 @@ kvp_status snapkv_check_common(const char *name, const kvp_config &cfg, Msg &m) 
             .s(" (decode appends before it evicts)");
         return KVP_ERR_CONFIG;
     }
-    if (!cfg.capacity && cfg.budget >= kMaxCapacity) {
-        m.s(name).s(": budget exceeds the capacity limit");
+    if (cfg.capacity && cfg.max_new && uint64_t(cfg.capacity) < uint64_t(cfg.budget) + cfg.max_new) {
+        m.s(name).s(": capacity=").u(cfg.capacity).s(" is below budget + max_new = ").u(uint64_t(cfg.budget) + cfg.max_new)
+            .s(" (the prompt's selection stays whole while max_new tokens are generated): raise capacity, lower max_new, or leave capacity=0");
+        return KVP_ERR_CONFIG;
+    }
+    if (!cfg.capacity && uint64_t(cfg.budget) + snapkv_gen_room(cfg) > kMaxCapacity) {
+        m.s(name).s(": budget + max_new exceeds the capacity limit");
         return KVP_ERR_CONFIG;
     }
     return KVP_OK;
@@ -179,7 +189,7 @@ namespace {
 kvp_status check(const kvp_config &cfg, Msg &m) { return snapkv_check_common("snapkv", cfg, m); }
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
-    snapkv_plan(cfg, cfg.budget, config_capacity(cfg, cfg.budget + 1), p);
+    snapkv_plan(cfg, cfg.budget, config_capacity(cfg, cfg.budget + snapkv_gen_room(cfg)), p);
 }
 
 }  // namespace

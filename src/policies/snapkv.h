@@ -35,8 +35,11 @@
 //   outside the `recent` most recent is evicted, older first on ties (h2o's rule). The score is
 //   the h2o score: the attention mass each token received from the observed prefill queries
 //   (raw, summed over the group: the window keys have no votes) plus every decode step's.
-//   Default capacity budget + 1: the layer keeps `budget` tokens during decode; a larger
-//   capacity lets it grow before eviction starts.
+//   Default capacity budget + G (issue 28: `max_new=G`, default G = budget): the papers keep the
+//   prompt's selection and append every generated token, so for G generated tokens nothing is
+//   evicted (the G-th decode still attends over the whole selection; its prune is the first);
+//   after that the layer holds capacity - 1 tokens and evicts one per step by this rule. An
+//   explicit capacity overrides G (below budget + max_new, when max_new is given, it is refused).
 // - score=fixed: votes are the Q16 weight sums (kernels/score_fixed.h); avg pooling is the
 //   kernel sum and the GQA mean the group sum (same order, no rounding).
 // - A shared pool that cannot hold the selection keeps the best that fits (window first).
@@ -52,6 +55,10 @@ extern const Policy kSnapKvPolicy;
 // the prefill selection, the h2o-style decode rule, the dry-pool self-prune.
 void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs);
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode);
+// The same with the selection keeping `budget` tokens (pyramidkv: its layer's share of the prompt).
+void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode mode, uint32_t budget);
+// The generation room G of the default capacity budget + G: max_new, or budget when 0.
+uint32_t snapkv_gen_room(const kvp_config &cfg);
 // The votes snapkv_observe computed for the head's staged selection (valid until its prune):
 // prefix token j's vote at [j], double in float mode, uint64_t in fixed mode.
 const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs);

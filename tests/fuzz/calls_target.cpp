@@ -65,7 +65,8 @@ void spec_streaming(Bytes &b, std::string &s) {
 }
 void spec_h2o(Bytes &b, std::string &s) {
     const uint32_t budget = 1 + b.pick(48), recent = b.pick(budget + 1);
-    s += kv("budget", budget) + kv("recent", recent) + kv("obs_window", 1 + b.pick(12));
+    const uint32_t ow = 1 + b.pick(12);  // odd: the last ow queries score (prompt_scores=window); even: every query
+    s += kv("budget", budget) + kv("recent", recent) + (ow % 2 ? " prompt_scores=window" + kv("obs_window", ow) : std::string());
     if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(24));
 }
 void spec_snapkv(Bytes &b, std::string &s) {

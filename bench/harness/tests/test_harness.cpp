@@ -608,7 +608,7 @@ TEST(HarnessLayers, AslSelectionAndSimLayerKvLazyLayers) {
     const int N = 256, P = 192;
     std::string err;
     EvalResult snap, asl1, asl2;
-    ASSERT_TRUE(run_policy(ck, "policy=snapkv budget=64", toks, N, P, &snap, nullptr, &err)) << err;
+    ASSERT_TRUE(run_policy(ck, "policy=snapkv budget=64 max_new=1", toks, N, P, &snap, nullptr, &err)) << err;  // asl keeps budget + 1
     ASSERT_TRUE(run_policy(ck, "policy=asl budget=64 asl_obs_layers=2 threads=1", toks, N, P, &asl1, nullptr, &err)) << err;
     ASSERT_TRUE(run_policy(ck, "policy=asl budget=64 asl_obs_layers=2 threads=2", toks, N, P, &asl2, nullptr, &err)) << err;
     EXPECT_EQ(asl1.selection_layer, 3);
