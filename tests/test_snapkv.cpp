@@ -285,6 +285,63 @@ TEST(SnapKv, BudgetBelowWindowIsRefusedAndTheWindowFollowsTheBudget) {
     ASSERT_EQ(kvp_prefill(c.c, 0, 40, nullptr, in.qt(0), in.kt(0), in.vt(0), out.data(), nullptr), KVP_OK);
     EXPECT_EQ(c.positions(0, 0), (std::vector<int32_t>{37, 38, 39}));
 }
+// The papers' generation room (issue 28): the prompt's selection stays whole while max_new=G tokens
+// are generated (default G = budget): G decode steps evict nothing, the G-th step's prune is the
+// first, and from then on the layer holds capacity - 1 tokens. For snapkv and pyramidkv, one
+// call and chunked under max_prompt.
+TEST(SnapKv, SelectionStaysWholeForMaxNewTokens) {
+    const kvp_model m = ref::model(3, 4, 2, 16, KVP_ROPE_GPTJ);
+    const Inputs in(m, 260, 21, 1.0f);
+    for (const char *spec : {"policy=snapkv budget=40 obs_window=8 max_new=12", "policy=snapkv budget=12 obs_window=4",
+                             "policy=pyramidkv budget=40 obs_window=8 max_new=12",
+                             "policy=snapkv budget=40 obs_window=8 max_new=12 max_prompt=200"}) {
+        ref::Cache c(m, spec);
+        ASSERT_NE(c.c, nullptr) << spec;
+        const uint32_t P = 200, G = 12;  // max_new=12, or the default max_new = budget = 12
+        std::vector<float> out(size_t(P) * in.nq);
+        for (uint32_t l = 0; l < 3; ++l) {
+            for (uint32_t t0 = 0; t0 < P; t0 += strstr(spec, "max_prompt") ? 64 : P) {
+                const uint32_t n = std::min(P - t0, strstr(spec, "max_prompt") ? 64u : P);
+                ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, in.qt(t0), in.kt(t0), in.vt(t0), out.data(), nullptr), KVP_OK)
+                    << spec << ": " << kvp_last_error(c.c);
+            }
+        }
+        ASSERT_EQ(kvp_prompt_end(c.c), KVP_OK);
+        std::vector<std::vector<int32_t>> sel(3);
+        for (uint32_t l = 0; l < 3; ++l) {
+            sel[l] = c.positions(l, 1);
+            EXPECT_EQ(kvp_layer_capacity(c.c, l), c.c->layers[l].geom.lp.budget + G) << spec << " layer " << l;
+            if (strstr(spec, "pyramidkv") && l == 2) {
+                EXPECT_LT(sel[l].size(), c.c->layers[l].geom.lp.budget);  // a smaller share than its store
+            }
+        }
+        for (uint32_t t = P; t < P + G + 3; ++t) {
+            for (uint32_t l = 0; l < 3; ++l) {
+                ASSERT_EQ(kvp_decode(c.c, l, in.qt(t), in.kt(t), in.vt(t), out.data()), KVP_OK) << spec;
+                const std::vector<int32_t> now = c.positions(l, 1);
+                const uint32_t gen = t - P + 1;  // decode steps so far
+                if (gen < G) {  // nothing evicted: the selection, then every generated token
+                    std::vector<int32_t> want = sel[l];
+                    for (uint32_t i = P; i <= t; ++i) want.push_back(int32_t(i));
+                    EXPECT_EQ(now, want) << spec << " layer " << l << " step " << gen;
+                } else {  // the G-th step's prune is the first: the layer's share + G - 1 from then on
+                    EXPECT_EQ(now.size(), sel[l].size() + G - 1) << spec << " layer " << l << " step " << gen;
+                }
+            }
+        }
+    }
+    // a capacity below budget + max_new is refused at create, naming both
+    kvp_config cfg;
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    char err[512] = "";
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=snapkv budget=40 max_new=12 capacity=50", err, sizeof err), KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(err, "capacity=50 is below budget + max_new = 52"), nullptr) << err;
+    // an explicit capacity without max_new is the caller's choice (budget + 1 is today's h2o-style rule)
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    ASSERT_EQ(kvp_config_apply(&cfg, "policy=snapkv budget=40 capacity=41", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
+}
+
 // A prompt no longer than the budget is kept whole.
 TEST(SnapKv, ShortPromptIsKeptWhole) {
     const Inputs in(ref::model(1, 4, 2, 16, KVP_ROPE_GPTJ), 30, 8, 1.0f);

@@ -177,8 +177,9 @@ typedef struct kvp_config {
     uint32_t struct_size;        /* sizeof(kvp_config), set by kvp_config_default */
     kvp_model model;
     kvp_policy policy;           /* policy=full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl|think */
-    uint32_t capacity;           /* token slots per layer incl. slack; 0 = the policy's minimum (full: 2048),
-                                    plus max_draft-1 draft slots where drafts use the store (issue 28) */
+    uint32_t capacity;           /* token slots per layer incl. slack; 0 = the policy's default (full: 2048;
+                                    snapkv/pyramidkv: the layer's budget + max_new), plus max_draft-1 draft
+                                    slots where drafts use the store (issue 28) */
     kvp_positions positions;     /* positions=original|realign */
     uint32_t threads;            /* threads=N (>=1): the calling thread plus N-1 worker threads that
                                     kvp_create starts; results are bit-identical for every N */

@@ -39,6 +39,9 @@ uint32_t pyramid_budget(const kvp_config &cfg, uint32_t layer) {
 
 namespace {
 
+// The generation room beyond a layer's share (the plan's: capacity - budget, else G).
+uint32_t gen_room(const kvp_config &cfg) { return cfg.capacity ? cfg.capacity - cfg.budget : snapkv_gen_room(cfg); }
+
 kvp_status check(const kvp_config &cfg, Msg &m) {
     if (!(cfg.beta >= 1.0f)) {
         m.s("pyramidkv: beta must be >= 1 (min = (budget - obs_window) / beta must not exceed the mean)");
@@ -46,7 +49,7 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
     }
     kvp_status st = snapkv_check_common("pyramidkv", cfg, m);
     if (st != KVP_OK) return st;
-    const uint64_t top = uint64_t(pyramid_budget(cfg, 0)) + (cfg.capacity ? cfg.capacity - cfg.budget : snapkv_gen_room(cfg));
+    const uint64_t top = uint64_t(pyramid_budget(cfg, 0)) + gen_room(cfg);
     if (top > kMaxCapacity) {
         m.s("pyramidkv: the first layer's capacity ").u(top).s(" exceeds the capacity limit");
         return KVP_ERR_CONFIG;
@@ -56,14 +59,21 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 
 void plan(const kvp_config &cfg, uint32_t layer, LayerPlan *p) {
     const uint32_t b = pyramid_budget(cfg, layer);
-    snapkv_plan(cfg, b, b + (cfg.capacity ? cfg.capacity - cfg.budget : snapkv_gen_room(cfg)), p);
+    snapkv_plan(cfg, b, b + gen_room(cfg), p);
 }
 
 // The selection keeps the layer's share for the tokens it selects from (the prompt, or what the
-// layer holds plus a chunk).
+// layer holds plus a chunk), and decode then holds that share + the generation room (less one
+// slot, as capacity - 1), not the store's capacity, which is sized for the largest share over
+// every prompt length: the head's HeadStore::pword[0] (0 before any selection, and after a
+// reset: the store's capacity; saved with the state).
 void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
-    const uint32_t q = hs.len() + ctx.staged;
-    snapkv_prune_keep(ctx, hs, mode, pyramid_keep(ctx.c->cfg, ctx.layer, q));
+    const kvp_config &cfg = ctx.c->cfg;
+    const bool selects = ctx.staged || ctx.prompt_w;
+    const uint32_t keep = selects ? pyramid_keep(cfg, ctx.layer, hs.len() + ctx.staged) : 0;
+    if (selects) hs.pword[0] = uint64_t(keep) + gen_room(cfg);
+    const uint64_t limit = hs.pword[0];
+    snapkv_prune_keep(ctx, hs, mode, keep, uint32_t(limit < hs.cap ? limit : hs.cap));
 }
 
 }  // namespace

@@ -126,18 +126,18 @@ void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr,
 const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs) { return sel_scratch(ctx, hs).vote; }
 
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
-    snapkv_prune_keep(ctx, hs, mode, ctx.c->layers[ctx.layer].geom.lp.budget);
+    snapkv_prune_keep(ctx, hs, mode, ctx.c->layers[ctx.layer].geom.lp.budget, 0);
 }
 
 uint32_t snapkv_gen_room(const kvp_config &cfg) { return cfg.max_new ? cfg.max_new : cfg.budget; }
 
-void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget) {
+void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget, uint32_t limit) {
     if (selecting(ctx)) {
         select_and_commit(ctx, hs, budget);
         return;
     }
-    // decode (and prefill without queries): h2o's rule at capacity - 1
-    const uint32_t L = hs.len(), D = hs.cap - 1;
+    // decode (and prefill without queries): h2o's rule at capacity - 1 (or limit - 1)
+    const uint32_t L = hs.len(), D = (limit && limit < hs.cap ? limit : hs.cap) - 1;
     if (L <= D) return;
     const uint32_t recent = ctx.c->cfg.recent < D ? ctx.c->cfg.recent : D;
     evict_lowest(ctx, hs, L - D, 0, L - recent, ctx.scratch);

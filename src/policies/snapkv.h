@@ -55,8 +55,9 @@ extern const Policy kSnapKvPolicy;
 // the prefill selection, the h2o-style decode rule, the dry-pool self-prune.
 void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs);
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode);
-// The same with the selection keeping `budget` tokens (pyramidkv: its layer's share of the prompt).
-void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode mode, uint32_t budget);
+// The same with the selection keeping `budget` tokens (pyramidkv: its layer's share of the prompt)
+// and decode holding at most limit - 1 (0: the store's capacity).
+void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode mode, uint32_t budget, uint32_t limit);
 // The generation room G of the default capacity budget + G: max_new, or budget when 0.
 uint32_t snapkv_gen_room(const kvp_config &cfg);
 // The votes snapkv_observe computed for the head's staged selection (valid until its prune):

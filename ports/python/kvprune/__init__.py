@@ -88,6 +88,8 @@ class _Config(ctypes.Structure):
         ("sliding_window", _u32), ("sliding_pattern", _u32),  # issue 21 item 5
         ("kv_rotate", _enum),  # issue 23
         ("max_prompt", _u32),  # issue 28
+        ("max_new", _u32),  # issue 28: the papers' defaults
+        ("prompt_scores", _u32),
     ]
 
 

@@ -137,6 +137,8 @@ pub struct kvp_config {
     pub kv_rotate: u32,
     // appended for issue 28: whole-prompt selection (kvp_prompt_end)
     pub max_prompt: u32,
+    pub max_new: u32,
+    pub prompt_scores: u32,
 }
 
 #[repr(C)]
