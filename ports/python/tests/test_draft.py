@@ -183,6 +183,11 @@ class PromptTest(unittest.TestCase):
     def test_chunked_prompt_keeps_what_one_call_keeps(self):
         spec = "policy=snapkv budget=12 obs_window=4 recent=2 max_prompt=64"
         self.assertEqual(kvprune.Config(MODEL, spec).get("max_prompt"), 64)
+        # the papers' defaults' keys (issue 28 item 2) reach the struct this binding mirrors
+        self.assertEqual(kvprune.Config(MODEL, "policy=snapkv budget=12 obs_window=4 max_new=5").get("max_new"), 5)
+        h2o = kvprune.Config(MODEL, "policy=h2o budget=8 prompt_scores=window obs_window=4")
+        self.assertEqual(h2o.get("prompt_scores"), 1)
+        self.assertEqual(h2o.get("obs_window"), 4)
         prompt = toks(Rng(0x5EED0028), 40)
         one, chunked = kvprune.Cache(MODEL, spec), kvprune.Cache(MODEL, spec)
         prefill_all(one, prompt)

@@ -174,6 +174,12 @@ fn chunked_prompt_with_max_prompt_keeps_what_one_call_keeps() {
     let spec = "policy=snapkv budget=12 obs_window=4 recent=2 max_prompt=64";
     let cfg = Config::from_spec(&model(), spec).unwrap();
     assert_eq!(cfg.get("max_prompt").unwrap(), 64.0);
+    // the papers' defaults' keys (issue 28 item 2) reach the struct this binding mirrors
+    let gen = Config::from_spec(&model(), "policy=snapkv budget=12 obs_window=4 max_new=5").unwrap();
+    assert_eq!(gen.get("max_new").unwrap(), 5.0);
+    let h2o = Config::from_spec(&model(), "policy=h2o budget=8 prompt_scores=window obs_window=4").unwrap();
+    assert_eq!(h2o.get("prompt_scores").unwrap(), 1.0);
+    assert_eq!(h2o.get("obs_window").unwrap(), 4.0);
     let mut r = Rng(0x5eed_0028);
     let prompt = tokens(&mut r, 40);
     let (mut one, mut chunked) = (Cache::new(&cfg).unwrap(), Cache::new(&cfg).unwrap());
