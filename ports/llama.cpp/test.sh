@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# The port's check: bash ports/llama.cpp/test.sh DIR [BASE_DIR]
+#
+# Builds the port into DIR (ports/llama.cpp/build.sh DIR; KVP_SKIP_BUILD=1 reuses DIR/bin), writes
+# the enbytes-1m llama2.c checkpoint as an f32 llama GGUF, and with llama-completion (greedy, a
+# 300-byte prompt in micro-batches of 64, 96 generated tokens) checks:
+#   1. --kvp "policy=full" gives the same tokens as llama.cpp's own cache (the same binary without
+#      --kvp), and so does KVP_SPEC="policy=full" in the environment;
+#   2. with BASE_DIR (an unmodified build: KVP_PORT=0 build.sh BASE_DIR), the port's binary without
+#      --kvp gives the same tokens as unmodified llama.cpp;
+#   3. scored policies (h2o budget=64, snapkv compression_ratio=0.5 of the prompt) run to completion,
+#      generate every token and evict.
+# The vocabulary is byte-level (one token per byte), so equal text is equal tokens.
+set -euo pipefail
+
+[ $# -ge 1 ] || { echo "usage: $0 DIR [BASE_DIR]" >&2; exit 2; }
+mkdir -p "$1"
+DIR=$(cd "$1" && pwd)
+BASE=${2:-}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+MODELS=${KVP_MODELS:-$REPO/../shared/models}
+N_GEN=96
+t0=$(date +%s)
+
+if [ -z "${KVP_SKIP_BUILD:-}" ]; then
+    LLAMA_TARGETS=${LLAMA_TARGETS:-llama-completion} bash "$HERE/build.sh" "$DIR"
+fi
+t1=$(date +%s)
+
+T=$DIR/test
+mkdir -p "$T"
+python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-1m.gguf"
+head -c 300 "$MODELS/enbytes-1m.eval.txt" > "$T/prompt.txt"
+N_PROMPT=$(wc -c < "$T/prompt.txt")
+
+fail=0
+# run NAME BIN [ARGS...]: greedy completion into $T/NAME.txt (stdout) and $T/NAME.log (stderr)
+run() {
+    local name=$1 bin=$2
+    shift 2
+    if ! "$bin/llama-completion" -m "$T/enbytes-1m.gguf" -f "$T/prompt.txt" -n $N_GEN --temp 0 \
+            -c 512 -b 512 -ub 64 -t 2 -no-cnv --simple-io --no-warmup "$@" >"$T/$name.txt" 2>"$T/$name.log"; then
+        echo "FAIL $name: llama-completion exited with an error (see $T/$name.log):"
+        tail -5 "$T/$name.log"
+        fail=1
+        return 1
+    fi
+}
+same() { # same A B WHAT
+    if cmp -s "$T/$1.txt" "$T/$2.txt"; then
+        echo "ok   $3: $(wc -c < "$T/$1.txt") bytes identical ($1 = $2)"
+    else
+        echo "FAIL $3: $1 and $2 differ:"
+        cmp "$T/$1.txt" "$T/$2.txt" || true
+        fail=1
+    fi
+}
+generated() { # generated NAME: every token generated and the cache evicted
+    local n ev
+    n=$(wc -c < "$T/$1.txt")
+    ev=$(sed -n 's/.*kvprune: [0-9]* tokens seen, \([0-9]*\) evicted.*/\1/p' "$T/$1.log" | tail -1)
+    if [ "$n" -ge $((N_PROMPT + N_GEN)) ] && [ "${ev:-0}" -gt 0 ]; then
+        echo "ok   $1: $((n - N_PROMPT)) bytes generated, $ev token rows evicted"
+    else
+        echo "FAIL $1: $((n - N_PROMPT)) bytes generated (want $N_GEN), evicted '${ev:-}'"
+        fail=1
+    fi
+}
+
+run plain "$DIR/bin" || true
+run full "$DIR/bin" --kvp "policy=full" || true
+KVP_SPEC="policy=full" run full-env "$DIR/bin" || true
+same plain full "--kvp policy=full = llama.cpp's cache"
+same plain full-env "KVP_SPEC=policy=full = llama.cpp's cache"
+if [ -n "$BASE" ]; then
+    run base "$BASE/bin" || true
+    same base plain "the port without --kvp = unmodified llama.cpp"
+fi
+run h2o "$DIR/bin" --kvp "policy=h2o budget=64" && generated h2o
+run snapkv "$DIR/bin" --kvp "policy=snapkv compression_ratio=0.5 ratio_tokens=$N_PROMPT" && generated snapkv
+
+t2=$(date +%s)
+echo "test.sh: build $((t1 - t0)) s, checks $((t2 - t1)) s, total $((t2 - t0)) s"
+[ $fail = 0 ] && echo "PASS" || { echo "FAILED"; exit 1; }
