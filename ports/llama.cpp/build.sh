@@ -28,6 +28,16 @@ PORT=${KVP_PORT:-1}
 TARGETS=${LLAMA_TARGETS:-"llama-completion llama-cli llama-server llama-perplexity llama-bench llama-speculative-simple"}
 
 log() { echo "build.sh: $*" >&2; }
+# quiet LOGFILE CMD...: runs CMD with its output in LOGFILE, which is shown (its end) if CMD fails
+quiet() {
+    local f=$1
+    shift
+    if ! "$@" >"$f" 2>&1; then
+        log "failed: $* (last lines of $f follow)"
+        tail -30 "$f" >&2
+        exit 1
+    fi
+}
 t0=$(date +%s)
 
 # 1. the llama.cpp tree
@@ -64,23 +74,23 @@ CMAKE_EXTRA=()
 if [ "$PORT" != 0 ]; then
     # 3. the port: new files, then the patch to llama.cpp's own files
     cp -r "$HERE/overlay/." "$OUT/src/"
-    (cd "$OUT/src" && patch -s -p1 --no-backup-if-mismatch < "$HERE/port.patch")
+    quiet "$OUT/patch.log" patch -d "$OUT/src" -p1 --no-backup-if-mismatch -i "$HERE/port.patch"
 
     # 4. kvprune's static library (position-independent: it may end up in libllama.so)
     log "building kvprune"
-    cmake -S "$REPO" -B "$OUT/kvprune" -DCMAKE_BUILD_TYPE=Release -DCMAKE_POSITION_INDEPENDENT_CODE=ON \
-        -DKVP_BUILD_TESTS=OFF -DKVP_BUILD_BENCH=OFF -DKVP_WERROR=OFF -DKVP_INSTALL=OFF >"$OUT/kvprune-cmake.log"
-    cmake --build "$OUT/kvprune" --target kvprune -j "$JOBS" >"$OUT/kvprune-build.log"
+    quiet "$OUT/kvprune-cmake.log" cmake -S "$REPO" -B "$OUT/kvprune" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_POSITION_INDEPENDENT_CODE=ON -DKVP_BUILD_TESTS=OFF -DKVP_BUILD_BENCH=OFF -DKVP_WERROR=OFF -DKVP_INSTALL=OFF
+    quiet "$OUT/kvprune-build.log" cmake --build "$OUT/kvprune" --target kvprune -j "$JOBS"
     CMAKE_EXTRA+=(-DLLAMA_KVPRUNE_INCLUDE="$REPO/include" -DLLAMA_KVPRUNE_LIB="$OUT/kvprune/libkvprune.a")
 fi
 t1=$(date +%s)
 
 # 5. llama.cpp, CPU, Release, static programs
 log "building llama.cpp: $TARGETS"
-cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
-    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF "${CMAKE_EXTRA[@]}" >"$OUT/llama-cmake.log"
+quiet "$OUT/llama-cmake.log" cmake -S "$OUT/src" -B "$OUT/build" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_OPENSSL=OFF -DGGML_CCACHE=OFF ${CMAKE_EXTRA[@]+"${CMAKE_EXTRA[@]}"}
 # shellcheck disable=SC2086
-cmake --build "$OUT/build" --target $TARGETS -j "$JOBS" >"$OUT/llama-build.log"
+quiet "$OUT/llama-build.log" cmake --build "$OUT/build" --target $TARGETS -j "$JOBS"
 mkdir -p "$OUT/bin"
 for t in $TARGETS; do cp "$OUT/build/bin/$t" "$OUT/bin/"; done
 t2=$(date +%s)
