@@ -287,16 +287,41 @@ void llama_kvp_memory::compute(int il, ggml_tensor * dst) {
     const uint32_t n_tokens = (uint32_t) q->ne[2];
     GGML_ASSERT(n_tokens == cur_pos.size());
 
-    kvp_status st;
+    const float * qd = (const float *) q->data;
+    const float * kd = (const float *) k->data;
+    const float * vd = (const float *) v->data;
+    float       * od = (float *) dst->data;
+
     if (cur_decode) {
-        st = kvp_decode(cache, (uint32_t) il, (const float *) q->data, (const float *) k->data,
-                (const float *) v->data, (float *) dst->data);
-    } else {
-        st = kvp_prefill(cache, (uint32_t) il, n_tokens, cur_pos.data(), (const float *) q->data,
-                (const float *) k->data, (const float *) v->data, (float *) dst->data, nullptr);
+        if (kvp_decode(cache, (uint32_t) il, qd, kd, vd, od) != KVP_OK) {
+            GGML_ABORT("kvprune: layer %d, decode at position %d: %s", il, cur_pos[0], kvp_last_error(cache));
+        }
+        return;
     }
-    if (st != KVP_OK) {
-        GGML_ABORT("kvprune: layer %d, %u tokens at position %d: %s", il, n_tokens, cur_pos[0], kvp_last_error(cache));
+
+    // a prompt ubatch: one kvp_prefill, or, when the layer cannot take it whole (a policy whose
+    // capacity is below the ubatch, e.g. window/streaming), chunks of what the layer has room for
+    // (a failed call changes nothing; each chunk's prune makes room for the next)
+    const size_t q_row  = (size_t) q->ne[0] * q->ne[1];
+    const size_t kv_row = (size_t) k->ne[0] * k->ne[1];
+    uint32_t done = 0;
+    while (done < n_tokens) {
+        uint32_t n = n_tokens - done;
+        kvp_status st = kvp_prefill(cache, (uint32_t) il, n, cur_pos.data() + done, qd + done * q_row,
+                kd + done * kv_row, vd + done * kv_row, od + done * q_row, nullptr);
+        if (st == KVP_ERR_FULL) {
+            const uint32_t cap = kvp_layer_capacity(cache, (uint32_t) il);
+            const uint32_t len = kvp_layer_len(cache, (uint32_t) il);
+            if (cap > len && cap - len < n) {
+                n = cap - len;
+                st = kvp_prefill(cache, (uint32_t) il, n, cur_pos.data() + done, qd + done * q_row,
+                        kd + done * kv_row, vd + done * kv_row, od + done * q_row, nullptr);
+            }
+        }
+        if (st != KVP_OK) {
+            GGML_ABORT("kvprune: layer %d, %u tokens at position %d: %s", il, n, cur_pos[done], kvp_last_error(cache));
+        }
+        done += n;
     }
 }
 
