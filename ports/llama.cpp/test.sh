@@ -9,7 +9,9 @@
 #   2. with BASE_DIR (an unmodified build: KVP_PORT=0 build.sh BASE_DIR), the port's binary without
 #      --kvp gives the same tokens as unmodified llama.cpp;
 #   3. scored policies (h2o budget=64, snapkv compression_ratio=0.5 of the prompt) run to completion,
-#      generate every token and evict.
+#      generate every token and evict;
+#   4. snapkv over the prompt's 5 micro-batches gives the tokens of snapkv over one (max_prompt);
+#   5. streaming with a capacity below the micro-batch runs (prefill chunked by the layer's room).
 # The vocabulary is byte-level (one token per byte), so equal text is equal tokens.
 set -euo pipefail
 
@@ -80,6 +82,11 @@ fi
 # -v: llama.cpp's info log, where the kvprune memory prints its counters when it is destroyed
 run h2o "$DIR/bin" -v --kvp "policy=h2o budget=64" && generated h2o
 run snapkv "$DIR/bin" -v --kvp "policy=snapkv compression_ratio=0.5 ratio_tokens=$N_PROMPT" && generated snapkv
+# 4. whole-prompt selection: the prompt in 5 micro-batches selects what one micro-batch selects
+run snapkv-ub512 "$DIR/bin" -ub 512 --kvp "policy=snapkv compression_ratio=0.5 ratio_tokens=$N_PROMPT" || true
+same snapkv snapkv-ub512 "snapkv over 5 micro-batches (max_prompt) = over one"
+# 5. a policy whose capacity is below the micro-batch (prefill in chunks of the layer's room)
+run streaming "$DIR/bin" -v --kvp "policy=streaming sinks=4 window=60" && generated streaming
 
 t2=$(date +%s)
 echo "test.sh: build $((t1 - t0)) s, checks $((t2 - t1)) s, total $((t2 - t0)) s"
