@@ -2,7 +2,7 @@
 """Write a llama2.c checkpoint (../shared/models/*.bin, legacy format) as an f32 GGUF file that
 llama.cpp loads as LLM_ARCH_LLAMA. Pure Python (struct only): no numpy, no gguf-py.
 
-    python3 llama2c_to_gguf.py enbytes-1m.bin enbytes-1m.gguf
+    python3 llama2c_to_gguf.py enbytes-1m.bin enbytes-1m.gguf [--arch llama|qwen2|qwen3]
 
 The vocabulary is byte-level: token i is byte i (GPT-2 byte-to-unicode spelling, tokenizer model
 "gpt2", no merges), which is exactly the enbytes-1m model's (vocab 256, no BOS). Another vocab size
@@ -10,6 +10,12 @@ gets byte tokens for ids < 256 and placeholder tokens above (use token ids, as f
 
 llama2.c keeps Meta's interleaved RoPE pairs (2i, 2i+1), which is llama.cpp's LLAMA_ROPE_TYPE_NORM,
 so Q and K are written unpermuted. Matrices are [out][in] row-major = ggml ne [in, out].
+
+--arch qwen2 / qwen3 write the same weights under those architectures (port tests of their graph
+path): Q and K rows are permuted within each head from interleaved to NEOX pairs (i, i + hd/2),
+which qwen2/qwen3 rotate, so the attention scores are those of the llama file; qwen3's
+attn_q_norm/attn_k_norm are ones (an RMS norm of q and k per head: a different model, the same
+shapes). No biases.
 """
 import struct
 import sys
@@ -87,9 +93,15 @@ class Writer:
 
 
 def main():
-    if len(sys.argv) != 3:
-        sys.exit("usage: llama2c_to_gguf.py CHECKPOINT.bin OUT.gguf")
-    raw = open(sys.argv[1], "rb").read()
+    args = sys.argv[1:]
+    arch = "llama"
+    if "--arch" in args:
+        i = args.index("--arch")
+        arch = args[i + 1]
+        del args[i:i + 2]
+    if len(args) != 2 or arch not in ("llama", "qwen2", "qwen3"):
+        sys.exit("usage: llama2c_to_gguf.py CHECKPOINT.bin OUT.gguf [--arch llama|qwen2|qwen3]")
+    raw = open(args[0], "rb").read()
     dim, hidden, L, nh, nkv, vocab, seq_len = struct.unpack_from("<7i", raw, 0)
     shared = vocab > 0
     vocab = abs(vocab)
@@ -121,19 +133,36 @@ def main():
     take(seq_len * hd // 2)
     cls = emb if shared else take(vocab * dim)
 
+    def neox(rows_bytes, n_heads):
+        # interleaved pairs (2i, 2i+1) -> NEOX pairs (i, i + hd/2): output row j of a head takes
+        # input row 2j (j < hd/2) or 2(j - hd/2) + 1
+        if arch == "llama":
+            return rows_bytes
+        rb = 4 * dim
+        out = bytearray()
+        for h in range(n_heads):
+            for j in range(hd):
+                src = 2 * j if j < hd // 2 else 2 * (j - hd // 2) + 1
+                o = (h * hd + src) * rb
+                out += rows_bytes[o:o + rb]
+        return bytes(out)
+
     w = Writer()
-    w.str("general.architecture", "llama")
-    w.str("general.name", sys.argv[1].rsplit("/", 1)[-1])
-    w.u32("llama.context_length", seq_len)
-    w.u32("llama.embedding_length", dim)
-    w.u32("llama.block_count", L)
-    w.u32("llama.feed_forward_length", hidden)
-    w.u32("llama.attention.head_count", nh)
-    w.u32("llama.attention.head_count_kv", nkv)
-    w.u32("llama.rope.dimension_count", hd)
-    w.f32("llama.rope.freq_base", 10000.0)
-    w.f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    w.u32("llama.vocab_size", vocab)
+    w.str("general.architecture", arch)
+    w.str("general.name", args[0].rsplit("/", 1)[-1])
+    w.u32(arch + ".context_length", seq_len)
+    w.u32(arch + ".embedding_length", dim)
+    w.u32(arch + ".block_count", L)
+    w.u32(arch + ".feed_forward_length", hidden)
+    w.u32(arch + ".attention.head_count", nh)
+    w.u32(arch + ".attention.head_count_kv", nkv)
+    w.u32(arch + ".rope.dimension_count", hd)
+    w.f32(arch + ".rope.freq_base", 10000.0)
+    w.f32(arch + ".attention.layer_norm_rms_epsilon", 1e-5)
+    w.u32(arch + ".vocab_size", vocab)
+    if arch == "qwen3":
+        w.u32(arch + ".attention.key_length", hd)
+        w.u32(arch + ".attention.value_length", hd)
     w.u32("general.file_type", 0)  # all f32
 
     b2u = bytes_to_unicode()
@@ -151,8 +180,12 @@ def main():
     w.tensor("token_embd.weight", [dim, vocab], emb)
     for i in range(L):
         w.tensor("blk.%d.attn_norm.weight" % i, [dim], rms_att[i])
-        w.tensor("blk.%d.attn_q.weight" % i, [dim, nh * hd], wq[i])
-        w.tensor("blk.%d.attn_k.weight" % i, [dim, nkv * hd], wk[i])
+        w.tensor("blk.%d.attn_q.weight" % i, [dim, nh * hd], neox(wq[i], nh))
+        w.tensor("blk.%d.attn_k.weight" % i, [dim, nkv * hd], neox(wk[i], nkv))
+        if arch == "qwen3":
+            ones = struct.pack("<%df" % hd, *([1.0] * hd))
+            w.tensor("blk.%d.attn_q_norm.weight" % i, [hd], ones)
+            w.tensor("blk.%d.attn_k_norm.weight" % i, [hd], ones)
         w.tensor("blk.%d.attn_v.weight" % i, [dim, nkv * hd], wv[i])
         w.tensor("blk.%d.attn_output.weight" % i, [nh * hd, dim], wo[i])
         w.tensor("blk.%d.ffn_norm.weight" % i, [dim], rms_ffn[i])
@@ -162,7 +195,7 @@ def main():
     w.tensor("output_norm.weight", [dim], rms_final)
     if not shared:
         w.tensor("output.weight", [dim, vocab], cls)
-    w.write(sys.argv[2])
+    w.write(args[1])
 
 
 if __name__ == "__main__":

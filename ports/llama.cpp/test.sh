@@ -5,7 +5,8 @@
 # the enbytes-1m llama2.c checkpoint as an f32 llama GGUF, and with llama-completion (greedy, a
 # 300-byte prompt in micro-batches of 64, 96 generated tokens) checks:
 #   1. --kvp "policy=full" gives the same tokens as llama.cpp's own cache (the same binary without
-#      --kvp), and so does KVP_SPEC="policy=full" in the environment;
+#      --kvp), and so does KVP_SPEC="policy=full" in the environment; also written as qwen2 and
+#      qwen3 files (llama2c_to_gguf.py --arch);
 #   2. with BASE_DIR (an unmodified build: KVP_PORT=0 build.sh BASE_DIR), the port's binary without
 #      --kvp gives the same tokens as unmodified llama.cpp;
 #   3. scored policies (h2o budget=64, snapkv compression_ratio=0.5 of the prompt) run to completion,
@@ -33,15 +34,17 @@ t1=$(date +%s)
 T=$DIR/test
 mkdir -p "$T"
 python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-1m.gguf"
+for a in qwen2 qwen3; do python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-$a.gguf" --arch $a; done
 head -c 300 "$MODELS/enbytes-1m.eval.txt" > "$T/prompt.txt"
 N_PROMPT=$(wc -c < "$T/prompt.txt")
 
 fail=0
 # run NAME BIN [ARGS...]: greedy completion into $T/NAME.txt (stdout) and $T/NAME.log (stderr)
+# (MODEL: the GGUF, default the llama file)
 run() {
     local name=$1 bin=$2
     shift 2
-    if ! "$bin/llama-completion" -m "$T/enbytes-1m.gguf" -f "$T/prompt.txt" -n $N_GEN --temp 0 \
+    if ! "$bin/llama-completion" -m "${MODEL:-$T/enbytes-1m.gguf}" -f "$T/prompt.txt" -n $N_GEN --temp 0 \
             -c 512 -b 512 -ub 64 -t 2 -no-cnv --simple-io --no-warmup "$@" >"$T/$name.txt" 2>"$T/$name.log"; then
         echo "FAIL $name: llama-completion exited with an error (see $T/$name.log):"
         tail -5 "$T/$name.log"
@@ -75,6 +78,11 @@ run full "$DIR/bin" --kvp "policy=full" || true
 KVP_SPEC="policy=full" run full-env "$DIR/bin" || true
 same plain full "--kvp policy=full = llama.cpp's cache"
 same plain full-env "KVP_SPEC=policy=full = llama.cpp's cache"
+for a in qwen2 qwen3; do
+    MODEL=$T/enbytes-$a.gguf run plain-$a "$DIR/bin" || true
+    MODEL=$T/enbytes-$a.gguf run full-$a "$DIR/bin" --kvp "policy=full" || true
+    same plain-$a full-$a "$a: --kvp policy=full = llama.cpp's cache"
+done
 if [ -n "$BASE" ]; then
     run base "$BASE/bin" || true
     same base plain "the port without --kvp = unmodified llama.cpp"

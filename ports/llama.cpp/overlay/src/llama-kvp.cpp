@@ -65,9 +65,11 @@ static const char * kvp_policies_observing_prompt[] = { "h2o", "snapkv", "pyrami
 llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparams & cparams, const std::string & user_spec) {
     const auto & hp = model.hparams;
 
-    if (model.arch != LLM_ARCH_LLAMA) {
-        throw std::runtime_error(format("kvprune: architecture '%s' is not supported by this port yet (llama only)",
-                    llm_arch_name(model.arch)));
+    // the architectures whose graph builder reaches kvprune through build_attn_inp_kv + build_attn
+    // and that test.sh checks
+    if (model.arch != LLM_ARCH_LLAMA && model.arch != LLM_ARCH_QWEN2 && model.arch != LLM_ARCH_QWEN3) {
+        throw std::runtime_error(format("kvprune: architecture '%s' is not supported by this port yet "
+                    "(llama, qwen2, qwen3)", llm_arch_name(model.arch)));
     }
     if (cparams.n_seq_max != 1) {
         throw std::runtime_error(format("kvprune: one sequence per context only (n_seq_max = %u)", cparams.n_seq_max));
