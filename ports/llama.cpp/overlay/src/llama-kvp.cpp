@@ -1,0 +1,361 @@
+// kvprune port: llama.cpp memory backed by one kvprune cache (see llama-kvp.h and
+// ports/llama.cpp/README.md in the kvprune repository).
+
+#include "llama-kvp.h"
+
+#include "llama-impl.h"
+#include "llama-model.h"
+#include "llama-cparams.h"
+#include "llama-arch.h"
+
+#include "ggml.h"
+#include "ggml-backend.h"
+
+#include "kvprune/kvprune.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+const char * llama_kvp_spec() {
+    const char * s = getenv("KVP_SPEC");
+    return s && *s ? s : nullptr;
+}
+
+//
+// llama_kvp_context
+//
+
+llama_kvp_context::llama_kvp_context(llama_memory_status status) : status(status) {}
+
+llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem) : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS) {}
+
+llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches)
+    : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS), ubatches(std::move(ubatches)) {}
+
+bool llama_kvp_context::next() {
+    return ++i_next < ubatches.size();
+}
+
+bool llama_kvp_context::apply() {
+    if (ubatches.empty()) {
+        return true; // the reserve context: nothing to apply
+    }
+    return mem->begin_ubatch(ubatches[i_next]);
+}
+
+const llama_ubatch & llama_kvp_context::get_ubatch() const {
+    GGML_ASSERT(i_next < ubatches.size());
+    return ubatches[i_next];
+}
+
+llama_memory_status llama_kvp_context::get_status() const {
+    return status;
+}
+
+//
+// llama_kvp_memory
+//
+
+static const char * kvp_policies_observing_prompt[] = { "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv" };
+
+llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparams & cparams, const std::string & user_spec) {
+    const auto & hp = model.hparams;
+
+    // the architectures whose graph builder reaches kvprune through build_attn_inp_kv + build_attn
+    // and that test.sh checks
+    if (model.arch != LLM_ARCH_LLAMA && model.arch != LLM_ARCH_QWEN2 && model.arch != LLM_ARCH_QWEN3) {
+        throw std::runtime_error(format("kvprune: architecture '%s' is not supported by this port yet "
+                    "(llama, qwen2, qwen3)", llm_arch_name(model.arch)));
+    }
+    if (cparams.n_seq_max != 1) {
+        throw std::runtime_error(format("kvprune: one sequence per context only (n_seq_max = %u)", cparams.n_seq_max));
+    }
+    if (hp.swa_type != LLAMA_SWA_TYPE_NONE || !cparams.causal_attn || cparams.embeddings) {
+        throw std::runtime_error("kvprune: only causal decoder models without sliding-window layers, no embeddings");
+    }
+
+    n_layer = hp.n_layer();
+    const uint32_t n_head    = hp.n_head(0);
+    const uint32_t n_head_kv = hp.n_head_kv(0);
+    const uint32_t head_dim  = hp.n_embd_head_k(0);
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        if (hp.n_head(il) != n_head || hp.n_head_kv(il) != n_head_kv ||
+            hp.n_embd_head_k(il) != head_dim || hp.n_embd_head_v(il) != head_dim) {
+            throw std::runtime_error(format("kvprune: layer %u has another geometry than layer 0", il));
+        }
+    }
+
+    // RoPE: llama.cpp rotates q and k in the graph (ggml_rope_ext) before build_attn, so the cache
+    // stores pre-rotated keys: rope=none (positions=realign is not available this way).
+    kvp_model m = {};
+    m.n_layers   = n_layer;
+    m.n_q_heads  = n_head;
+    m.n_kv_heads = n_head_kv;
+    m.head_dim   = head_dim;
+    m.rope       = KVP_ROPE_NONE;
+    m.rope_dim   = 0;
+    m.rope_theta = 10000.0f;
+
+    char err[512];
+    kvp_config cfg;
+    if (kvp_config_default_ex(&cfg, &m, err, sizeof(err)) != KVP_OK) {
+        throw std::runtime_error(std::string("kvprune: ") + err);
+    }
+
+    // the keys the user gave, and the port's defaults for the ones not given
+    std::set<std::string> keys;
+    std::string policy = "full";
+    {
+        std::istringstream ss(user_spec);
+        std::string tok;
+        while (ss >> tok) {
+            const size_t eq = tok.find('=');
+            const std::string key = tok.substr(0, eq);
+            keys.insert(key);
+            if (key == "policy" && eq != std::string::npos) {
+                policy = tok.substr(eq + 1);
+            }
+        }
+    }
+    const std::string n_ctx = std::to_string(cparams.n_ctx);
+    std::string spec = user_spec;
+    if (policy == "full" && !keys.count("capacity")) {
+        spec += " capacity=" + n_ctx; // full keeps the whole context
+    }
+    if (keys.count("compression_ratio") && !keys.count("ratio_tokens")) {
+        spec += " ratio_tokens=" + n_ctx; // compression_ratio is a fraction of the context size
+    }
+    if (!keys.count("max_prompt")) {
+        for (const char * p : kvp_policies_observing_prompt) {
+            if (policy == p) {
+                spec += " max_prompt=" + n_ctx; // whole-prompt selection across micro-batches
+            }
+        }
+    }
+    if (kvp_config_apply(&cfg, spec.c_str(), err, sizeof(err)) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: spec '%s': %s", spec.c_str(), err));
+    }
+    attn_scale = cfg.attn_scale != 0.0f ? cfg.attn_scale : 1.0f / sqrtf((float) head_dim);
+
+    arena_bytes = kvp_arena_size(&cfg);
+    if (kvp_create_ex(&cfg, nullptr, arena_bytes, &cache, err, sizeof(err)) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: create: %s", err));
+    }
+
+    ops.resize(n_layer);
+    for (uint32_t il = 0; il < n_layer; ++il) {
+        ops[il] = { this, (int) il };
+    }
+
+    LLAMA_LOG_INFO("%s: kvprune cache '%s': %u layers, %u/%u heads, head_dim %u, arena %.2f MiB\n", __func__,
+            spec.c_str(), n_layer, n_head, n_head_kv, head_dim, arena_bytes / 1024.0 / 1024.0);
+}
+
+llama_kvp_memory::~llama_kvp_memory() {
+    kvp_stats st = {};
+    st.struct_size = sizeof(st);
+    if (kvp_get_stats(cache, &st) == KVP_OK) {
+        LLAMA_LOG_INFO("%s: kvprune: %llu tokens seen, %llu evicted (summed over layers and KV heads), "
+                "live %.2f KiB (peak %.2f KiB) of an arena of %.2f KiB\n", __func__,
+                (unsigned long long) st.tokens_seen, (unsigned long long) st.tokens_evicted,
+                st.live_bytes / 1024.0, st.peak_live_bytes / 1024.0, arena_bytes / 1024.0);
+    }
+    kvp_destroy(cache);
+}
+
+llama_memory_context_ptr llama_kvp_memory::init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) {
+    GGML_UNUSED(embd_all);
+
+    balloc.split_reset();
+    std::vector<llama_ubatch> ubatches;
+    while (true) {
+        auto ubatch = balloc.split_simple(n_ubatch);
+        if (ubatch.n_tokens == 0) {
+            break;
+        }
+        ubatches.push_back(std::move(ubatch)); // NOLINT
+    }
+    if (balloc.get_n_used() < balloc.get_n_tokens()) {
+        return std::make_unique<llama_kvp_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE);
+    }
+    return std::make_unique<llama_kvp_context>(this, std::move(ubatches));
+}
+
+llama_memory_context_ptr llama_kvp_memory::init_full() {
+    return std::make_unique<llama_kvp_context>(this);
+}
+
+llama_memory_context_ptr llama_kvp_memory::init_update(llama_context * lctx, bool optimize) {
+    GGML_UNUSED(lctx);
+    GGML_UNUSED(optimize);
+    return std::make_unique<llama_kvp_context>(LLAMA_MEMORY_STATUS_NO_UPDATE);
+}
+
+void llama_kvp_memory::clear(bool data) {
+    GGML_UNUSED(data);
+    if (kvp_reset(cache) != KVP_OK) {
+        GGML_ABORT("kvprune: reset: %s", kvp_last_error(cache));
+    }
+    pos_next = 0;
+}
+
+bool llama_kvp_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
+    GGML_ASSERT(seq_id <= 0);
+    if (p0 < 0) {
+        p0 = 0;
+    }
+    if (p1 < 0) {
+        p1 = std::numeric_limits<llama_pos>::max();
+    }
+    if (p0 >= pos_next || p0 >= p1) {
+        return true; // nothing stored there
+    }
+    if (p0 == 0 && p1 >= pos_next) {
+        clear(true);
+        return true;
+    }
+    LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d (only the whole sequence)\n",
+            __func__, p0, p1, pos_next);
+    return false;
+}
+
+void llama_kvp_memory::seq_cp(llama_seq_id, llama_seq_id, llama_pos, llama_pos) {
+    GGML_ABORT("kvprune: seq_cp is not supported (one sequence per context)");
+}
+
+void llama_kvp_memory::seq_keep(llama_seq_id seq_id) {
+    GGML_ASSERT(seq_id == 0 && "kvprune: one sequence per context");
+}
+
+void llama_kvp_memory::seq_add(llama_seq_id, llama_pos, llama_pos, llama_pos) {
+    GGML_ABORT("kvprune: seq_add (context shift) is not supported: a pruned cache keeps its own positions");
+}
+
+void llama_kvp_memory::seq_div(llama_seq_id, llama_pos, llama_pos, int) {
+    GGML_ABORT("kvprune: seq_div (self-extend) is not supported");
+}
+
+llama_pos llama_kvp_memory::seq_pos_min(llama_seq_id seq_id) const {
+    GGML_UNUSED(seq_id);
+    return pos_next > 0 ? 0 : -1;
+}
+
+llama_pos llama_kvp_memory::seq_pos_max(llama_seq_id seq_id) const {
+    GGML_UNUSED(seq_id);
+    return pos_next - 1;
+}
+
+std::map<ggml_backend_buffer_type_t, size_t> llama_kvp_memory::memory_breakdown() const {
+    return { { ggml_backend_cpu_buffer_type(), arena_bytes } };
+}
+
+void llama_kvp_memory::state_write(llama_io_write_i &, llama_seq_id, llama_state_seq_flags) const {
+    throw std::runtime_error("kvprune: state save is not supported by this port yet");
+}
+
+void llama_kvp_memory::state_read(llama_io_read_i &, llama_seq_id, llama_state_seq_flags) {
+    throw std::runtime_error("kvprune: state load is not supported by this port yet");
+}
+
+bool llama_kvp_memory::begin_ubatch(const llama_ubatch & ub) {
+    for (uint32_t i = 0; i < ub.n_tokens; ++i) {
+        if (ub.n_seq_id[i] != 1 || ub.seq_id[i][0] != 0) {
+            LLAMA_LOG_ERROR("%s: kvprune: only sequence 0 is supported\n", __func__);
+            return false;
+        }
+        if (ub.pos[i] != pos_next + (llama_pos) i) {
+            LLAMA_LOG_ERROR("%s: kvprune: token %u has position %d, the cache expects %d (positions must continue the sequence)\n",
+                    __func__, i, ub.pos[i], pos_next + (llama_pos) i);
+            return false;
+        }
+    }
+    cur_pos.assign(ub.pos, ub.pos + ub.n_tokens);
+    // one token after the sequence began is a generated token (kvp_decode, which ends an open
+    // prompt); anything else is prompt (kvp_prefill, whole-prompt selection with max_prompt)
+    cur_decode = ub.n_tokens == 1 && pos_next > 0;
+    pos_next += ub.n_tokens;
+    return true;
+}
+
+void llama_kvp_memory::compute(int il, ggml_tensor * dst) {
+    const ggml_tensor * q = dst->src[0];
+    const ggml_tensor * k = dst->src[1];
+    const ggml_tensor * v = dst->src[2];
+
+    const uint32_t n_tokens = (uint32_t) q->ne[2];
+    GGML_ASSERT(n_tokens == cur_pos.size());
+
+    const float * qd = (const float *) q->data;
+    const float * kd = (const float *) k->data;
+    const float * vd = (const float *) v->data;
+    float       * od = (float *) dst->data;
+
+    if (cur_decode) {
+        if (kvp_decode(cache, (uint32_t) il, qd, kd, vd, od) != KVP_OK) {
+            GGML_ABORT("kvprune: layer %d, decode at position %d: %s", il, cur_pos[0], kvp_last_error(cache));
+        }
+        return;
+    }
+
+    // a prompt ubatch: one kvp_prefill, or, when the layer cannot take it whole (a policy whose
+    // capacity is below the ubatch, e.g. window/streaming), chunks of what the layer has room for
+    // (a failed call changes nothing; each chunk's prune makes room for the next)
+    const size_t q_row  = (size_t) q->ne[0] * q->ne[1];
+    const size_t kv_row = (size_t) k->ne[0] * k->ne[1];
+    uint32_t done = 0;
+    while (done < n_tokens) {
+        uint32_t n = n_tokens - done;
+        kvp_status st = kvp_prefill(cache, (uint32_t) il, n, cur_pos.data() + done, qd + done * q_row,
+                kd + done * kv_row, vd + done * kv_row, od + done * q_row, nullptr);
+        if (st == KVP_ERR_FULL) {
+            const uint32_t cap = kvp_layer_capacity(cache, (uint32_t) il);
+            const uint32_t len = kvp_layer_len(cache, (uint32_t) il);
+            if (cap > len && cap - len < n) {
+                n = cap - len;
+                st = kvp_prefill(cache, (uint32_t) il, n, cur_pos.data() + done, qd + done * q_row,
+                        kd + done * kv_row, vd + done * kv_row, od + done * q_row, nullptr);
+            }
+        }
+        if (st != KVP_OK) {
+            GGML_ABORT("kvprune: layer %d, %u tokens at position %d: %s", il, n, cur_pos[done], kvp_last_error(cache));
+        }
+        done += n;
+    }
+}
+
+static void llama_kvp_attn_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    GGML_UNUSED(nth);
+    if (ith != 0) {
+        return; // kvprune runs the whole layer on the first thread of the graph's pool
+    }
+    auto * op = (llama_kvp_memory::layer_op *) userdata;
+    op->mem->compute(op->il, dst);
+}
+
+ggml_tensor * llama_kvp_memory::build_attn(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+        float kq_scale, int il) {
+    GGML_ASSERT(il >= 0 && (uint32_t) il < n_layer);
+    GGML_ASSERT(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && v->type == GGML_TYPE_F32);
+    if (fabsf(kq_scale - attn_scale) > 1e-6f * attn_scale) {
+        GGML_ABORT("kvprune: layer %d uses the attention scale %g, the cache was created with %g", il, kq_scale, attn_scale);
+    }
+    // q [head_dim, n_head, n_tokens], k and v [head_dim, n_head_kv, n_tokens]: kvprune's row-major
+    // [n_tokens][heads][head_dim] once contiguous
+    if (!ggml_is_contiguous(q)) q = ggml_cont(ctx0, q);
+    if (!ggml_is_contiguous(k)) k = ggml_cont(ctx0, k);
+    if (!ggml_is_contiguous(v)) v = ggml_cont(ctx0, v);
+
+    ggml_tensor * args[3] = { q, k, v };
+    ggml_tensor * cur = ggml_custom_4d(ctx0, GGML_TYPE_F32, q->ne[0] * q->ne[1], q->ne[2], 1, 1,
+            args, 3, llama_kvp_attn_op, 1, &ops[il]);
+    return cur;
+}
+
+bool llm_graph_input_attn_kvp::can_reuse(const llm_graph_params & params) {
+    const auto * m = dynamic_cast<const llama_kvp_context *>(params.mctx);
+    return m && m->mem == mem;
+}

@@ -1,0 +1,115 @@
+#pragma once
+
+// kvprune port (ports/llama.cpp in the kvprune repository): a llama_memory_i whose KV cache is a
+// kvprune cache. Selected at context creation by the environment variable KVP_SPEC (which the
+// common argument --kvp SPEC sets); without it llama.cpp builds its own memory as before.
+
+#include "llama-memory.h"
+#include "llama-graph.h"
+#include "llama-batch.h"
+
+#include <string>
+#include <vector>
+
+struct kvp_cache;
+struct llama_model;
+struct llama_cparams;
+struct ggml_context;
+struct ggml_tensor;
+
+// the kvprune spec of this process (env KVP_SPEC), nullptr when unset or empty
+const char * llama_kvp_spec();
+
+class llama_kvp_memory;
+
+class llama_kvp_context : public llama_memory_context_i {
+public:
+    explicit llama_kvp_context(llama_memory_status status);
+    // the worst-case context used to reserve the compute graphs (no ubatch)
+    explicit llama_kvp_context(llama_kvp_memory * mem);
+    llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches);
+
+    bool next()  override;
+    bool apply() override;
+
+    const llama_ubatch & get_ubatch() const override;
+    llama_memory_status  get_status() const override;
+
+    llama_kvp_memory * mem = nullptr;
+
+private:
+    llama_memory_status status;
+    std::vector<llama_ubatch> ubatches;
+    size_t i_next = 0;
+};
+
+class llama_kvp_memory : public llama_memory_i {
+public:
+    // throws std::runtime_error with kvprune's message when the spec or the model is not supported
+    llama_kvp_memory(const llama_model & model, const llama_cparams & cparams, const std::string & spec);
+    ~llama_kvp_memory() override;
+
+    llama_memory_context_ptr init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) override;
+    llama_memory_context_ptr init_full() override;
+    llama_memory_context_ptr init_update(llama_context * lctx, bool optimize) override;
+
+    bool get_can_shift() const override { return false; }
+
+    void clear(bool data) override;
+
+    bool seq_rm  (llama_seq_id seq_id,                              llama_pos p0, llama_pos p1) override;
+    [[noreturn]] void seq_cp  (llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1) override;
+    void seq_keep(llama_seq_id seq_id) override;
+    [[noreturn]] void seq_add (llama_seq_id seq_id,                              llama_pos p0, llama_pos p1, llama_pos shift) override;
+    [[noreturn]] void seq_div (llama_seq_id seq_id,                              llama_pos p0, llama_pos p1, int d) override;
+
+    llama_pos seq_pos_min(llama_seq_id seq_id) const override;
+    llama_pos seq_pos_max(llama_seq_id seq_id) const override;
+
+    std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown() const override;
+
+    [[noreturn]] void state_write(llama_io_write_i & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) const override;
+    [[noreturn]] void state_read (llama_io_read_i  & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) override;
+
+    // llama_kvp_context::apply(): the ubatch whose graph is computed next
+    bool begin_ubatch(const llama_ubatch & ubatch);
+
+    // the custom op of layer il: attention of dst->src[0..2] (q, k, v) into dst
+    void compute(int il, ggml_tensor * dst);
+
+    // graph side: the op that replaces build_attn_mha for layer il
+    ggml_tensor * build_attn(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
+                             float kq_scale, int il);
+
+    struct layer_op {
+        llama_kvp_memory * mem;
+        int il;
+    };
+
+private:
+    kvp_cache * cache = nullptr;
+    size_t arena_bytes = 0;
+    float attn_scale = 0.0f;
+    uint32_t n_layer = 0;
+
+    std::vector<layer_op> ops;   // userdata of the custom ops, one per layer (stable addresses)
+
+    llama_pos pos_next = 0;      // position of the next token (positions stored: 0 .. pos_next-1)
+
+    // the ubatch being computed (set by begin_ubatch)
+    std::vector<int32_t> cur_pos;
+    bool cur_decode = false;
+};
+
+// the attention input of a context whose memory is kvprune: no mask, no cell indices
+class llm_graph_input_attn_kvp : public llm_graph_input_attn_kv {
+public:
+    llm_graph_input_attn_kvp(const llama_hparams & hparams, const llama_cparams & cparams, llama_kvp_memory * mem)
+        : llm_graph_input_attn_kv(hparams, cparams, nullptr), mem(mem) {}
+
+    void set_input(const llama_ubatch * ubatch) override { GGML_UNUSED(ubatch); }
+
+    bool can_reuse(const llm_graph_params & params) override;
+
+    llama_kvp_memory * mem;
+};
