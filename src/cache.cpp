@@ -533,6 +533,7 @@ void cache_prompt_select(kvp_cache *c, uint32_t layer, uint32_t w, const int32_t
     threads_feedback(c, nt, pool_run(c->tpool, nt, step_worker, &j));
     if (c->policy->layer_phase) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
+        ctx.prompt_w = w ? w : 1;  // the prompt's end (policy.h PolicyCtx::prompt_w)
         c->policy->layer_phase(ctx, StepMode::kPrefill);
     }
     layer_account(c, layer);

@@ -1032,14 +1032,11 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
         return KVP_ERR_UNSUPPORTED;
     }
     // issue 28 (DECISIONS "Whole-prompt selection"): the prompt is held whole and selected once
-    // when it ends. Not yet: ASL hands its selection back to the caller during the prefill (the
-    // caller then propagates fewer tokens), ThinK picks its channels when the first group
-    // converts (inside the prompt), and a shared pool would let the prompt of one layer take
-    // another's blocks (self-pruning inside the prompt).
+    // when it ends. Not yet: ThinK picks its channels when the first group converts (inside the
+    // prompt), and a shared pool would let the prompt of one layer take another's blocks
+    // (self-pruning inside the prompt). (ASL selects at the prompt's end: asl.h.)
     if (c.max_prompt) {
-        const char *no = c.policy == KVP_POLICY_ASL ? "asl (its selection is returned during the prefill)"
-                         : c.policy == KVP_POLICY_THINK ? "think (its channels are chosen inside the prompt)"
-                                                        : nullptr;
+        const char *no = c.policy == KVP_POLICY_THINK ? "think (its channels are chosen inside the prompt)" : nullptr;
         if (no) {
             m.s("max_prompt=").u(c.max_prompt).s(" is not supported with policy=").s(no).s(" yet; use max_prompt=0");
             return KVP_ERR_UNSUPPORTED;

@@ -192,6 +192,68 @@ TEST(Asl, SelectionIsTopKPlusWindowAndLaterLayersHoldIt) {
     }
 }
 
+// Under max_prompt (issue 28) the selection is made when the prompt ends, from the whole prompt,
+// however it was chunked: every layer takes every token (no kvp_selection is returned), the
+// prompt's end scores the layers in order, picks the same selection layer as one call without
+// max_prompt and the layers after it keep exactly the selection; so the kept positions of every
+// layer and head are the one-call protocol's (where the caller passed only the selected tokens).
+TEST(Asl, MaxPromptSelectsAtThePromptsEndAsOneCallDoes) {
+    const kvp_model m = ref::model(kLayers, 2, 2, kHd, KVP_ROPE_NONE);
+    Prompt p = make_prompt(2, 5);
+    // the layers after the selection rank the prompt otherwise: their own SnapKV would keep other tokens
+    ref::Rng rng(17);
+    for (uint32_t l = 4; l < kLayers; ++l) {
+        for (uint32_t t = kP - 1; t > 0; --t) std::swap(p.perm[l][t], p.perm[l][rng.next() % (t + 1)]);
+        for (uint32_t t = 0; t < kP; ++t)
+            for (uint32_t h = 0; h < 2; ++h) p.k[l][(size_t(t) * 2 + h) * kHd] = 0.05f * float(p.perm[l][t]);
+    }
+    for (const char *score : {"score=float", "score=fixed"}) {
+        ref::Cache one(m, spec(score));
+        const Outcome r = prefill_all(one, p);
+        ASSERT_EQ(r.sel_layer, 3) << score;
+        for (uint32_t chunk : {1u, 7u, 64u}) {
+            ref::Cache c(m, spec(std::string(score) + " max_prompt=" + std::to_string(kN)));
+            ASSERT_NE(c.c, nullptr) << score;
+            std::vector<int32_t> idx(kN);
+            std::vector<float> out(size_t(kN) * 2 * kHd);
+            const size_t row = 2 * kHd;
+            for (uint32_t t = 0; t < kN; t += chunk) {
+                const uint32_t n = kN - t < chunk ? kN - t : chunk;
+                for (uint32_t l = 0; l < kLayers; ++l) {
+                    kvp_selection sel;
+                    memset(&sel, 0, sizeof sel);
+                    sel.struct_size = sizeof sel;
+                    sel.capacity = kN;
+                    sel.indices = idx.data();
+                    ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, &p.q[l][t * row], &p.k[l][t * row], &p.v[l][t * row],
+                                          out.data(), &sel),
+                              KVP_OK)
+                        << kvp_last_error(c.c);
+                    EXPECT_EQ(sel.selected, 0);  // nothing is selected inside the prompt
+                    EXPECT_EQ(sel.n, 0u);
+                }
+            }
+            EXPECT_EQ(kvp::asl_selection_layer(c.c), -1);
+            ASSERT_EQ(kvp_prompt_end(c.c), KVP_OK) << kvp_last_error(c.c);
+            EXPECT_EQ(kvp::asl_selection_layer(c.c), 3) << score << " chunk " << chunk;
+            for (uint32_t l = 0; l < kLayers; ++l) {
+                double v1, r1, v2, r2;
+                ASSERT_TRUE(kvp::asl_layer_variance(one.c, l, &v1, &r1));
+                ASSERT_TRUE(kvp::asl_layer_variance(c.c, l, &v2, &r2));
+                if (isnan(v1)) EXPECT_TRUE(isnan(v2)) << l;
+                else EXPECT_EQ(v1, v2) << l;
+                for (uint32_t h = 0; h < 2; ++h)
+                    EXPECT_EQ(c.positions(l, h), one.positions(l, h)) << score << " chunk " << chunk << " layer " << l;
+            }
+            // decoding goes on from the prompt's end on every layer
+            std::vector<float> o(2 * kHd);
+            for (uint32_t l = 0; l < kLayers; ++l)
+                ASSERT_EQ(kvp_decode(c.c, l, p.q[l].data(), p.k[l].data(), p.v[l].data(), o.data()), KVP_OK);
+            EXPECT_EQ(c.positions(kLayers - 1, 0).back(), int32_t(kN));
+        }
+    }
+}
+
 TEST(Asl, NoQualifyingLayerMeansSnapKvEverywhere) {
     const kvp_model m = ref::model(kLayers, 2, 2, kHd, KVP_ROPE_NONE);
     const Prompt p = make_prompt(kLayers, 9);  // never stable

@@ -28,6 +28,8 @@ const char *const kSpecs[] = {
     "policy=window window=60",
     "policy=streaming sinks=4 window=48 compress_every=8",
     "policy=snapkv budget=48 obs_window=8 recent=4 kv_rotate=hadamard",
+    // selects at layer 0 (one layer per rank figure, any tau), which layer 1 then keeps
+    "policy=asl budget=48 obs_window=8 asl_min_layer=0 asl_obs_layers=1",
 };
 
 const kvp_model kModel = ref::model(2, 4, 2, 16);
@@ -320,7 +322,7 @@ TEST(Prompt, CallsAroundAnOpenPrompt) {
 }
 
 TEST(Prompt, UnsupportedCombinationsAreRefusedAtCreate) {
-    for (const char *p : {"policy=asl budget=32 max_prompt=64", "policy=think max_prompt=64",
+    for (const char *p : {"policy=think max_prompt=64",
                           "policy=h2o budget=32 total_capacity=200 max_prompt=64",
                           "policy=simlayerkv nonlazy=full capacity=64 sinks=4 window=24 max_prompt=64"}) {
         kvp_config cfg;

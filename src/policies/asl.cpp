@@ -9,6 +9,7 @@
 #include "cache.h"
 #include "config.h"
 #include "policies/snapkv.h"
+#include "prompt.h"
 
 namespace kvp {
 namespace {
@@ -23,17 +24,26 @@ struct AslHeader {
     uint32_t ring_last;   // the last layer in it
     uint32_t ring_n;      // the prompt length its ranks are of
     uint32_t ref_set;
+    uint32_t apply;       // max_prompt: a prompt's end made the selection; the later layers' ends keep it
     double v_ref;         // the rank variance at the reference layer
 };
 
-// The state region: header | var[L] | rel[L] | votes[H][stage] | score[stage] | idx[stage] |
-// ranks[obs_layers][stage] | sel[stage].
+// The state region: header | var[L] | rel[L] | votes[H][S] | score[S] | idx[S] | ranks[obs_layers][S] |
+// sel[S], S = slots(): the most tokens one scored prompt may have (the staging area; with
+// max_prompt, everything a layer holds at its prompt's end: capacity + max_prompt).
 struct Layout {
     size_t var, rel, votes, score, idx, ranks, sel, total;
 };
 
+uint32_t capacity_of(const kvp_config &cfg) { return config_capacity(cfg, cfg.budget + 1); }
+
+uint32_t slots(const kvp_config &cfg, uint32_t stage) {
+    const uint64_t whole = cfg.max_prompt ? uint64_t(capacity_of(cfg)) + cfg.max_prompt : 0;
+    return whole > stage ? uint32_t(whole) : stage;
+}
+
 Layout layout(const kvp_config &cfg, uint32_t stage) {
-    const size_t L = cfg.model.n_layers, H = cfg.model.n_kv_heads, S = stage;
+    const size_t L = cfg.model.n_layers, H = cfg.model.n_kv_heads, S = slots(cfg, stage);
     Layout o;
     size_t off = align_up(sizeof(AslHeader), kAlign);
     o.var = off;
@@ -63,7 +73,7 @@ struct State {
 
 State state_of(const kvp_cache *c) {
     char *b = static_cast<char *>(c->pstate);
-    const Layout o = layout(c->cfg, c->plan.stage);
+    const Layout o = layout(c->cfg, c->plan.stage);  // slots(cfg, stage) per array
     return State{reinterpret_cast<AslHeader *>(b),          reinterpret_cast<double *>(b + o.var),
                  reinterpret_cast<double *>(b + o.rel),     reinterpret_cast<double *>(b + o.votes),
                  reinterpret_cast<double *>(b + o.score),   reinterpret_cast<uint32_t *>(b + o.idx),
@@ -103,8 +113,13 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
     return snapkv_check_common("asl", cfg, m);
 }
 
-void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
-    snapkv_plan(cfg, cfg.budget, config_capacity(cfg, cfg.budget + 1), p);
+void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) { snapkv_plan(cfg, cfg.budget, capacity_of(cfg), p); }
+
+// A prompt's end (max_prompt, prompt.h) scores the layer: no selection yet in this sequence and
+// more than `budget` tokens held (the whole prompt, after whatever the layer held before it).
+bool end_scores(const PolicyCtx &ctx, const HeadStore &hs) {
+    return ctx.prompt_w && ctx.layer >= collect_start(ctx.c->cfg) && state_of(ctx.c).h->sel_layer < 0 &&
+           hs.len() > ctx.c->cfg.budget;
 }
 
 void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode mode) {
@@ -112,18 +127,46 @@ void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode mode) {
     const kvp_config &cfg = c->cfg;
     AslHeader &h = *state_of(c).h;
     h.fresh = 0;
-    h.collect = mode == StepMode::kPrefill && h.sel_layer < 0 && ctx.layer >= collect_start(cfg) && n > cfg.budget &&
-                n <= c->plan.stage && layer_empty(c, ctx.layer);
+    h.apply = 0;  // a call outside a prompt: the prompt's end that selected is over
+    const bool collect = mode == StepMode::kPrefill && h.sel_layer < 0 && ctx.layer >= collect_start(cfg) &&
+                         n > cfg.budget && n <= c->plan.stage && layer_empty(c, ctx.layer);
+    h.collect = collect ? window_of(cfg, n) : 0;
     h.n = n;
 }
 
 void observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs) {
     snapkv_observe(ctx, hs, runs, nr, obs);
     const State s = state_of(ctx.c);
-    if (!s.h->collect || !ctx.staged) return;
-    const uint32_t n = ctx.staged, P = n - window_of(ctx.c->cfg, n);
-    memcpy(s.votes + size_t(ctx.head) * ctx.c->plan.stage, snapkv_votes(ctx, hs), size_t(P) * sizeof(double));
+    uint32_t n, w;
+    if (ctx.staged && s.h->collect) {  // one call (collect: its window, set by layer_prepare)
+        n = ctx.staged;
+        w = s.h->collect;
+    } else if (end_scores(ctx, hs)) {  // a prompt's end: the votes of its last queries over the store
+        n = hs.len();
+        w = window_of(ctx.c->cfg, ctx.prompt_w);
+        if (ctx.head == 0) {  // read by layer_phase (every head holds the same tokens)
+            s.h->n = n;
+            s.h->collect = w;
+        }
+    } else {
+        return;
+    }
+    const uint32_t P = n - w;
+    memcpy(s.votes + size_t(ctx.head) * slots(ctx.c->cfg, ctx.c->plan.stage), snapkv_votes(ctx, hs),
+           size_t(P) * sizeof(double));
     hs.pflag = 1;
+}
+
+// A prompt's end in a layer after the one that selected at this end keeps exactly the selection
+// (the tokens a one-call prompt would have passed to it); every other prune is SnapKV's.
+void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
+    const State s = state_of(ctx.c);
+    const AslHeader &h = *s.h;
+    if (!ctx.prompt_w || !h.apply || int32_t(ctx.layer) <= h.sel_layer || hs.len() != h.ring_n) {
+        snapkv_prune(ctx, hs, mode);
+        return;
+    }
+    snapkv_keep_only(ctx, hs, s.sel, h.nsel);
 }
 
 // Rank variance of the layers in the ring ending at `layer` (m of them), over the union of
@@ -151,16 +194,16 @@ double rank_variance(const State &s, const kvp_config &cfg, uint32_t stage, uint
     return count ? sum / double(count) : 0.0;
 }
 
-void layer_phase(PolicyCtx &ctx, StepMode mode) {
+void score_layer(PolicyCtx &ctx, StepMode mode) {
     kvp_cache *c = ctx.c;
     const kvp_config &cfg = c->cfg;
     const State s = state_of(c);
     AslHeader &h = *s.h;
-    const uint32_t layer = ctx.layer, H = cfg.model.n_kv_heads, stage = c->plan.stage;
+    const uint32_t layer = ctx.layer, H = cfg.model.n_kv_heads, stage = slots(cfg, c->plan.stage);
     if (mode != StepMode::kPrefill || !h.collect || !head_of(c, layer, 0).pflag) return;
+    const uint32_t n = h.n, w = h.collect, P = n - w;
     h.collect = 0;
     for (uint32_t kv = 0; kv < H; ++kv) head_of(c, layer, kv).pflag = 0;
-    const uint32_t n = h.n, w = window_of(cfg, n), P = n - w;
     const uint32_t wk = w < cfg.budget ? w : cfg.budget, k = cfg.budget - wk;
     // head-summed scores, in fixed head order
     const bool fx = fixed_scores(c);
@@ -210,13 +253,25 @@ void layer_phase(PolicyCtx &ctx, StepMode mode) {
     for (uint32_t t = n - wk; t < n; ++t) s.sel[ns++] = int32_t(t);
     h.nsel = ns;
     h.sel_layer = int32_t(layer);
-    h.fresh = 1;
+    // one call: returned to its caller (kvp_selection); a prompt's end: kept by the later layers' ends
+    h.fresh = ctx.prompt_w ? 0 : 1;
+    h.apply = ctx.prompt_w ? 1 : 0;
+}
+
+void layer_phase(PolicyCtx &ctx, StepMode mode) {
+    AslHeader &h = *state_of(ctx.c).h;
+    // the ends of one prompt run in layer order; a layer at or before the selecting one starts
+    // another round (a prompt past capacity + max_prompt selects early, prompt.h)
+    if (ctx.prompt_w && h.apply && int32_t(ctx.layer) <= h.sel_layer) h.apply = 0;
+    score_layer(ctx, mode);
+    if (ctx.prompt_w && ctx.layer + 1 == ctx.c->cfg.model.n_layers) h.apply = 0;
 }
 
 uint32_t selection_size(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries) {
     const kvp_config &cfg = c->cfg;
-    if (!queries || state_of(c).h->sel_layer >= 0 || layer < min_layer(cfg) || n <= cfg.budget || n > c->plan.stage ||
-        !layer_empty(c, layer))
+    // under max_prompt the prompt's end selects (prompt.h): a prefill returns nothing
+    if (!queries || layer_prompt_room(cfg, layer) || state_of(c).h->sel_layer >= 0 || layer < min_layer(cfg) ||
+        n <= cfg.budget || n > c->plan.stage || !layer_empty(c, layer))
         return 0;
     return cfg.budget;
 }
@@ -240,14 +295,14 @@ bool asl_layer_variance(const kvp_cache *c, uint32_t layer, double *var, double 
 
 bool asl_state_check(const kvp_cache *c, const uint8_t *region, size_t bytes) {
     const kvp_config &cfg = c->cfg;
-    const uint32_t stage = c->plan.stage, L = cfg.model.n_layers;
-    const Layout o = layout(cfg, stage);
+    const uint32_t stage = slots(cfg, c->plan.stage), L = cfg.model.n_layers;
+    const Layout o = layout(cfg, c->plan.stage);
     if (bytes != o.total) return false;
     AslHeader h;  // the region is little-endian and the host too (state.cpp refuses others)
     memcpy(&h, region, sizeof h);
     if (h.sel_layer < -1 || h.sel_layer >= int32_t(L) || h.nsel > stage || h.nsel > cfg.budget || h.fresh > 1 ||
-        h.collect > 1 || h.n > stage || h.ring_count > cfg.asl_obs_layers || (h.ring_count && h.ring_last >= L) ||
-        h.ring_n > stage || h.ref_set > 1)
+        h.collect > cfg.obs_window || h.n > stage || h.ring_count > cfg.asl_obs_layers || (h.ring_count && h.ring_last >= L) ||
+        h.ring_n > stage || h.ref_set > 1 || h.apply > 1)
         return false;
     for (uint32_t i = 0; i < h.nsel; ++i) {  // ascending prompt token indices
         int32_t t, prev = -1;
@@ -263,7 +318,7 @@ int32_t asl_selection_layer(const kvp_cache *c) {
 }
 
 const Policy kAslPolicy = {"asl",          KVP_POS_ORIGINAL, &check,           &plan,
-                           &observe,       &snapkv_prune,    &layer_phase,     &snapkv_evictable,
+                           &observe,       &prune,           &layer_phase,     &snapkv_evictable,
                            &snapkv_self_prune, &layer_prepare, &state_bytes,   &reset,
                            &selection_size, &selection};
 

@@ -26,8 +26,19 @@
 //   A figure needs at least two layers (one if asl_obs_layers = 1): with asl_min_layer = 0 the
 //   reference is taken at layer 1. A reference of 0 makes the relative variance 0 where the
 //   variance is 0 and +inf elsewhere.
-// - Only a prompt given in one kvp_prefill call per layer (the layer empty before it, more than
-//   `budget` tokens, within `prefill_stage`) is scored; chunked prompts get plain SnapKV.
+// - Without max_prompt, only a prompt given in one kvp_prefill call per layer (the layer empty
+//   before it, more than `budget` tokens, within `prefill_stage`) is scored; chunked prompts get
+//   plain SnapKV.
+// - With max_prompt (issue 28, prompt.h) the selection is made when the prompt ends, from the
+//   whole prompt, whatever its chunking: every layer takes every prompt token (no kvp_selection
+//   is returned: the caller propagates all of them), the prompt's end scores the layers in order
+//   (a layer from collect_start, no selection yet in this sequence, more than `budget` tokens
+//   held: the whole store, so a chat's later prompt counts what the layer held before it), and
+//   the layers after the selection layer keep exactly the selection at their ends. Layers up to
+//   the selection layer see the same inputs as in the one-call protocol, so the selection layer
+//   and every layer's kept positions are the one-call protocol's; the K/V the later layers keep
+//   differ (they were computed with the whole prompt in view, not the selection alone) and the
+//   prefill saves no compute. Pinned by test_asl MaxPromptSelectsAtThePromptsEndAsOneCallDoes.
 // - The scores are the SnapKV votes per KV head (pooled per query head, group mean), summed over
 //   the KV heads in fixed head order (float: float sums; score=fixed: the exact integer sums),
 //   so the selection layer and the selection are the same for every thread count.

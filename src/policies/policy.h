@@ -72,6 +72,7 @@ struct PolicyCtx {
     uint32_t prompt_w = 0;   // the end of a whole prompt (max_prompt, prompt.h): the whole prompt is
                              // in the store (nothing staged) and the observation was of its last
                              // prompt_w queries, the store's last prompt_w tokens; 0 otherwise
+                             // (layer_phase after a prompt's end: nonzero)
 };
 
 // Prefill observation rows: row g (query head g of the group) at g * ld; float sums of normalised

@@ -129,6 +129,20 @@ void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
     snapkv_prune_keep(ctx, hs, mode, ctx.c->layers[ctx.layer].geom.lp.budget, 0);
 }
 
+void snapkv_keep_only(PolicyCtx &ctx, HeadStore &hs, const int32_t *keep, uint32_t n) {
+    const SelScratch s = sel_scratch(ctx, hs);
+    const uint32_t L = hs.len() + ctx.staged;
+    uint32_t nv = 0, i = 0;
+    for (uint32_t j = 0; j < L; ++j) {
+        if (i < n && uint32_t(keep[i]) == j) {
+            ++i;
+            continue;
+        }
+        s.victims[nv++] = j;
+    }
+    stage_commit(ctx, hs, s.victims, nv);
+}
+
 uint32_t snapkv_gen_room(const kvp_config &cfg) { return cfg.max_new ? cfg.max_new : cfg.budget; }
 
 void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget, uint32_t limit) {

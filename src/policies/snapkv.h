@@ -58,6 +58,9 @@ void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode);
 // The same with the selection keeping `budget` tokens (pyramidkv: its layer's share of the prompt)
 // and decode holding at most limit - 1 (0: the store's capacity).
 void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode mode, uint32_t budget, uint32_t limit);
+// A selection (staged chunk or a prompt's end) that keeps exactly the logical tokens keep[0..n)
+// (ascending, < hs.len() + ctx.staged) and evicts the rest (asl's layers after its selection).
+void snapkv_keep_only(PolicyCtx &ctx, HeadStore &hs, const int32_t *keep, uint32_t n);
 // The generation room G of the default capacity budget + G: max_new, or budget when 0.
 uint32_t snapkv_gen_room(const kvp_config &cfg);
 // The votes snapkv_observe computed for the head's staged selection (valid until its prune):
