@@ -47,7 +47,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint32_t max_cap = 0, max_pin = 0, max_pcap = 0;  // max_pcap: the largest policy capacity
     size_t max_runs = 0;
-    uint32_t prompt_w = 0;  // max_prompt: queries stashed per layer (prompt.h)
+    const uint32_t prompt_w = prompt_window(cfg);  // max_prompt: queries stashed per layer (prompt.h)
     bool any_obs = false, any_colsum = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
     p->decode_scores = false;
     for (uint32_t l = 0; l < L; ++l) {
@@ -64,8 +64,6 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (g.lp.cap > max_pcap) max_pcap = g.lp.cap;
         if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
         const size_t runs = store_max_runs(scap, g.pin_blk_cap, g.blk_cap);
-        const uint32_t w = g.lp.obs_queries > g.lp.obs_extra ? g.lp.obs_queries : g.lp.obs_extra;
-        if (layer_prompt_room(cfg, l) && w > prompt_w) prompt_w = w;
         if (runs > max_runs) max_runs = runs;
         const bool observes = g.lp.obs_queries || g.lp.obs_extra || g.lp.observe_first_decode || g.lp.obs_all;
         if (g.lp.obs_all) any_colsum = true;

@@ -170,11 +170,17 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
     }
     if (c->fmt && !ap.staged && !j.finish) {  // completed groups convert after attention, before the policy prunes
         // ThinK reads f32 outputs; with half outputs it recomputes them (think.cpp), the same bits
-        const StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : In(), j.out.f32() ? j.out.f32() + qoff : nullptr,
-                         tok_stride, j.n, &qp};
+        StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : In(), j.out.f32() ? j.out.f32() + qoff : nullptr,
+                   tok_stride, j.n, &qp};
+        so.prompt = j.prompt;  // ThinK without channels waits for the prompt's end (store_fmt.h)
         fmt_convert(c, hs, pool, ap.nw, so);
         // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
         fmt_store(*c->fmt, hs).bytes_after_append = store_bytes(c, hs, pool);
+    } else if (c->fmt && j.finish && hs.deferred) {
+        // the prompt's end of a deferred ThinK store: channels from the kept queries over the whole
+        // prompt, then every complete block converts, before the policy selects (store_fmt.h)
+        const StepObs so{&a, s.runs, realign, s.fmt, j.q + qoff, nullptr, tok_stride, j.n, &qp};
+        fmt_prompt_finish(c, hs, pool, so);
     } else if (c->fmt && ap.staged) {  // prompt staging: the staged tokens count as f32 residual rows (touched)
         fmt_store(*c->fmt, hs).bytes_after_append =
             store_bytes(c, hs, pool) + uint64_t(ap.staged) * fmt_residual_bytes(c->fmt->f);

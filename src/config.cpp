@@ -1032,15 +1032,9 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
         return KVP_ERR_UNSUPPORTED;
     }
     // issue 28 (DECISIONS "Whole-prompt selection"): the prompt is held whole and selected once
-    // when it ends. Not yet: ThinK picks its channels when the first group converts (inside the
-    // prompt), and a shared pool would let the prompt of one layer take another's blocks
-    // (self-pruning inside the prompt). (ASL selects at the prompt's end: asl.h.)
+    // when it ends (ASL: asl.h; ThinK's channels: store_fmt.h). Not yet: a shared pool would let
+    // the prompt of one layer take another's blocks (self-pruning inside the prompt).
     if (c.max_prompt) {
-        const char *no = c.policy == KVP_POLICY_THINK ? "think (its channels are chosen inside the prompt)" : nullptr;
-        if (no) {
-            m.s("max_prompt=").u(c.max_prompt).s(" is not supported with policy=").s(no).s(" yet; use max_prompt=0");
-            return KVP_ERR_UNSUPPORTED;
-        }
         if (c.total_capacity) {
             m.s("max_prompt=").u(c.max_prompt).s(" with total_capacity=").u(c.total_capacity)
                 .s(" is not supported yet (the prompt's blocks would come from the shared pool); give one of them");

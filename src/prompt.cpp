@@ -6,6 +6,7 @@
 #include "cache.h"
 #include "config.h"
 #include "policies/policy.h"
+#include "quant/format.h"
 #include "sliding.h"
 
 namespace kvp {
@@ -35,9 +36,9 @@ float *kept_q(const kvp_cache *c, uint32_t layer) {
     return reinterpret_cast<float *>(layer_base(c, layer) + layer_meta_bytes(window_of(c)));
 }
 
-// Every KV head of the layer may hold capacity + P (open) or its capacity (closed).
+// Every KV head of the layer may hold capacity + its room (open) or its capacity (closed).
 void set_caps(kvp_cache *c, uint32_t layer, bool open) {
-    const uint32_t cap = c->layers[layer].geom.lp.cap + (open ? c->cfg.max_prompt : 0);
+    const uint32_t cap = c->layers[layer].geom.lp.cap + (open ? layer_prompt_room(c->cfg, layer) : 0);
     for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) head_of(c, layer, h).cap = cap;
 }
 
@@ -110,14 +111,21 @@ uint32_t layer_prompt_room(const kvp_config &cfg, uint32_t layer) {
     return cfg.max_prompt && !layer_local(cfg, layer) && (pol.prune || pol.layer_phase) ? cfg.max_prompt : 0;
 }
 
+bool layer_prompt_holds(const kvp_config &cfg, uint32_t layer) {
+    return layer_prompt_room(cfg, layer) || (cfg.max_prompt && !layer_local(cfg, layer) && store_thin(cfg));
+}
+
 uint32_t prompt_window(const kvp_config &cfg) {
     if (!cfg.max_prompt) return 0;
+    // ThinK chooses its channels at the prompt's end from its last obs_window queries
     uint32_t w = 0;
+    const uint32_t thin = store_thin(cfg) ? cfg.obs_window : 0;
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
-        if (!layer_prompt_room(cfg, l)) continue;
+        if (!layer_prompt_holds(cfg, l)) continue;
         LayerGeom g;
         layer_geom(cfg, l, &g);
-        const uint32_t lw = g.lp.obs_queries > g.lp.obs_extra ? g.lp.obs_queries : g.lp.obs_extra;
+        uint32_t lw = g.lp.obs_queries > g.lp.obs_extra ? g.lp.obs_queries : g.lp.obs_extra;
+        if (thin > lw) lw = thin;
         if (lw > w) w = lw;
     }
     return w;
@@ -125,7 +133,7 @@ uint32_t prompt_window(const kvp_config &cfg) {
 
 bool prompt_used(const kvp_config &cfg) {
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
-        if (layer_prompt_room(cfg, l)) return true;
+        if (layer_prompt_holds(cfg, l)) return true;
     return false;
 }
 
@@ -164,10 +172,10 @@ bool prompt_any_open(const kvp_cache *c) {
 
 uint32_t prompt_early(const kvp_cache *c, uint32_t layer) { return c->prompt ? hdr(c, layer).early : 0; }
 
-bool prompt_takes(const kvp_cache *c, uint32_t layer) { return c->prompt && layer_prompt_room(c->cfg, layer); }
+bool prompt_takes(const kvp_cache *c, uint32_t layer) { return c->prompt && layer_prompt_holds(c->cfg, layer); }
 
 kvp_status prompt_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg &m) {
-    const uint32_t P = c->cfg.max_prompt, cap = c->layers[layer].geom.lp.cap;
+    const uint32_t P = c->cfg.max_prompt, R = layer_prompt_room(c->cfg, layer), cap = c->layers[layer].geom.lp.cap;
     if (n > P) {
         m.s("layer ").u(layer).s(": a prompt chunk of ").u(n).s(" tokens exceeds max_prompt=").u(P)
             .s(": chunk the prompt by kvp_prefill_room, or raise max_prompt");
@@ -175,20 +183,21 @@ kvp_status prompt_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg
     }
     for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
-        if (uint64_t(hs.len()) + n <= uint64_t(cap) + P) continue;
+        if (uint64_t(hs.len()) + n <= uint64_t(cap) + R) continue;
         // beyond capacity + P: the prompt so far is selected first (prompt.h); the policy must be
         // able to make room for the chunk
-        if (uint64_t(floor_after_select(c, layer, h)) + n <= uint64_t(cap) + P) continue;
-        m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" tokens; a prompt chunk of ").u(n)
-            .s(" does not fit capacity + max_prompt = ").u(uint64_t(cap) + P).s(" and policy ").s(c->policy->name)
-            .s(" cannot evict enough: raise max_prompt or capacity");
+        if (uint64_t(floor_after_select(c, layer, h)) + n <= uint64_t(cap) + R) continue;
+        m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" tokens; a prompt chunk of ").u(n).s(" does not fit capacity");
+        if (R) m.s(" + max_prompt");
+        m.s(" = ").u(uint64_t(cap) + R).s(" and policy ").s(c->policy->name).s(" cannot evict enough: raise ")
+            .s(R ? "max_prompt or capacity" : "capacity");
         return KVP_ERR_FULL;
     }
     return KVP_OK;
 }
 
 void prompt_prefill(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out) {
-    const uint32_t P = c->cfg.max_prompt, cap = c->layers[layer].geom.lp.cap;
+    const uint32_t P = layer_prompt_room(c->cfg, layer), cap = c->layers[layer].geom.lp.cap;
     PromptHdr &ph = hdr(c, layer);
     if (ph.open) {
         uint32_t most = 0;

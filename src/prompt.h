@@ -38,6 +38,9 @@ constexpr size_t kPromptScratchPerToken = 24;
 // Tokens an open prompt may add to the layer beyond its capacity: max_prompt for a global layer,
 // 0 for a sliding-window local layer (it keeps its window) and with max_prompt = 0.
 uint32_t layer_prompt_room(const kvp_config &cfg, uint32_t layer);
+// Whether the layer holds a prompt open until its end: it has room, or (ThinK over a policy that
+// never selects, full) its channels are chosen at the prompt's end, within the capacity.
+bool layer_prompt_holds(const kvp_config &cfg, uint32_t layer);
 // W: queries kept per layer (the largest observation window of a layer with prompt room).
 uint32_t prompt_window(const kvp_config &cfg);
 // Whether some layer has prompt room (the cache then has a prompt region).

@@ -194,6 +194,7 @@ void store_clear(HeadStore &hs) {
     hs.hoyer = 0.0f;
     hs.pword[0] = hs.pword[1] = 0;
     hs.pflag = 0;
+    hs.deferred = 0;
 }
 
 }  // namespace kvp

@@ -77,6 +77,8 @@ struct HeadStore {
     float hoyer;         // sum over the group's query heads of the last decode row's Hoyer sparsity
     uint64_t pword[2];   // the policy's per-head values from the head's work to the layer phase
     uint32_t pflag;      // the policy's per-head flag, same use (cleared by store_clear)
+    uint32_t deferred;   // formatted ThinK store under max_prompt (quant/store_fmt.h): its complete
+                         // residual blocks wait, full precision, in the pool's deferred rows
 
     uint32_t len() const { return npin + count - holes; }
     uint32_t body_len() const { return count - holes; }

@@ -30,6 +30,11 @@ const char *const kSpecs[] = {
     "policy=snapkv budget=48 obs_window=8 recent=4 kv_rotate=hadamard",
     // selects at layer 0 (one layer per rank figure, any tau), which layer 1 then keeps
     "policy=asl budget=48 obs_window=8 asl_min_layer=0 asl_obs_layers=1",
+    // ThinK's channels chosen at the prompt's end (the blocks wait at f32 in the deferred rows)
+    "policy=think key_channel_ratio=0.5 value_channel_ratio=0.25 capacity=320",
+    "policy=think token_policy=h2o budget=64 recent=8 key_channel_ratio=0.5 value_channel_ratio=0.5",
+    "policy=think token_policy=snapkv budget=48 obs_window=8 key_channel_ratio=0.25 channel_score=l2",
+    "policy=think token_policy=streaming sinks=40 window=48 compress_every=8 key_channel_ratio=0.5 value_channel_ratio=0.25",
 };
 
 const kvp_model kModel = ref::model(2, 4, 2, 16);
@@ -169,7 +174,11 @@ TEST(Prompt, WithoutMaxPromptChunkingChangesTheSelection) {
 // One call with max_prompt keeps what one call without it keeps (the same observation bits over
 // the same keys), for a staged policy and one that attends in its store.
 TEST(Prompt, OneCallKeepsWhatTheChunkSelectionKept) {
-    for (const char *p : {"policy=snapkv budget=48 obs_window=8 recent=4", "policy=h2o budget=64 recent=8 capacity=320"}) {
+    // (ThinK over a policy that attends in its store: the channels come from the same queries and
+    // keys; over a staged policy one call chooses them over the selection, max_prompt over the prompt)
+    for (const char *p : {"policy=snapkv budget=48 obs_window=8 recent=4", "policy=h2o budget=64 recent=8 capacity=320",
+                          "policy=think token_policy=h2o budget=64 recent=8 capacity=320 key_channel_ratio=0.5 value_channel_ratio=0.5",
+                          "policy=think key_channel_ratio=0.5 value_channel_ratio=0.25 capacity=320 kv_dtype=q8"}) {
         for (const char *score : {"fixed", "float"}) {
             const std::string spec = std::string(p) + " score=" + score;
             const Outcome before = run(spec, 0), after = run(spec + " max_prompt=320", 0);
@@ -322,8 +331,7 @@ TEST(Prompt, CallsAroundAnOpenPrompt) {
 }
 
 TEST(Prompt, UnsupportedCombinationsAreRefusedAtCreate) {
-    for (const char *p : {"policy=think max_prompt=64",
-                          "policy=h2o budget=32 total_capacity=200 max_prompt=64",
+    for (const char *p : {"policy=h2o budget=32 total_capacity=200 max_prompt=64",
                           "policy=simlayerkv nonlazy=full capacity=64 sinks=4 window=24 max_prompt=64"}) {
         kvp_config cfg;
         ASSERT_EQ(kvp_config_default(&cfg, &kModel), KVP_OK);
@@ -331,6 +339,71 @@ TEST(Prompt, UnsupportedCombinationsAreRefusedAtCreate) {
         EXPECT_EQ(kvp_config_apply(&cfg, p, err, sizeof err), KVP_ERR_UNSUPPORTED) << p;  // apply checks the result
         EXPECT_NE(strstr(err, "max_prompt"), nullptr) << err;
     }
+}
+
+// ThinK (issue 28): a store without channels keeps its open prompt at f32, full width (in the
+// pool's deferred rows), and chooses the channels at the prompt's end; a prompt past capacity + P
+// chooses them at the first early selection, and a later prompt (a chat's next turn) converts with
+// the channels it has. The arena adds f32 K and V for every pool slot.
+TEST(Prompt, ThinkHoldsThePromptAtF32UntilItsEnd) {
+    const std::string spec = "policy=think token_policy=h2o budget=64 recent=8 key_channel_ratio=0.5 kv_dtype=q8";
+    const uint32_t L = kModel.n_layers, H = kModel.n_kv_heads, hd = kModel.head_dim;
+    ref::Cache cache(kModel, spec + " max_prompt=256");
+    kvp_cache *c = cache.c;
+    ASSERT_NE(c, nullptr);
+    const ref::Inputs in(kModel, 600, 11, 1.0f);
+    std::vector<float> out(size_t(600) * in.nq);
+    auto prefill = [&](uint32_t t, uint32_t n) {
+        for (uint32_t l = 0; l < L; ++l)
+            ASSERT_EQ(kvp_prefill(c, l, n, nullptr, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv],
+                                  &in.v[size_t(t) * in.nkv], out.data(), nullptr),
+                      KVP_OK)
+                << kvp_last_error(c);
+    };
+    auto stats = [&](uint32_t l) {
+        kvp_layer_stats ls;
+        ls.struct_size = sizeof ls;
+        EXPECT_EQ(kvp_get_layer_stats(c, l, &ls), KVP_OK);
+        return ls;
+    };
+    for (uint32_t t = 0; t < 200; t += 40) prefill(t, 40);
+    for (uint32_t l = 0; l < L; ++l) {  // open: every token at f32, full width (8 bytes per channel: K and V)
+        EXPECT_EQ(stats(l).len, 200u);
+        EXPECT_EQ(stats(l).live_bytes, uint64_t(H) * 200 * hd * 8) << l;
+    }
+    ASSERT_EQ(kvp_prompt_end(c), KVP_OK);
+    for (uint32_t l = 0; l < L; ++l) {  // selected and converted: q8 at half the key channels
+        EXPECT_LT(stats(l).len, 65u);
+        EXPECT_LT(stats(l).live_bytes, uint64_t(H) * 64 * hd * 2) << l;
+    }
+    std::vector<float> d(in.nq);
+    for (uint32_t l = 0; l < L; ++l)
+        ASSERT_EQ(kvp_decode(c, l, &in.q[size_t(200) * in.nq], &in.k[size_t(200) * in.nkv], &in.v[size_t(200) * in.nkv],
+                             d.data()),
+                  KVP_OK);
+    // a next turn: converted as it comes (its channels are chosen), selected at its end
+    for (uint32_t t = 201; t < 441; t += 60) prefill(t, 60);
+    for (uint32_t l = 0; l < L; ++l) EXPECT_LT(stats(l).live_bytes, uint64_t(H) * stats(l).len * hd * 8) << l;
+    ASSERT_EQ(kvp_prompt_end(c), KVP_OK);
+
+    // past capacity + P: the early selection chooses the channels; the prompt goes on
+    ref::Cache big(kModel, spec + " max_prompt=64");
+    c = big.c;
+    for (uint32_t t = 0; t < 320; t += 64) prefill(t, 64);
+    EXPECT_GT(stats(0).prompt_early, 0u);
+    ASSERT_EQ(kvp_prompt_end(c), KVP_OK);
+    EXPECT_LT(stats(0).live_bytes, uint64_t(H) * 65 * hd * 2);
+
+    // the arena: the prompt's P slots per layer and KV head, and f32 K + V for every pool slot
+    kvp_config cfg;
+    ASSERT_EQ(kvp_config_default(&cfg, &kModel), KVP_OK);
+    char err[256] = "";
+    ASSERT_EQ(kvp_config_apply(&cfg, spec.c_str(), err, sizeof err), KVP_OK) << err;
+    const size_t base = kvp_arena_size(&cfg);
+    ASSERT_EQ(kvp_config_apply(&cfg, "max_prompt=256", err, sizeof err), KVP_OK) << err;
+    const size_t with = kvp_arena_size(&cfg);
+    const size_t slots = L * (64 + 1 + 256);  // per KV head (pool): capacity + P per layer, at least
+    EXPECT_GE(with - base, H * slots * hd * 2 * sizeof(float)) << with - base;
 }
 
 // The arena a declared prompt adds: P tokens of K/V (+ slot metadata) per layer and KV head, the

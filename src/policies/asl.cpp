@@ -270,7 +270,7 @@ void layer_phase(PolicyCtx &ctx, StepMode mode) {
 uint32_t selection_size(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries) {
     const kvp_config &cfg = c->cfg;
     // under max_prompt the prompt's end selects (prompt.h): a prefill returns nothing
-    if (!queries || layer_prompt_room(cfg, layer) || state_of(c).h->sel_layer >= 0 || layer < min_layer(cfg) ||
+    if (!queries || layer_prompt_holds(cfg, layer) || state_of(c).h->sel_layer >= 0 || layer < min_layer(cfg) ||
         n <= cfg.budget || n > c->plan.stage || !layer_empty(c, layer))
         return 0;
     return cfg.budget;

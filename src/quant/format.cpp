@@ -58,10 +58,12 @@ void q4_where(uint32_t, uint32_t c, uint32_t *byte, bool *hi) {
 
 }  // namespace
 
-bool store_formatted(const kvp_config &cfg) {
+bool store_formatted(const kvp_config &cfg) { return cfg.kv_dtype != KVP_DTYPE_F32 || store_thin(cfg); }
+
+bool store_thin(const kvp_config &cfg) {
     StoreFormat f;
     store_format(cfg, &f);
-    return cfg.kv_dtype != KVP_DTYPE_F32 || f.thin_k || f.thin_v;
+    return f.thin_k || f.thin_v;
 }
 
 void store_format(const kvp_config &cfg, StoreFormat *f) {

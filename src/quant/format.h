@@ -53,6 +53,8 @@ struct StoreFormat {
 // Whether the config stores K/V in a format other than plain f32 (kv_dtype != f32, or
 // policy=think with a ratio that prunes at least one channel).
 bool store_formatted(const kvp_config &cfg);
+// Whether ThinK prunes key or value channels (policy=think with a ratio that prunes one).
+bool store_thin(const kvp_config &cfg);
 // The format of a formatted config (valid config).
 void store_format(const kvp_config &cfg, StoreFormat *f);
 

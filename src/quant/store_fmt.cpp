@@ -5,6 +5,7 @@
 #include "arena.h"
 #include "attention.h"
 #include "cache.h"
+#include "prompt.h"
 #include "quant/think.h"
 
 namespace kvp {
@@ -48,6 +49,23 @@ PoolScratch pool_scratch(const FmtCache &fc, const BlockPool &pool) {
 }
 
 uint32_t vgroups_halves(const StoreFormat &f) { return 2 * f.v_groups; }
+
+// The deferred K (or V) row of a pool's slot (FmtPlan::dk/dv; the pool's data region starts at kq).
+float *defer_row(const FmtCache &fc, const FmtPool &p, bool v, uint32_t slot) {
+    char *data = reinterpret_cast<char *>(p.kq) - fc.fp.kq;
+    return reinterpret_cast<float *>(data + (v ? fc.fp.dv : fc.fp.dk)) + size_t(slot) * fc.stride;
+}
+const FmtPool &pool_of_store(const FmtCache &fc, const FmtStore &fs) {
+    return fc.fpools[size_t(&fs - fc.stores) % fc.n_kv_heads];
+}
+
+// The first pinned token and the first body virtual slot of the current call's staged tokens
+// (nw; the store's ends when none): the tokens before them were in the store before the call.
+uint32_t first_new_pinned(const HeadStore &hs, const StagedNew &nw) { return nw.n && nw.L0 < hs.npin ? nw.L0 : hs.npin; }
+uint32_t first_new_body(const HeadStore &hs, const StagedNew &nw) {
+    const uint32_t vend = hs.roff + hs.count;
+    return nw.n ? vend - (hs.len() - (nw.L0 > hs.npin ? nw.L0 : hs.npin)) : vend;
+}
 
 void gather(const float *full, const uint16_t *idx, bool thin, uint32_t w, float *out) {
     if (thin) {
@@ -167,7 +185,12 @@ bool fmt_plan(const kvp_config &cfg, uint32_t stride, uint32_t block, uint32_t n
     fp->stage = stage;
     const size_t stage_rows = z.al(z.mul(z.mul(stage, stride), sizeof(float)));
     fp->sv = z.add(fp->sk, stage_rows);
-    fp->end = z.add(fp->sv, stage_rows);
+    // ThinK under max_prompt: f32 K and V rows for every slot, where blocks wait for the channels
+    // to be chosen at the prompt's end (see the header)
+    const size_t defer_rows = (f.thin_k || f.thin_v) && prompt_used(cfg) ? z.al(z.mul(z.mul(slots, stride), sizeof(float))) : 0;
+    fp->dk = z.add(fp->sv, stage_rows);
+    fp->dv = z.add(fp->dk, defer_rows);
+    fp->end = z.add(fp->dv, defer_rows);
     // cache-wide
     const size_t stores = size_t(cfg.model.n_layers) * cfg.model.n_kv_heads;
     fp->o_stores = z.al(sizeof(FmtCache));
@@ -208,6 +231,7 @@ FmtCache *fmt_init_cache(const kvp_config &cfg, const FmtPlan &fp, char *base, c
     fc->stride = uint32_t(align_up(cfg.model.head_dim, kAlign / sizeof(float)));
     fc->pin_side = fp.pin_side;
     fc->side_rows = fp.side_rows;
+    fc->n_kv_heads = cfg.model.n_kv_heads;
     fc->stores = reinterpret_cast<FmtStore *>(base + fp.o_stores);
     fc->heads = heads;
     fc->fpools = reinterpret_cast<FmtPool *>(base + fp.o_pools);
@@ -287,15 +311,17 @@ uint32_t fmt_runs(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool
         if (i) sink.span(pool, scan, base, s0, i, j, src);
         sink.span(pool, scan, base, s0 + i, n - i, j + i, kSrcStaged);
     };
-    // pinned: [0, pconv) converted, the rest residual
+    // pinned: [0, pconv) converted, the rest residual (deferred: the blocks complete before this call)
+    const uint32_t pdef = hs.deferred ? first_new_pinned(hs, nw) / block * block : 0;
     for (uint32_t p0 = 0; p0 < hs.npin; p0 += block) {
         const uint32_t n = hs.npin - p0 < block ? hs.npin - p0 : block, s0 = hs.pin_blk[p0 / block] * block;
         const uint32_t nc = fs.pconv > p0 ? (fs.pconv - p0 < n ? fs.pconv - p0 : n) : 0;
         if (nc) emit(s0, nc, p0, 0, kSrcPool);
-        if (nc < n) emit(s0 + nc, n - nc, p0 + nc, 0, kSrcPinSide);
+        if (nc < n) emit(s0 + nc, n - nc, p0 + nc, 0, p0 + block <= pdef ? kSrcDeferred : kSrcPinSide);
     }
-    // body: virtual slots below vres converted, the rest residual
+    // body: virtual slots below vres converted, the rest residual (deferred: as the pinned)
     const uint32_t vend = hs.roff + hs.count, vres = vend - hs.nres;
+    const uint32_t vdef = hs.deferred ? first_new_body(hs, nw) / block * block : 0;
     const int64_t base = realign ? hs.shift : 0;
     uint32_t j = hs.npin;
     for (uint32_t b = 0; b * block < vend; ++b) {
@@ -304,8 +330,9 @@ uint32_t fmt_runs(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool
         const uint32_t bid = hs.blk[(hs.bhead + b) % hs.blk_cap];
         if (pool.dead[bid] == 0) {
             const uint32_t vc = vres < vb ? vb : vres > ve ? ve : vres;  // split at the residual start
+            const uint32_t side = (b + 1) * block <= vdef ? kSrcDeferred : kSrcBodySide;
             if (vc > vb) emit(bid * block + vb % block, vc - vb, j, base, kSrcPool);
-            if (ve > vc) emit(bid * block + vc % block, ve - vc, j + (vc - vb), base, kSrcBodySide);
+            if (ve > vc) emit(bid * block + vc % block, ve - vc, j + (vc - vb), base, side);
             j += ve - vb;
         } else {
             uint32_t v = vb;
@@ -315,7 +342,8 @@ uint32_t fmt_runs(const kvp_cache *c, const HeadStore &hs, const BlockPool &pool
                 const bool conv = v < vres;
                 while (e < ve && pool.pos[bid * block + e % block] != kDeadSlot && (e < vres) == conv) ++e;
                 if (e > v) {
-                    emit(bid * block + v % block, e - v, j, base, conv ? kSrcPool : kSrcBodySide);
+                    emit(bid * block + v % block, e - v, j, base,
+                         conv ? kSrcPool : (b + 1) * block <= vdef ? kSrcDeferred : kSrcBodySide);
                     j += e - v;
                 }
                 v = e;
@@ -337,6 +365,13 @@ void fmt_run_rows(const FmtCache &fc, const FmtStore &fs, const StagedNew &nw, c
             ld[0] = nw.ldk;
             ld[1] = nw.ldv;
             return;
+        case kSrcDeferred: {
+            const FmtPool &p = pool_of_store(fc, fs);
+            *k = defer_row(fc, p, false, slot);
+            *v = defer_row(fc, p, true, slot);
+            ld[0] = ld[1] = fc.stride;
+            return;
+        }
         case kSrcPinSide: row = slot % block; break;
         default: row = fc.pin_side + slot % block; break;
     }
@@ -347,6 +382,60 @@ void fmt_run_rows(const FmtCache &fc, const FmtStore &fs, const StagedNew &nw, c
 
 // ---- conversion -----------------------------------------------------------------------------
 
+namespace {
+
+// A chunk of an open prompt into a ThinK store without channels (see the header): the blocks that
+// completed in this call go to the deferred rows (their older tokens from the side rows, the
+// call's from the staging rows), the call's tokens of incomplete blocks to the side rows.
+void defer_blocks(const FmtCache &fc, HeadStore &hs, const BlockPool &pool, const StagedNew &nw) {
+    const StoreFormat &f = fc.f;
+    const FmtStore &fs = fmt_store(fc, hs);
+    const FmtPool &fpo = fmt_pool(fc, pool);
+    const uint32_t block = pool.block, st = fc.stride, L = hs.len();
+    const size_t bytes = size_t(f.d) * sizeof(float);
+    auto put = [&](uint32_t slot, const float *k, const float *v) {
+        memcpy(defer_row(fc, fpo, false, slot), k, bytes);
+        memcpy(defer_row(fc, fpo, true, slot), v, bytes);
+    };
+    const uint32_t pin_full = hs.npin / block * block, pnew = first_new_pinned(hs, nw);
+    bool any = false;
+    for (uint32_t p = pnew / block * block; p < pin_full; ++p) {
+        const uint32_t slot = hs.pin_blk[p / block] * block + p % block;
+        if (nw.n && p >= nw.L0) put(slot, nw.k + size_t(p - nw.L0) * nw.ldk, nw.v + size_t(p - nw.L0) * nw.ldv);
+        else put(slot, fs.side_k + size_t(p % block) * st, fs.side_v + size_t(p % block) * st);
+        any = true;
+    }
+    const uint32_t vend = hs.roff + hs.count, vfull = vend / block * block, vnew = first_new_body(hs, nw);
+    const uint32_t vres = vend - hs.nres;
+    for (uint32_t v = vnew / block * block; v < vfull; ++v) {
+        if (v < hs.roff || v < vres) continue;  // evicted from the front, or converted
+        const uint32_t slot = hs.blk[(hs.bhead + v / block) % hs.blk_cap] * block + v % block;
+        any = true;
+        if (pool.pos[slot] == kDeadSlot) continue;
+        if (v >= vnew) {
+            const size_t i = L - (vend - v) - nw.L0;
+            put(slot, nw.k + i * nw.ldk, nw.v + i * nw.ldv);
+        } else {
+            const size_t row = fc.pin_side + v % block;
+            put(slot, fs.side_k + row * st, fs.side_v + row * st);
+        }
+    }
+    if (any) hs.deferred = 1;
+    if (!nw.n) return;
+    for (uint32_t p = nw.L0 > pin_full ? nw.L0 : pin_full; p < hs.npin; ++p) {
+        const size_t i = p - nw.L0, row = p % block;
+        memcpy(fs.side_k + row * st, nw.k + i * nw.ldk, bytes);
+        memcpy(fs.side_v + row * st, nw.v + i * nw.ldv, bytes);
+    }
+    for (uint32_t v = vnew > vfull ? vnew : vfull; v < vend; ++v) {
+        const size_t i = L - (vend - v) - nw.L0, row = fc.pin_side + v % block;
+        memcpy(fs.side_k + row * st, nw.k + i * nw.ldk, bytes);
+        memcpy(fs.side_v + row * st, nw.v + i * nw.ldv, bytes);
+    }
+}
+
+}  // namespace
+
 void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &nw, const StepObs &obs) {
     const FmtCache &fc = *c->fmt;
     const StoreFormat &f = fc.f;
@@ -356,6 +445,10 @@ void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &
     const uint32_t pin_full = hs.npin / block * block;
     const uint32_t vend = hs.roff + hs.count, vres = vend - hs.nres, vfull = vend / block * block;
     const bool pin_work = pin_full > fs.pconv, body_work = vfull > vres;
+    if (obs.prompt && (f.thin_k || f.thin_v) && !fs.selected && fc.fp.dv > fc.fp.dk) {
+        defer_blocks(fc, hs, pool, nw);
+        return;
+    }
     if ((pin_work || body_work) && (f.thin_k || f.thin_v) && !fs.selected) think_select(c, hs, pool, nw, obs);
 
     // Full-precision rows of a residual token: staged token i, or side row `row`.
@@ -368,6 +461,14 @@ void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &
             x->vf = fs.side_v + size_t(row) * st;
         }
     };
+    // A deferred store's blocks complete before this call are in the deferred rows (the header).
+    const FmtPool &fpo = fmt_pool(fc, pool);
+    auto deferred = [&](uint32_t slot, Src *x) {
+        x->kf = defer_row(fc, fpo, false, slot);
+        x->vf = defer_row(fc, fpo, true, slot);
+    };
+    const uint32_t pdef = hs.deferred ? first_new_pinned(hs, nw) / block * block : 0;
+    const uint32_t vdef = hs.deferred ? first_new_body(hs, nw) / block * block : 0;
     Src *s = pool_scratch(fc, pool).src;
 
     // pinned blocks that completed (every pinned token is live; all of such a block are residual)
@@ -375,7 +476,8 @@ void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &
         const uint32_t bid = hs.pin_blk[p0 / block];
         for (uint32_t i = 0; i < block; ++i) {
             s[i].slot = s[i].from = bid * block + i;
-            full(nw.n && p0 + i >= nw.L0, p0 + i - nw.L0, i, &s[i]);
+            if (p0 + block <= pdef) deferred(s[i].slot, &s[i]);
+            else full(nw.n && p0 + i >= nw.L0, p0 + i - nw.L0, i, &s[i]);
         }
         rebuild(fc, pool, fs, bid, s, block);
     }
@@ -395,7 +497,6 @@ void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &
                 // Evicted while residual: it gets no converted rows. Zeros, not what the block's
                 // bytes held before (arena bytes or an older token), so that a saved state
                 // (which writes the block's slots, live and dead) depends only on the calls.
-                const FmtPool &fpo = fmt_pool(fc, pool);
                 memset(k_row(fpo, f, slot), 0, f.k_row);
                 memset(v_row(fpo, f, slot), 0, f.v_row);
                 if (f.v_groups) memset(v_sz(fpo, f, slot), 0, vgroups_halves(f) * sizeof(uint16_t));
@@ -403,7 +504,8 @@ void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &
             }
             s[m].slot = s[m].from = slot;
             s[m].kf = s[m].vf = nullptr;
-            if (v >= vres) full(v >= vstaged, size_t(L - (vend - v)) - nw.L0, fc.pin_side + v % block, &s[m]);
+            if (v >= vres && vb + block <= vdef) deferred(slot, &s[m]);
+            else if (v >= vres) full(v >= vstaged, size_t(L - (vend - v)) - nw.L0, fc.pin_side + v % block, &s[m]);
             ++m;
         }
         rebuild(fc, pool, fs, bid, s, m);
@@ -424,6 +526,14 @@ void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &
             memcpy(fs.side_v + row * st, nw.v + i * nw.ldv, size_t(f.d) * sizeof(float));
         }
     }
+}
+
+void fmt_prompt_finish(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StepObs &obs) {
+    if (!hs.deferred) return;
+    StepObs o = obs;
+    o.prompt = false;
+    fmt_convert(c, hs, pool, StagedNew{}, o);  // chooses the channels, converts every complete block
+    hs.deferred = 0;
 }
 
 // ---- compaction -----------------------------------------------------------------------------
@@ -546,11 +656,12 @@ bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t 
     const uint32_t block = pool.block;
     if (j >= hs.len()) return false;
     uint32_t slot = 0, side = 0;
-    bool conv;
+    bool conv, dfr;
     if (j < hs.npin) {
         slot = hs.pin_blk[j / block] * block + j % block;
         conv = j < fs.pconv;
         side = j % block;
+        dfr = hs.deferred && j < hs.npin / block * block;
     } else {
         uint32_t live = hs.npin, i = 0;
         for (;; ++i) {
@@ -560,13 +671,15 @@ bool fmt_read_token(const kvp_cache *c, uint32_t layer, uint32_t head, uint32_t 
         }
         conv = i < hs.count - hs.nres;
         side = fc.pin_side + (hs.roff + i) % block;
+        dfr = hs.deferred && hs.roff + i < (hs.roff + hs.count) / block * block;
     }
     *rot = pool.rot[slot];
     if (kstep)
         for (uint32_t ch = 0; ch < f.d; ++ch) kstep[ch] = 0.0f;
     if (!conv) {
-        memcpy(k, fs.side_k + size_t(side) * fc.stride, size_t(f.d) * sizeof(float));
-        memcpy(v, fs.side_v + size_t(side) * fc.stride, size_t(f.d) * sizeof(float));
+        const FmtPool &p = fmt_pool(fc, pool);
+        memcpy(k, dfr ? defer_row(fc, p, false, slot) : fs.side_k + size_t(side) * fc.stride, size_t(f.d) * sizeof(float));
+        memcpy(v, dfr ? defer_row(fc, p, true, slot) : fs.side_v + size_t(side) * fc.stride, size_t(f.d) * sizeof(float));
         return true;
     }
     float kf[kMaxFmtDim], vf[kMaxFmtDim];

@@ -17,6 +17,14 @@
 // prune (KIVI order: the group that just filled is attended at full precision once). Prefill
 // attention therefore reads the new tokens at full precision and the older ones as stored.
 //
+// ThinK under max_prompt (issue 28, prompt.h): a store whose channels are not chosen yet does not
+// convert while its layer's prompt is open: the channels are chosen at the prompt's end, from its
+// last queries over the whole prompt. Its blocks that complete meanwhile stay full precision in
+// the pool's deferred rows (FmtPlan::dk/dv: f32 K and V for every slot of the pool, indexed by
+// slot; only such configs have them) and HeadStore::deferred marks the store: its residual
+// tokens in blocks that were complete before the current call are read there (kSrcDeferred).
+// fmt_prompt_finish chooses the channels and converts them at the prompt's end.
+//
 // Evictions: front eviction (rings) moves nothing; a dead slot inside a block is masked (never
 // read) until the store's compaction, which repacks: survivors move down, each target block's
 // grid is recomputed over its tokens and its keys re-encoded (exact when the new grid is not
@@ -68,7 +76,7 @@ struct FmtPlan {
     // One pool's data region (offsets from its base): K rows, V rows, V scale pairs, key grids,
     // repack scratch, the prompt staging rows (staged policies: `stage` f32 K rows, then V rows);
     // the slot metadata (pos, rot, score) follows at `end`.
-    size_t kq, vq, vsz, kge, kgz, pscr, sk, sv, end;
+    size_t kq, vq, vsz, kge, kgz, pscr, sk, sv, dk, dv, end;  // dk, dv: deferred rows (dk == dv: none)
     uint32_t stage;
     // Cache-wide region: FmtCache, FmtStore[stores], FmtPool[n_kv_heads], side rows, channel lists.
     size_t bytes, o_stores, o_pools, o_side, o_kidx, o_vidx;
@@ -85,6 +93,7 @@ struct FmtCache {
     uint32_t stride;          // floats per side / staging row (plan.stride)
     uint32_t pin_side;        // side rows before the body's (max pinned tokens of one block)
     uint32_t side_rows;       // pin_side + block
+    uint32_t n_kv_heads;      // store s uses pool s % n_kv_heads
     FmtStore *stores;         // [layer * n_kv_heads + head], parallel to kvp_cache::heads
     const HeadStore *heads;
     FmtPool *fpools;          // [n_kv_heads], parallel to kvp_cache::pools
@@ -109,6 +118,7 @@ enum : uint32_t {
     kSrcPinSide = 1,   // residual pinned tokens: side row = slot % block
     kSrcBodySide = 2,  // residual body tokens: side row = pin_side + slot % block
     kSrcStaged = 3,    // this call's staged tokens: staging row = logical - L0
+    kSrcDeferred = 4,  // ThinK under max_prompt: deferred rows of the store's pool, row = slot
 };
 
 // The new tokens of the current call when they are staged (prefill / append): token i is at
@@ -141,10 +151,15 @@ struct StepObs {
     size_t tok_stride;
     uint32_t n;               // tokens of the call
     const QueryPos *qp;
+    bool prompt = false;      // a chunk of an open prompt: a ThinK store without channels defers
 };
 // After the step's attention: converts every completed group (selecting ThinK's channels first
 // when none are set), moves staged residual rows to the side rows.
 void fmt_convert(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StagedNew &nw, const StepObs &obs);
+// The end of the layer's prompt for a deferred store (hs.deferred): chooses ThinK's channels from
+// the observation (the prompt's last queries, obs.q/obs.n, no outputs) over every token the store
+// holds, converts every complete block and clears the mark. Nothing to do otherwise.
+void fmt_prompt_finish(kvp_cache *c, HeadStore &hs, BlockPool &pool, const StepObs &obs);
 // store_compact of a formatted store with dead slots (storage.cpp).
 void fmt_compact(HeadStore &hs, BlockPool &pool);
 // Live bytes of a store in its storage format (no padding).
