@@ -141,7 +141,7 @@ constexpr Key kKeys[] = {
     KVP_ENUM(kv_rotate, KVP_ROTATE_NONE, kRotateNames, kAllNames, "none|hadamard", kAll,
              "rotate stored K (after RoPE) and V by an orthonormal Walsh-Hadamard transform per head, queries and outputs to match (exact in exact arithmetic; for f16/q8/q4 storage); not with policy=think"),
     KVP_U32(max_prompt, 0, 0, kMaxCapacity, kAll & ~P(FULL),
-            "the largest prompt held whole in every layer (any chunking) until it ends (kvp_prompt_end or the first decode), when the policy selects from it once; 0 = each prefill call selects from its own chunk (full never selects; asl, think: not yet)"),
+            "the largest prompt held whole in every layer (any chunking) until it ends (kvp_prompt_end or the first decode), when the policy selects from it once; 0 = each prefill call selects from its own chunk (full never selects; think holds the prompt at f32 until it chooses its channels there)"),
     KVP_U32(max_new, 0, 0, kMaxCapacity, P(SNAPKV) | P(PYRAMIDKV),
             "G: tokens generated after a prompt while its selection stays whole: the default capacity is the layer's budget + G (the papers keep the selection and append); then decode evicts by score; 0 = budget"),
     KVP_ENUM(prompt_scores, 0, kPromptScoresNames, kAllNames, "all|window", P(H2O),

@@ -272,8 +272,12 @@ typedef struct kvp_config {
                                     Costs P tokens of K/V per layer and KV head in the pool, plus the last
                                     obs_window queries per layer. A prompt beyond P is selected every time it
                                     would pass capacity + P (kvp_layer_stats.prompt_early). 0 (default) = off:
-                                    each prefill call selects from its own chunk. Not with asl, think or a
-                                    shared pool (total_capacity) yet. */
+                                    each prefill call selects from its own chunk. asl: the selection is made at
+                                    the prompt's end (no kvp_selection is returned; every layer takes every
+                                    token). think: a store whose channels are not chosen yet holds the open
+                                    prompt at f32, full width, and chooses them at its end (the arena adds
+                                    f32 K and V rows for every slot). Not with a shared pool (total_capacity)
+                                    yet. */
     /* appended in 0.3 (issue 28): the papers' defaults */
     uint32_t max_new;            /* max_new=G (snapkv, pyramidkv): tokens the caller plans to generate after a
                                     prompt. The default capacity is the layer's budget + G, so the prompt's
