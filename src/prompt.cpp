@@ -94,6 +94,12 @@ void keep_queries(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *posit
 
 // The fewest tokens the layer's head h can hold after its prompt's selection (what its policy
 // cannot evict), for the admission of a chunk that would pass capacity + P.
+// A layer of this config may keep a whole prompt (Policy::keeps_prompt).
+bool keeps(const kvp_config &cfg) {
+    const Policy &pol = policy_of(cfg);
+    return pol.keeps_prompt && pol.keeps_prompt(cfg);
+}
+
 uint32_t floor_after_select(const kvp_cache *c, uint32_t layer, uint32_t h) {
     const HeadStore &hs = head_of(c, layer, h);
     PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, &c->pools[h], nullptr, 0, 0};
@@ -108,11 +114,13 @@ uint32_t layer_prompt_room(const kvp_config &cfg, uint32_t layer) {
     // A policy that neither prunes per head nor in a layer phase (full) never selects: a prompt
     // gets no room beyond its capacity.
     const Policy &pol = policy_of(cfg);
-    return cfg.max_prompt && !layer_local(cfg, layer) && (pol.prune || pol.layer_phase) ? cfg.max_prompt : 0;
+    return cfg.max_prompt && !layer_local(cfg, layer) && (pol.prune || pol.layer_phase) && !keeps(cfg) ? cfg.max_prompt : 0;
 }
 
 bool layer_prompt_holds(const kvp_config &cfg, uint32_t layer) {
-    return layer_prompt_room(cfg, layer) || (cfg.max_prompt && !layer_local(cfg, layer) && store_thin(cfg));
+    const Policy &pol = policy_of(cfg);
+    return layer_prompt_room(cfg, layer) ||
+           (cfg.max_prompt && !layer_local(cfg, layer) && (store_thin(cfg) || ((pol.prune || pol.layer_phase) && keeps(cfg))));
 }
 
 uint32_t prompt_window(const kvp_config &cfg) {

@@ -30,6 +30,9 @@ const char *const kSpecs[] = {
     "policy=snapkv budget=48 obs_window=8 recent=4 kv_rotate=hadamard",
     // selects at layer 0 (one layer per rank figure, any tau), which layer 1 then keeps
     "policy=asl budget=48 obs_window=8 asl_min_layer=0 asl_obs_layers=1",
+    // non-lazy layers over full hold the prompt within their capacity; laziness decided at its end
+    "policy=simlayerkv nonlazy=full capacity=320 sinks=4 window=24 lazy_last=8 lazy_threshold=0.2",
+    "policy=simlayerkv nonlazy=full capacity=320 sinks=4 window=24 lazy_force=2",
     // ThinK's channels chosen at the prompt's end (the blocks wait at f32 in the deferred rows)
     "policy=think key_channel_ratio=0.5 value_channel_ratio=0.25 capacity=320",
     "policy=think token_policy=h2o budget=64 recent=8 key_channel_ratio=0.5 value_channel_ratio=0.5",
@@ -331,13 +334,37 @@ TEST(Prompt, CallsAroundAnOpenPrompt) {
 }
 
 TEST(Prompt, UnsupportedCombinationsAreRefusedAtCreate) {
-    for (const char *p : {"policy=h2o budget=32 total_capacity=200 max_prompt=64",
-                          "policy=simlayerkv nonlazy=full capacity=64 sinks=4 window=24 max_prompt=64"}) {
+    for (const char *p : {"policy=h2o budget=32 total_capacity=200 max_prompt=64"}) {
         kvp_config cfg;
         ASSERT_EQ(kvp_config_default(&cfg, &kModel), KVP_OK);
         char err[256] = "";
         EXPECT_EQ(kvp_config_apply(&cfg, p, err, sizeof err), KVP_ERR_UNSUPPORTED) << p;  // apply checks the result
         EXPECT_NE(strstr(err, "max_prompt"), nullptr) << err;
+    }
+}
+
+// Policies whose layers may keep the whole prompt (simlayerkv over full, think over full) hold an
+// open prompt within their capacity: a chunk past it is refused (as one call past capacity is),
+// naming capacity, and changes nothing.
+TEST(Prompt, KeepingPoliciesHoldThePromptWithinCapacity) {
+    for (const char *p : {"policy=simlayerkv nonlazy=full capacity=100 sinks=4 window=24 max_prompt=64",
+                          "policy=think key_channel_ratio=0.5 capacity=100 max_prompt=64"}) {
+        ref::Cache cache(kModel, p);
+        kvp_cache *c = cache.c;
+        ASSERT_NE(c, nullptr) << p;
+        const ref::Inputs in(kModel, 128, 5, 1.0f);
+        std::vector<float> out(size_t(64) * in.nq);
+        for (uint32_t l = 0; l < kModel.n_layers; ++l)
+            ASSERT_EQ(kvp_prefill(c, l, 64, nullptr, in.q.data(), in.k.data(), in.v.data(), out.data(), nullptr), KVP_OK)
+                << p << ": " << kvp_last_error(c);
+        const std::vector<int32_t> before = cache.positions(0, 0);
+        EXPECT_EQ(kvp_prefill(c, 0, 64, nullptr, &in.q[size_t(64) * in.nq], &in.k[size_t(64) * in.nkv],
+                              &in.v[size_t(64) * in.nkv], out.data(), nullptr),
+                  KVP_ERR_FULL)
+            << p;
+        EXPECT_NE(strstr(kvp_last_error(c), "raise capacity"), nullptr) << kvp_last_error(c);
+        EXPECT_EQ(cache.positions(0, 0), before) << p;
+        EXPECT_EQ(kvp_prompt_end(c), KVP_OK);
     }
 }
 

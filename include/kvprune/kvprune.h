@@ -276,7 +276,8 @@ typedef struct kvp_config {
                                     the prompt's end (no kvp_selection is returned; every layer takes every
                                     token). think: a store whose channels are not chosen yet holds the open
                                     prompt at f32, full width, and chooses them at its end (the arena adds
-                                    f32 K and V rows for every slot). Not with a shared pool (total_capacity)
+                                    f32 K and V rows for every slot). simlayerkv nonlazy=full and think over full
+                                    hold the prompt within their capacity. Not with a shared pool (total_capacity)
                                     yet. */
     /* appended in 0.3 (issue 28): the papers' defaults */
     uint32_t max_new;            /* max_new=G (snapkv, pyramidkv): tokens the caller plans to generate after a

@@ -120,6 +120,10 @@ struct Policy {
     // After that call: the selection it made (ascending indices into the call's tokens, *idx
     // valid until the next call) and its size; 0 when it made none. May be NULL.
     uint32_t (*selection)(const kvp_cache *c, uint32_t layer, const int32_t **idx) = nullptr;
+    // max_prompt (prompt.h): whether a layer of this config may keep a whole prompt, never selecting
+    // from it (simlayerkv's non-lazy layers over full): an open prompt then holds within the
+    // capacity (no room beyond it), and the decision waits for the prompt's end. May be NULL (no).
+    bool (*keeps_prompt)(const kvp_config &cfg) = nullptr;
 };
 
 // The table of cfg.policy (valid config).

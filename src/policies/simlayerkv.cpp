@@ -66,11 +66,6 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
         return KVP_ERR_CONFIG;
     }
     const Policy &nl = nonlazy_of(cfg);
-    if (cfg.max_prompt && !nl.prune) {  // its non-lazy layers would keep the whole prompt, past capacity
-        m.s("simlayerkv: max_prompt with nonlazy=full is not supported (a non-lazy layer never selects from the "
-            "prompt); use nonlazy=snapkv|h2o, or max_prompt=0");
-        return KVP_ERR_UNSUPPORTED;
-    }
     const kvp_status st = nl.check ? nl.check(cfg, m) : KVP_OK;
     if (st != KVP_OK) return st;
     LayerPlan lp;
@@ -173,6 +168,10 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
     }
 }
 
+// Non-lazy layers over full keep every prompt token: under max_prompt the layers hold the prompt
+// within their capacity (as one call must) and decide their laziness at its end.
+bool keeps_prompt(const kvp_config &cfg) { return !nonlazy_of(cfg).prune; }
+
 uint32_t evictable(const PolicyCtx &ctx, const HeadStore &hs) {
     if (is_lazy(ctx.c, ctx.layer)) {
         const uint32_t L = hs.len(), S = ctx.c->cfg.sinks;
@@ -195,6 +194,7 @@ void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
 }  // namespace
 
 const Policy kSimLayerKvPolicy = {"simlayerkv", KVP_POS_ORIGINAL, &check,     &plan,       &observe,
-                                  &prune,       &layer_phase,     &evictable, &self_prune, nullptr};
+                                  &prune,       &layer_phase,     &evictable, &self_prune, nullptr,
+                                  nullptr,      nullptr,          nullptr,    nullptr,     &keeps_prompt};
 
 }  // namespace kvp
