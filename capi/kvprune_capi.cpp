@@ -480,7 +480,7 @@ kvp_status prefill_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const i
     }
     // A call that may make a selection (asl) needs room for it before anything changes.
     const kvp::Policy &pol = *c->policy;
-    const uint32_t need = pol.selection_size ? pol.selection_size(c, layer, n_tokens, q != nullptr) : 0;
+    const uint32_t need = pol.selection_size ? pol.selection_size(kvp::policy_ctx(c, layer), n_tokens, q != nullptr) : 0;
     if (need && (!sel || sel->capacity < need)) {
         if (sel) { sel->n = need; sel->selected = 0; }
         m.s("policy ").s(pol.name).s(": this prefill of layer ").u(layer).s(" may select up to ").u(need)
@@ -495,7 +495,7 @@ kvp_status prefill_impl(kvp_cache *h, uint32_t layer, uint32_t n_tokens, const i
         sel->n = 0;
         sel->selected = 0;
         const int32_t *idx = nullptr;
-        const uint32_t got = pol.selection ? pol.selection(c, layer, &idx) : 0;
+        const uint32_t got = pol.selection ? pol.selection(kvp::policy_ctx(c, layer), &idx) : 0;
         if (got && got <= sel->capacity) {  // got <= need <= capacity
             memcpy(sel->indices, idx, size_t(got) * sizeof(int32_t));
             sel->n = got;

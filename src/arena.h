@@ -41,13 +41,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "align.h"
 #include "kvprune/kvprune.h"
 #include "policies/policy.h"
 #include "quant/store_fmt.h"
 
 namespace kvp {
 
-constexpr size_t kAlign = 64;
 constexpr uint32_t kTileTokens = 4;   // prefill: query tokens per tile
 constexpr uint32_t kKeyBlock = 128;   // prefill: keys per online-softmax block
 constexpr uint32_t kRopeCallTables = 512;  // RoPE tables of one call's positions (rope.h Rope::call)
@@ -62,8 +62,6 @@ inline uint32_t decode_granule(uint32_t stride) {
     while (size_t(g) * 2 * 2 * stride * sizeof(float) <= kSplitBytes) g *= 2;
     return g;
 }
-
-inline size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 // Overflow-checked size arithmetic for arena plans (32-bit size_t on armhf and Cortex-M): any
 // overflow clears ok, and the plan is then rejected.

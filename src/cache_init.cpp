@@ -219,7 +219,7 @@ void cache_reset(kvp_cache *c) {
     // The policy's region starts as zeros, whatever the arena held or earlier calls left: a saved
     // state (state.cpp writes the whole region) then depends only on the calls made since.
     if (c->pstate) memset(c->pstate, 0, c->plan.pstate_bytes);
-    if (c->policy->reset) c->policy->reset(c);
+    if (c->policy->reset) c->policy->reset(policy_ctx(c, 0));
     draft_reset(c);
     prompt_reset(c);
 }

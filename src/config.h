@@ -10,6 +10,7 @@
 
 #include "kvprune/kvprune.h"
 #include "msg.h"
+#include "policies/policy.h"  // the draft room and capacity rules, kMaxCapacity, kFullDefaultCapacity
 
 namespace kvp {
 
@@ -44,33 +45,12 @@ kvp_positions config_positions(const kvp_config &cfg);  // ORIGINAL or REALIGN (
 // ThinK channel pruning; one block is one quantization group), else `block`.
 uint32_t config_block(const kvp_config &cfg);
 
-// Draft room (issue 28): a layer's capacity holds, beyond what its policy needs, the slots that let
-// a draft of max_draft tokens (draft.cpp: appended, verified as one prefill, the accepted prefix
-// committed as one) fit while the policy holds its most: one token less than its capacity (a
-// decode must fit). That is max_draft - 1 slots (0 for max_draft <= 1) for the policies whose
-// prefill goes through the store (window, streaming, h2o, lethe; simlayerkv over h2o; think over
-// these), 0 for the staged ones (snapkv, pyramidkv, asl: a prefill with queries goes through the
-// staging area, never the store's capacity) and for full (it keeps every token: full is full).
-// max_draft = 0 (the default) changes no capacity.
-uint32_t config_draft_room(const kvp_config &cfg);
-// A layer capacity in a policy's plan: cfg.capacity when given (it includes the draft room:
-// config_check refuses one too small), else `need` (the policy's own default) plus the draft room.
-inline uint32_t config_capacity(const kvp_config &cfg, uint32_t need) {
-    return cfg.capacity ? cfg.capacity : need + config_draft_room(cfg);
-}
-// The capacity a policy works within (what it prunes to stay below): the layer capacity less the
-// draft room.
-inline uint32_t config_policy_capacity(const kvp_config &cfg, uint32_t layer_cap) {
-    return layer_cap - config_draft_room(cfg);
-}
 
 // Limits (documented in the header and docs/DECISIONS.md).
 constexpr uint32_t kMaxHeadDim = 1024;
 constexpr uint32_t kMaxHeads = 1024;
 constexpr uint32_t kMaxLayers = 4096;
 constexpr uint32_t kMaxThreads = 256;
-constexpr uint32_t kMaxCapacity = 1u << 28;
-constexpr uint32_t kFullDefaultCapacity = 2048;
 constexpr uint32_t kMaxBlock = 4096;
 constexpr uint32_t kMaxDraft = 4096;  // max_draft (issue 21)
 

@@ -152,7 +152,7 @@ kvp_status draft_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool q, M
     const kvp_status st = cache_room_check(c, layer, d0 + n, true, m);
     if (st != KVP_OK) return st;
     const Policy &pol = *c->policy;
-    if (pol.selection_size && pol.selection_size(c, layer, d0 + n, true)) {
+    if (pol.selection_size && pol.selection_size(policy_ctx(c, layer), d0 + n, true)) {
         m.s("policy ").s(pol.name).s(": a prefill of layer ").u(layer)
             .s(" may make the prompt selection here; draft only after the selection (or after the prompt)");
         return KVP_ERR_UNSUPPORTED;

@@ -5,11 +5,7 @@
 
 #include <algorithm>
 
-#include "arena.h"
-#include "cache.h"
-#include "config.h"
 #include "policies/snapkv.h"
-#include "prompt.h"
 
 namespace kvp {
 namespace {
@@ -71,9 +67,9 @@ struct State {
     int32_t *sel;
 };
 
-State state_of(const kvp_cache *c) {
-    char *b = static_cast<char *>(c->pstate);
-    const Layout o = layout(c->cfg, c->plan.stage);  // slots(cfg, stage) per array
+State state_of(const PolicyCtx &ctx) {
+    char *b = static_cast<char *>(ctx.state());
+    const Layout o = layout(ctx.cfg(), ctx.stage());  // slots(cfg, stage) per array
     return State{reinterpret_cast<AslHeader *>(b),          reinterpret_cast<double *>(b + o.var),
                  reinterpret_cast<double *>(b + o.rel),     reinterpret_cast<double *>(b + o.votes),
                  reinterpret_cast<double *>(b + o.score),   reinterpret_cast<uint32_t *>(b + o.idx),
@@ -89,19 +85,19 @@ uint32_t collect_start(const kvp_config &cfg) {
 }
 uint32_t window_of(const kvp_config &cfg, uint32_t n) { return cfg.obs_window < n ? cfg.obs_window : n; }
 
-bool layer_empty(const kvp_cache *c, uint32_t layer) {
-    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h)
-        if (head_of(c, layer, h).len()) return false;
+bool layer_empty(const PolicyCtx &ctx) {
+    for (uint32_t h = 0; h < ctx.cfg().model.n_kv_heads; ++h)
+        if (ctx.store(h).len()) return false;
     return true;
 }
 
 size_t state_bytes(const kvp_config &cfg, uint32_t stage) { return layout(cfg, stage).total; }
 
-void reset(kvp_cache *c) {
-    const State s = state_of(c);
+void reset(const PolicyCtx &ctx) {
+    const State s = state_of(ctx);
     memset(s.h, 0, sizeof *s.h);
     s.h->sel_layer = -1;
-    for (uint32_t l = 0; l < c->cfg.model.n_layers; ++l) s.var[l] = s.rel[l] = NAN;
+    for (uint32_t l = 0; l < ctx.cfg().model.n_layers; ++l) s.var[l] = s.rel[l] = NAN;
 }
 
 kvp_status check(const kvp_config &cfg, Msg &m) {
@@ -118,32 +114,31 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) { snapkv_plan(cfg, cfg.
 // A prompt's end (max_prompt, prompt.h) scores the layer: no selection yet in this sequence and
 // more than `budget` tokens held (the whole prompt, after whatever the layer held before it).
 bool end_scores(const PolicyCtx &ctx, const HeadStore &hs) {
-    return ctx.prompt_w && ctx.layer >= collect_start(ctx.c->cfg) && state_of(ctx.c).h->sel_layer < 0 &&
-           hs.len() > ctx.c->cfg.budget;
+    return ctx.prompt_w && ctx.layer >= collect_start(ctx.cfg()) && state_of(ctx).h->sel_layer < 0 &&
+           hs.len() > ctx.cfg().budget;
 }
 
 void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode mode) {
-    const kvp_cache *c = ctx.c;
-    const kvp_config &cfg = c->cfg;
-    AslHeader &h = *state_of(c).h;
+    const kvp_config &cfg = ctx.cfg();
+    AslHeader &h = *state_of(ctx).h;
     h.fresh = 0;
     h.apply = 0;  // a call outside a prompt: the prompt's end that selected is over
     const bool collect = mode == StepMode::kPrefill && h.sel_layer < 0 && ctx.layer >= collect_start(cfg) &&
-                         n > cfg.budget && n <= c->plan.stage && layer_empty(c, ctx.layer);
+                         n > cfg.budget && n <= ctx.stage() && layer_empty(ctx);
     h.collect = collect ? window_of(cfg, n) : 0;
     h.n = n;
 }
 
 void observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs) {
     snapkv_observe(ctx, hs, runs, nr, obs);
-    const State s = state_of(ctx.c);
+    const State s = state_of(ctx);
     uint32_t n, w;
     if (ctx.staged && s.h->collect) {  // one call (collect: its window, set by layer_prepare)
         n = ctx.staged;
         w = s.h->collect;
     } else if (end_scores(ctx, hs)) {  // a prompt's end: the votes of its last queries over the store
         n = hs.len();
-        w = window_of(ctx.c->cfg, ctx.prompt_w);
+        w = window_of(ctx.cfg(), ctx.prompt_w);
         if (ctx.head == 0) {  // read by layer_phase (every head holds the same tokens)
             s.h->n = n;
             s.h->collect = w;
@@ -152,7 +147,7 @@ void observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const 
         return;
     }
     const uint32_t P = n - w;
-    memcpy(s.votes + size_t(ctx.head) * slots(ctx.c->cfg, ctx.c->plan.stage), snapkv_votes(ctx, hs),
+    memcpy(s.votes + size_t(ctx.head) * slots(ctx.cfg(), ctx.stage()), snapkv_votes(ctx, hs),
            size_t(P) * sizeof(double));
     hs.pflag = 1;
 }
@@ -160,7 +155,7 @@ void observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const 
 // A prompt's end in a layer after the one that selected at this end keeps exactly the selection
 // (the tokens a one-call prompt would have passed to it); every other prune is SnapKV's.
 void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
-    const State s = state_of(ctx.c);
+    const State s = state_of(ctx);
     const AslHeader &h = *s.h;
     if (!ctx.prompt_w || !h.apply || int32_t(ctx.layer) <= h.sel_layer || hs.len() != h.ring_n) {
         snapkv_prune(ctx, hs, mode);
@@ -195,18 +190,17 @@ double rank_variance(const State &s, const kvp_config &cfg, uint32_t stage, uint
 }
 
 void score_layer(PolicyCtx &ctx, StepMode mode) {
-    kvp_cache *c = ctx.c;
-    const kvp_config &cfg = c->cfg;
-    const State s = state_of(c);
+    const kvp_config &cfg = ctx.cfg();
+    const State s = state_of(ctx);
     AslHeader &h = *s.h;
-    const uint32_t layer = ctx.layer, H = cfg.model.n_kv_heads, stage = slots(cfg, c->plan.stage);
-    if (mode != StepMode::kPrefill || !h.collect || !head_of(c, layer, 0).pflag) return;
+    const uint32_t layer = ctx.layer, H = cfg.model.n_kv_heads, stage = slots(cfg, ctx.stage());
+    if (mode != StepMode::kPrefill || !h.collect || !ctx.store(0).pflag) return;
     const uint32_t n = h.n, w = h.collect, P = n - w;
     h.collect = 0;
-    for (uint32_t kv = 0; kv < H; ++kv) head_of(c, layer, kv).pflag = 0;
+    for (uint32_t kv = 0; kv < H; ++kv) ctx.store(kv).pflag = 0;
     const uint32_t wk = w < cfg.budget ? w : cfg.budget, k = cfg.budget - wk;
     // head-summed scores, in fixed head order
-    const bool fx = fixed_scores(c);
+    const bool fx = ctx.fixed();
     uint64_t *score_u = reinterpret_cast<uint64_t *>(s.score);
     for (uint32_t t = 0; t < P; ++t) {
         if (fx) {
@@ -259,25 +253,27 @@ void score_layer(PolicyCtx &ctx, StepMode mode) {
 }
 
 void layer_phase(PolicyCtx &ctx, StepMode mode) {
-    AslHeader &h = *state_of(ctx.c).h;
+    AslHeader &h = *state_of(ctx).h;
     // the ends of one prompt run in layer order; a layer at or before the selecting one starts
     // another round (a prompt past capacity + max_prompt selects early, prompt.h)
     if (ctx.prompt_w && h.apply && int32_t(ctx.layer) <= h.sel_layer) h.apply = 0;
     score_layer(ctx, mode);
-    if (ctx.prompt_w && ctx.layer + 1 == ctx.c->cfg.model.n_layers) h.apply = 0;
+    if (ctx.prompt_w && ctx.layer + 1 == ctx.cfg().model.n_layers) h.apply = 0;
 }
 
-uint32_t selection_size(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries) {
-    const kvp_config &cfg = c->cfg;
+uint32_t selection_size(const PolicyCtx &ctx, uint32_t n, bool queries) {
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t layer = ctx.layer;
     // under max_prompt the prompt's end selects (prompt.h): a prefill returns nothing
-    if (!queries || layer_prompt_holds(cfg, layer) || state_of(c).h->sel_layer >= 0 || layer < min_layer(cfg) ||
-        n <= cfg.budget || n > c->plan.stage || !layer_empty(c, layer))
+    if (!queries || ctx.prompt_holds() || state_of(ctx).h->sel_layer >= 0 || layer < min_layer(cfg) ||
+        n <= cfg.budget || n > ctx.stage() || !layer_empty(ctx))
         return 0;
     return cfg.budget;
 }
 
-uint32_t selection(const kvp_cache *c, uint32_t layer, const int32_t **idx) {
-    const State s = state_of(c);
+uint32_t selection(const PolicyCtx &ctx, const int32_t **idx) {
+    const State s = state_of(ctx);
+    const uint32_t layer = ctx.layer;
     if (!s.h->fresh || s.h->sel_layer != int32_t(layer)) return 0;
     *idx = s.sel;
     return s.h->nsel;
@@ -286,17 +282,19 @@ uint32_t selection(const kvp_cache *c, uint32_t layer, const int32_t **idx) {
 }  // namespace
 
 bool asl_layer_variance(const kvp_cache *c, uint32_t layer, double *var, double *rel) {
-    if (&policy_of(c->cfg) != &kAslPolicy || layer >= c->cfg.model.n_layers) return false;  // asl, or think over it
-    const State s = state_of(c);
+    const PolicyCtx ctx = policy_ctx(c, 0);
+    if (&policy_of(ctx.cfg()) != &kAslPolicy || layer >= ctx.cfg().model.n_layers) return false;  // asl, or think over it
+    const State s = state_of(ctx);
     *var = s.var[layer];
     *rel = s.rel[layer];
     return true;
 }
 
 bool asl_state_check(const kvp_cache *c, const uint8_t *region, size_t bytes) {
-    const kvp_config &cfg = c->cfg;
-    const uint32_t stage = slots(cfg, c->plan.stage), L = cfg.model.n_layers;
-    const Layout o = layout(cfg, c->plan.stage);
+    const PolicyCtx ctx = policy_ctx(c, 0);
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t stage = slots(cfg, ctx.stage()), L = cfg.model.n_layers;
+    const Layout o = layout(cfg, ctx.stage());
     if (bytes != o.total) return false;
     AslHeader h;  // the region is little-endian and the host too (state.cpp refuses others)
     memcpy(&h, region, sizeof h);
@@ -314,7 +312,8 @@ bool asl_state_check(const kvp_cache *c, const uint8_t *region, size_t bytes) {
 }
 
 int32_t asl_selection_layer(const kvp_cache *c) {
-    return &policy_of(c->cfg) == &kAslPolicy ? state_of(c).h->sel_layer : -1;
+    const PolicyCtx ctx = policy_ctx(c, 0);
+    return &policy_of(ctx.cfg()) == &kAslPolicy ? state_of(ctx).h->sel_layer : -1;
 }
 
 const Policy kAslPolicy = {"asl",          KVP_POS_ORIGINAL, &check,           &plan,

@@ -1,6 +1,5 @@
 #include "policies/full.h"
 
-#include "config.h"
 
 namespace kvp {
 namespace {

@@ -1,7 +1,5 @@
 #include "policies/h2o.h"
 
-#include "cache.h"
-#include "config.h"
 
 namespace kvp {
 
@@ -46,7 +44,7 @@ void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const Ob
 }
 
 void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
-    const kvp_config &cfg = ctx.c->cfg;
+    const kvp_config &cfg = ctx.cfg();
     const uint32_t L = hs.len();
     if (L <= cfg.budget) return;
     evict_lowest(ctx, hs, L - cfg.budget, 0, L - cfg.recent, ctx.scratch);
@@ -55,7 +53,7 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
 uint32_t evictable(const PolicyCtx &, const HeadStore &hs) { return hs.body_len(); }
 
 void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
-    const uint32_t e = dense_self_prune_count(ctx, hs, n), L = hs.len(), recent = ctx.c->cfg.recent;
+    const uint32_t e = dense_self_prune_count(ctx, hs, n), L = hs.len(), recent = ctx.cfg().recent;
     const uint32_t to = L >= recent && L - recent >= e ? L - recent : L;
     evict_lowest(ctx, hs, e, 0, to, ctx.scratch);
 }

@@ -4,11 +4,8 @@
 
 #include <algorithm>
 
-#include "cache.h"
-#include "config.h"
 #include "kernels/score_fixed.h"
 #include "policies/h2o.h"
-#include "prompt.h"
 
 namespace kvp {
 namespace {
@@ -41,18 +38,19 @@ Scr scr_of(const PolicyCtx &ctx, uint32_t cap) {
 }
 
 struct Layer {
-    kvp_cache *c;
+    const PolicyCtx *ctx;
+    const kvp_config &cfg() const { return ctx->cfg(); }
     uint32_t layer, H, L, cap;
     bool fixed;
     Scr s;
-    HeadStore &hs(uint32_t h) const { return head_of(c, layer, h); }
+    HeadStore &hs(uint32_t h) const { return ctx->store(h); }
+    BlockPool &pool(uint32_t h) const { return ctx->pool_of(h); }
 };
 
 Layer layer_of(PolicyCtx &ctx) {
-    kvp_cache *c = ctx.c;
-    Layer ly{c, ctx.layer, c->cfg.model.n_kv_heads, 0, c->layers[ctx.layer].geom.lp.cap, fixed_scores(c), {}};
-    ly.L = head_of(c, ctx.layer, 0).len();
-    ly.s = scr_of(ctx, ly.cap + layer_prompt_room(c->cfg, ctx.layer));  // a whole prompt may pass cap (prompt.h)
+    Layer ly{&ctx, ctx.layer, ctx.cfg().model.n_kv_heads, 0, ctx.plan().cap, ctx.fixed(), {}};
+    ly.L = ctx.store(0).len();
+    ly.s = scr_of(ctx, ly.cap + ctx.prompt_room());  // a whole prompt may pass cap (prompt.h)
     return ly;
 }
 
@@ -60,7 +58,7 @@ Layer layer_of(PolicyCtx &ctx) {
 void layer_scores(Layer &ly) {
     for (uint32_t j = 0; j < ly.L; ++j) ly.s.su[j] = 0;  // 0 bits = 0.0 as well
     for (uint32_t h = 0; h < ly.H; ++h) {
-        const BlockPool &pool = ly.c->pools[h];
+        const BlockPool &pool = ly.pool(h);
         store_for_each_live(ly.hs(h), pool, [&](uint32_t slot, uint32_t n, uint32_t j) {
             for (uint32_t i = 0; i < n; ++i) {
                 if (ly.fixed) ly.s.su[j + i] += score_u(pool, slot + i);
@@ -93,7 +91,7 @@ void evict_all_heads(Layer &ly, uint32_t nv) {
     std::sort(ly.s.victims, ly.s.victims + nv);
     for (uint32_t h = 0; h < ly.H; ++h) {
         HeadStore &hs = ly.hs(h);
-        BlockPool &pool = ly.c->pools[h];
+        BlockPool &pool = ly.pool(h);
         uint32_t vi = 0;
         store_for_each_live(hs, pool, [&](uint32_t slot, uint32_t n, uint32_t j) {
             while (vi < nv && ly.s.victims[vi] < j + n) {
@@ -106,9 +104,9 @@ void evict_all_heads(Layer &ly, uint32_t nv) {
     ly.L -= nv;
 }
 
-uint32_t sinks_of(const Layer &ly) { return ly.c->cfg.sinks < ly.L ? ly.c->cfg.sinks : ly.L; }
+uint32_t sinks_of(const Layer &ly) { return ly.cfg().sinks < ly.L ? ly.cfg().sinks : ly.L; }
 uint32_t recent_of(const Layer &ly) {
-    const double r = floor(double(ly.c->cfg.recent_ratio) * double(ly.L));
+    const double r = floor(double(ly.cfg().recent_ratio) * double(ly.L));
     return r >= double(ly.L) ? ly.L : uint32_t(r);
 }
 
@@ -130,7 +128,7 @@ void evict_ranked(Layer &ly, uint32_t n, uint32_t R) {
 
 // The breakpoint search of a round; returns true and the breakpoint when found.
 bool breakpoint(Layer &ly, uint32_t S, uint32_t R, uint32_t *bp) {
-    const kvp_config &cfg = ly.c->cfg;
+    const kvp_config &cfg = ly.cfg();
     if (ly.L < S + R || ly.L - S - R == 0) return false;
     const uint32_t K = ly.L - S - R, D = cfg.segments;
     if (ly.fixed) {
@@ -164,10 +162,10 @@ bool breakpoint(Layer &ly, uint32_t S, uint32_t R, uint32_t *bp) {
 }
 
 void decay_scores(Layer &ly) {
-    const float dec = ly.c->cfg.decay;
+    const float dec = ly.cfg().decay;
     const uint32_t dq = fixed::decay_q16(dec);
     for (uint32_t h = 0; h < ly.H; ++h) {
-        BlockPool &pool = ly.c->pools[h];
+        BlockPool &pool = ly.pool(h);
         store_for_each_live(ly.hs(h), pool, [&](uint32_t slot, uint32_t n, uint32_t) {
             for (uint32_t i = 0; i < n; ++i) {
                 if (ly.fixed) score_set_u(pool, slot + i, fixed::decay_apply(score_u(pool, slot + i), dq));
@@ -179,8 +177,8 @@ void decay_scores(Layer &ly) {
 
 void layer_phase(PolicyCtx &ctx, StepMode) {
     Layer ly = layer_of(ctx);
-    uint32_t &Le = ctx.c->layers[ctx.layer].evict_threshold;
-    const uint32_t top = config_policy_capacity(ly.c->cfg, ly.cap) - 1;  // below it: the draft room (config.h)
+    uint32_t &Le = ctx.evict_threshold();
+    const uint32_t top = config_policy_capacity(ly.cfg(), ly.cap) - 1;  // below it: the draft room (config.h)
     const uint32_t T = Le < top ? Le : top;
     if (ly.L > T) {
         layer_scores(ly);
@@ -207,22 +205,21 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
 
 // Shared pool: make room for n new tokens in every head by the layer ranking, before the step.
 void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode) {
-    kvp_cache *c = ctx.c;
-    const uint32_t H = c->cfg.model.n_kv_heads;
-    if (!c->plan.shared) return;
+    const uint32_t H = ctx.cfg().model.n_kv_heads;
+    if (!ctx.shared_pool()) return;
     for (;;) {
         bool need = false;
         uint32_t e = 0;
         for (uint32_t h = 0; h < H; ++h) {
-            HeadStore &hs = head_of(c, ctx.layer, h);
-            BlockPool &pool = c->pools[h];
+            HeadStore &hs = ctx.store(h);
+            BlockPool &pool = ctx.pool_of(h);
             if (store_blocks_needed(hs, pool.block, n) <= pool.allowed(ctx.layer)) continue;
             need = true;
             if (hs.holes) {
                 store_compact(hs, pool, ctx.layer);
                 continue;
             }
-            PolicyCtx hc{c, ctx.layer, h, &pool, ctx.scratch, 0, 0};
+            PolicyCtx hc = ctx.at_head(h);
             const uint32_t eh = dense_self_prune_count(hc, hs, n);
             if (eh > e) e = eh;
         }

@@ -21,11 +21,18 @@
 // state region in the arena (state_bytes, initialised by `reset`); and the prefill selection a
 // call returns to its caller (selection_size is asked before the call, selection after it:
 // kvp_selection).
+//
+// The seam is narrow (issue 32 item 0): a policy file includes this header (and other policies'),
+// never a core header. It sees the cache only through PolicyCtx: its config, the layer's plan and
+// geometry, its stores and pools (and the store operations of storage.h), its scores, its state
+// region and the two per-layer values it owns (evict_threshold, lazy). The core implements the
+// accessors (src/policy_ctx.cpp); `c` is the core's handle and opaque here.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "align.h"
 #include "kvprune/kvprune.h"
 #include "msg.h"
 #include "pool.h"
@@ -34,6 +41,10 @@
 struct kvp_cache;
 
 namespace kvp {
+
+namespace kern {
+struct ScoreF32;
+}
 
 enum class StepMode { kPrefill, kDecode, kAppend };
 
@@ -73,7 +84,54 @@ struct PolicyCtx {
                              // in the store (nothing staged) and the observation was of its last
                              // prompt_w queries, the store's last prompt_w tokens; 0 otherwise
                              // (layer_phase after a prompt's end: nonzero)
+
+    // ---- what a policy may see (src/policy_ctx.cpp) ----
+    const kvp_config &cfg() const;
+    uint32_t group() const;              // query heads per KV head
+    bool realign() const;                // positions=realign (resolved)
+    bool fixed() const;                  // score=fixed: slot scores are Q16.16 integers
+    uint32_t stage() const;              // prompt staging slots per pool (0: the policy does not stage)
+    bool shared_pool() const;            // total_capacity makes the layers share the pool
+    const LayerPlan &plan() const;       // this layer's plan
+    uint32_t prompt_room() const;        // max_prompt: tokens an open prompt may add beyond the capacity
+    bool prompt_holds() const;           // max_prompt: the layer holds its prompt open until its end
+    HeadStore &store(uint32_t h) const;  // this layer's store of KV head h
+    BlockPool &pool_of(uint32_t h) const;  // KV head h's pool
+    PolicyCtx at_head(uint32_t h) const; // this context for KV head h (its pool; the same scratch)
+    uint32_t &evict_threshold() const;   // this layer's kvp_layer_stats.evict_threshold (Lethe)
+    int32_t &lazy() const;               // this layer's laziness (SimLayerKV; -1 undecided)
+    void *state() const;                 // the policy's state region (Policy::state_bytes)
+    const kern::ScoreF32 &score_kernels() const;
 };
+
+// A context for `layer` (no head, no scratch) of a live cache: the policies' functions that the
+// core or the tests call with the cache (asl's diagnostics and state check).
+PolicyCtx policy_ctx(const kvp_cache *c, uint32_t layer);
+
+// ---- the config rules a policy's plan and check use (config.cpp) ----
+
+constexpr uint32_t kMaxCapacity = 1u << 28;
+constexpr uint32_t kFullDefaultCapacity = 2048;
+
+// Draft room (issue 28): a layer's capacity holds, beyond what its policy needs, the slots that let
+// a draft of max_draft tokens (draft.cpp: appended, verified as one prefill, the accepted prefix
+// committed as one) fit while the policy holds its most: one token less than its capacity (a
+// decode must fit). That is max_draft - 1 slots (0 for max_draft <= 1) for the policies whose
+// prefill goes through the store (window, streaming, h2o, lethe; simlayerkv over h2o; think over
+// these), 0 for the staged ones (snapkv, pyramidkv, asl: a prefill with queries goes through the
+// staging area, never the store's capacity) and for full (it keeps every token: full is full).
+// max_draft = 0 (the default) changes no capacity.
+uint32_t config_draft_room(const kvp_config &cfg);
+// A layer capacity in a policy's plan: cfg.capacity when given (it includes the draft room:
+// config_check refuses one too small), else `need` (the policy's own default) plus the draft room.
+inline uint32_t config_capacity(const kvp_config &cfg, uint32_t need) {
+    return cfg.capacity ? cfg.capacity : need + config_draft_room(cfg);
+}
+// The capacity a policy works within (what it prunes to stay below): the layer capacity less the
+// draft room.
+inline uint32_t config_policy_capacity(const kvp_config &cfg, uint32_t layer_cap) {
+    return layer_cap - config_draft_room(cfg);
+}
 
 // Prefill observation rows: row g (query head g of the group) at g * ld; float sums of normalised
 // weights in float mode (f), Q16 sums of fixed-point weights in fixed mode (u; kernels/score_fixed.h).
@@ -111,15 +169,15 @@ struct Policy {
     // Bytes of the policy's state region in the arena (kvp_cache::pstate, 64-aligned). stage:
     // the prompt staging slots per pool. May be NULL (no region).
     size_t (*state_bytes)(const kvp_config &cfg, uint32_t stage) = nullptr;
-    // Called by create and kvp_reset after the stores are cleared. May be NULL.
-    void (*reset)(kvp_cache *c) = nullptr;
-    // Prefill selection (kvp_selection): before a kvp_prefill of n tokens into `layer` (queries:
+    // Called by create and kvp_reset after the stores are cleared (ctx: layer 0). May be NULL.
+    void (*reset)(const PolicyCtx &ctx) = nullptr;
+    // Prefill selection (kvp_selection): before a kvp_prefill of n tokens into ctx.layer (queries:
     // q given), the entries a selection made by that call could need; 0 when the call cannot
     // select. May be NULL (never selects).
-    uint32_t (*selection_size)(const kvp_cache *c, uint32_t layer, uint32_t n, bool queries) = nullptr;
+    uint32_t (*selection_size)(const PolicyCtx &ctx, uint32_t n, bool queries) = nullptr;
     // After that call: the selection it made (ascending indices into the call's tokens, *idx
     // valid until the next call) and its size; 0 when it made none. May be NULL.
-    uint32_t (*selection)(const kvp_cache *c, uint32_t layer, const int32_t **idx) = nullptr;
+    uint32_t (*selection)(const PolicyCtx &ctx, const int32_t **idx) = nullptr;
     // max_prompt (prompt.h): whether a layer of this config may keep a whole prompt, never selecting
     // from it (simlayerkv's non-lazy layers over full): an open prompt then holds within the
     // capacity (no room beyond it), and the decision waits for the prompt's end. May be NULL (no).

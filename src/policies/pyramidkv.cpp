@@ -2,8 +2,6 @@
 
 #include <math.h>
 
-#include "cache.h"
-#include "config.h"
 #include "policies/snapkv.h"
 
 namespace kvp {
@@ -68,7 +66,7 @@ void plan(const kvp_config &cfg, uint32_t layer, LayerPlan *p) {
 // every prompt length: the head's HeadStore::pword[0] (0 before any selection, and after a
 // reset: the store's capacity; saved with the state).
 void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
-    const kvp_config &cfg = ctx.c->cfg;
+    const kvp_config &cfg = ctx.cfg();
     const bool selects = ctx.staged || ctx.prompt_w;
     const uint32_t keep = selects ? pyramid_keep(cfg, ctx.layer, hs.len() + ctx.staged) : 0;
     if (selects) hs.pword[0] = uint64_t(keep) + gen_room(cfg);

@@ -2,8 +2,6 @@
 
 #include <string.h>
 
-#include "cache.h"
-#include "config.h"
 #include "policies/h2o.h"
 
 namespace kvp {
@@ -11,7 +9,7 @@ namespace {
 
 const Policy &nonlazy_of(const kvp_config &cfg) { return policy_table(cfg.nonlazy); }
 
-bool is_lazy(const kvp_cache *c, uint32_t layer) { return c->layers[layer].lazy == 1; }
+bool is_lazy(const PolicyCtx &ctx) { return ctx.lazy() == 1; }
 
 // Evicts the e tokens at logical [from, from + e) of a compacting store (pin_cap 0).
 void evict_range(PolicyCtx &ctx, HeadStore &hs, uint32_t from, uint32_t e) {
@@ -27,12 +25,12 @@ void evict_range(PolicyCtx &ctx, HeadStore &hs, uint32_t from, uint32_t e) {
     // realign: the survivors after the range moved down by n logical places, so their rotation
     // delta grew by n; new tokens take the same delta (storage.h: rot = j + shift), so the ring
     // stays one run as in streaming (the store scans deltas from rot: it is scattered now).
-    if (ctx.c->positions == KVP_POS_REALIGN) hs.shift += n;
+    if (ctx.realign()) hs.shift += n;
 }
 
 // A lazy layer's rule: the first sinks and the last window tokens stay.
 void lazy_prune(PolicyCtx &ctx, HeadStore &hs) {
-    const kvp_config &cfg = ctx.c->cfg;
+    const kvp_config &cfg = ctx.cfg();
     if (ctx.staged) {  // a later prompt chunk of a lazy snapkv layer: commit sinks + window only
         const uint32_t L = hs.len() + ctx.staged;
         uint32_t keep = cfg.sinks + cfg.window < L ? cfg.sinks + cfg.window : L;
@@ -81,8 +79,8 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 // Mass on the first sinks + last window keys (pword[0]) and all mass (pword[1]) of the observed
 // rows, summed over the group's query heads: doubles in float mode, integers in fixed mode.
 void observe_mass(PolicyCtx &ctx, HeadStore &hs, const Obs &obs) {
-    const kvp_config &cfg = ctx.c->cfg;
-    const uint32_t L = hs.len() + ctx.staged, G = ctx.c->group;
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t L = hs.len() + ctx.staged, G = ctx.group();
     const uint32_t S = cfg.sinks < L ? cfg.sinks : L;
     const uint32_t R0 = L > cfg.window ? L - cfg.window : 0, hi = R0 > S ? R0 : S;
     if (obs.u) {
@@ -113,7 +111,7 @@ void observe_mass(PolicyCtx &ctx, HeadStore &hs, const Obs &obs) {
 
 void observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs) {
     if (obs.kind == kObsWindow) {
-        const Policy &nl = nonlazy_of(ctx.c->cfg);
+        const Policy &nl = nonlazy_of(ctx.cfg());
         if (nl.observe) nl.observe(ctx, hs, runs, nr, obs);
         return;
     }
@@ -121,50 +119,49 @@ void observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const 
 }
 
 void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
-    if (is_lazy(ctx.c, ctx.layer)) {
+    if (is_lazy(ctx)) {
         lazy_prune(ctx, hs);
         return;
     }
-    const Policy &nl = nonlazy_of(ctx.c->cfg);
+    const Policy &nl = nonlazy_of(ctx.cfg());
     if (nl.prune) nl.prune(ctx, hs, mode);
 }
 
 // The layer-wide decision once every head observed (fixed head order), then the trim.
 void layer_phase(PolicyCtx &ctx, StepMode) {
-    kvp_cache *c = ctx.c;
-    const kvp_config &cfg = c->cfg;
+    const kvp_config &cfg = ctx.cfg();
     const uint32_t H = cfg.model.n_kv_heads, layer = ctx.layer;
-    LayerState &ls = c->layers[layer];
-    if (!head_of(c, layer, 0).pflag) return;  // no observation in this call
+    int32_t &lazy_of = ctx.lazy();
+    if (!ctx.store(0).pflag) return;  // no observation in this call
     bool lazy;
-    if (fixed_scores(c)) {
+    if (ctx.fixed()) {
         uint64_t in = 0, all = 0;
         for (uint32_t h = 0; h < H; ++h) {
-            in += head_of(c, layer, h).pword[0];
-            all += head_of(c, layer, h).pword[1];
+            in += ctx.store(h).pword[0];
+            all += ctx.store(h).pword[1];
         }
         lazy = double(in) > double(cfg.lazy_threshold) * double(all);
     } else {
         double in = 0.0, all = 0.0;
         for (uint32_t h = 0; h < H; ++h) {
             double a, b;
-            memcpy(&a, &head_of(c, layer, h).pword[0], sizeof a);
-            memcpy(&b, &head_of(c, layer, h).pword[1], sizeof b);
+            memcpy(&a, &ctx.store(h).pword[0], sizeof a);
+            memcpy(&b, &ctx.store(h).pword[1], sizeof b);
             in += a;
             all += b;
         }
         lazy = in > double(cfg.lazy_threshold) * all;
     }
-    for (uint32_t h = 0; h < H; ++h) head_of(c, layer, h).pflag = 0;
+    for (uint32_t h = 0; h < H; ++h) ctx.store(h).pflag = 0;
     if (cfg.lazy_force) lazy = layer < 32 && ((cfg.lazy_force >> layer) & 1u);
-    if (ls.lazy == 1) return;  // a lazy layer stays lazy
-    ls.lazy = lazy ? 1 : 0;
+    if (lazy_of == 1) return;  // a lazy layer stays lazy
+    lazy_of = lazy ? 1 : 0;
     if (!lazy) return;
     for (uint32_t h = 0; h < H; ++h) {  // trim now; the emptied blocks go back to the pool
-        HeadStore &hs = head_of(c, layer, h);
-        PolicyCtx hc{c, layer, h, &c->pools[h], ctx.scratch, 0, 0};
+        HeadStore &hs = ctx.store(h);
+        PolicyCtx hc = ctx.at_head(h);
         lazy_prune(hc, hs);
-        store_compact(hs, c->pools[h], layer);
+        store_compact(hs, ctx.pool_of(h), layer);
     }
 }
 
@@ -173,22 +170,22 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
 bool keeps_prompt(const kvp_config &cfg) { return !nonlazy_of(cfg).prune; }
 
 uint32_t evictable(const PolicyCtx &ctx, const HeadStore &hs) {
-    if (is_lazy(ctx.c, ctx.layer)) {
-        const uint32_t L = hs.len(), S = ctx.c->cfg.sinks;
+    if (is_lazy(ctx)) {
+        const uint32_t L = hs.len(), S = ctx.cfg().sinks;
         return L > S ? L - S : 0;
     }
-    return nonlazy_of(ctx.c->cfg).evictable(ctx, hs);
+    return nonlazy_of(ctx.cfg()).evictable(ctx, hs);
 }
 
 void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
-    if (is_lazy(ctx.c, ctx.layer)) {  // the oldest tokens after the sinks (streaming's ranking)
-        const uint32_t L = hs.len(), S = ctx.c->cfg.sinks < L ? ctx.c->cfg.sinks : L;
+    if (is_lazy(ctx)) {  // the oldest tokens after the sinks (streaming's ranking)
+        const uint32_t L = hs.len(), S = ctx.cfg().sinks < L ? ctx.cfg().sinks : L;
         uint32_t e = dense_self_prune_count(ctx, hs, n);
         if (e > L - S) e = L - S;
         evict_range(ctx, hs, S, e);
         return;
     }
-    nonlazy_of(ctx.c->cfg).self_prune(ctx, hs, n);
+    nonlazy_of(ctx.cfg()).self_prune(ctx, hs, n);
 }
 
 }  // namespace

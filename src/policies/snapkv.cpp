@@ -2,10 +2,7 @@
 
 #include <algorithm>
 
-#include "cache.h"
-#include "config.h"
 #include "policies/h2o.h"
-#include "prompt.h"
 
 namespace kvp {
 namespace {
@@ -23,8 +20,8 @@ constexpr size_t kBytesPerToken = 24;
 
 SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
     // the layer's capacity, plus a staged chunk or a whole prompt beyond it (prompt.h)
-    const size_t lmax = size_t(ctx.c->layers[ctx.layer].geom.lp.cap) + ctx.c->plan.stage +
-                        layer_prompt_room(ctx.c->cfg, ctx.layer);
+    const size_t lmax = size_t(ctx.plan().cap) + ctx.stage() +
+                        ctx.prompt_room();
     char *b = static_cast<char *>(ctx.scratch);
     SelScratch s;
     s.vote = reinterpret_cast<double *>(b);
@@ -39,7 +36,7 @@ SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
 // Observing queries of this call: the core observed min(obs_window, chunk) queries; at the end
 // of a whole prompt (max_prompt) min(obs_window, the queries it kept).
 uint32_t window_of(const PolicyCtx &ctx) {
-    const uint32_t w = ctx.c->cfg.obs_window, n = ctx.prompt_w ? ctx.prompt_w : ctx.staged;
+    const uint32_t w = ctx.cfg().obs_window, n = ctx.prompt_w ? ctx.prompt_w : ctx.staged;
     return w < n ? w : n;
 }
 
@@ -48,8 +45,8 @@ bool selecting(const PolicyCtx &ctx) { return ctx.staged || ctx.prompt_w; }
 
 // Votes of the prefix [0, P): pooled per query head, then the group mean (fixed: sums).
 void compute_votes(const PolicyCtx &ctx, const Obs &obs, uint32_t P, const SelScratch &s) {
-    const kvp_config &cfg = ctx.c->cfg;
-    const uint32_t G = ctx.c->group, k = cfg.pool_kernel, h = k / 2;
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t G = ctx.group(), k = cfg.pool_kernel, h = k / 2;
     const bool avg = cfg.pool == KVP_POOL_AVG;
     if (obs.u) {
         for (uint32_t j = 0; j < P; ++j) s.vote_u[j] = 0;
@@ -97,7 +94,7 @@ void select_and_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t budget) {
     for (uint32_t j = 0; j < L; ++j) kept[j] = j >= L - wk;
     if (sel > 0) {
         for (uint32_t j = 0; j < P; ++j) s.idx[j] = j;
-        if (fixed_scores(ctx.c)) {
+        if (ctx.fixed()) {
             const uint64_t *v = s.vote_u;
             std::nth_element(s.idx, s.idx + (sel - 1), s.idx + P,
                              [v](uint32_t a, uint32_t b) { return v[a] > v[b] || (v[a] == v[b] && a > b); });
@@ -126,7 +123,7 @@ void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr,
 const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs) { return sel_scratch(ctx, hs).vote; }
 
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
-    snapkv_prune_keep(ctx, hs, mode, ctx.c->layers[ctx.layer].geom.lp.budget, 0);
+    snapkv_prune_keep(ctx, hs, mode, ctx.plan().budget, 0);
 }
 
 void snapkv_keep_only(PolicyCtx &ctx, HeadStore &hs, const int32_t *keep, uint32_t n) {
@@ -153,14 +150,14 @@ void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget,
     // decode (and prefill without queries): h2o's rule at capacity - 1 (or limit - 1)
     const uint32_t L = hs.len(), D = (limit && limit < hs.cap ? limit : hs.cap) - 1;
     if (L <= D) return;
-    const uint32_t recent = ctx.c->cfg.recent < D ? ctx.c->cfg.recent : D;
+    const uint32_t recent = ctx.cfg().recent < D ? ctx.cfg().recent : D;
     evict_lowest(ctx, hs, L - D, 0, L - recent, ctx.scratch);
 }
 
 uint32_t snapkv_evictable(const PolicyCtx &, const HeadStore &hs) { return hs.body_len(); }
 
 void snapkv_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
-    const uint32_t e = dense_self_prune_count(ctx, hs, n), L = hs.len(), recent = ctx.c->cfg.recent;
+    const uint32_t e = dense_self_prune_count(ctx, hs, n), L = hs.len(), recent = ctx.cfg().recent;
     const uint32_t to = L >= recent && L - recent >= e ? L - recent : L;
     evict_lowest(ctx, hs, e, 0, to, ctx.scratch);
 }

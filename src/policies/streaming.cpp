@@ -1,7 +1,5 @@
 #include "policies/streaming.h"
 
-#include "cache.h"
-#include "config.h"
 
 namespace kvp {
 
@@ -31,7 +29,7 @@ uint32_t streaming_target(const StreamingRule &r, uint32_t L) {
 
 void streaming_apply(PolicyCtx &ctx, HeadStore &hs, const StreamingRule &r) {
     const uint32_t L = hs.len(), target = streaming_target(r, L);
-    if (target < L) store_evict_front(hs, *ctx.pool, ctx.layer, L - target, ctx.c->positions == KVP_POS_REALIGN);
+    if (target < L) store_evict_front(hs, *ctx.pool, ctx.layer, L - target, ctx.realign());
 }
 
 uint32_t ring_evictable(const PolicyCtx &, const HeadStore &hs) { return hs.body_len(); }
@@ -41,7 +39,7 @@ void ring_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t) {
     const uint32_t block = ctx.pool->block;
     uint32_t e = block - hs.roff;
     if (e > hs.count) e = hs.count;
-    store_evict_front(hs, *ctx.pool, ctx.layer, e, ctx.c->positions == KVP_POS_REALIGN);
+    store_evict_front(hs, *ctx.pool, ctx.layer, e, ctx.realign());
 }
 
 namespace {
@@ -66,7 +64,7 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     p->front_evict = true;
 }
 
-void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, streaming_rule(ctx.c->cfg)); }
+void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, streaming_rule(ctx.cfg())); }
 
 }  // namespace
 

@@ -1,7 +1,5 @@
 #include "policies/window.h"
 
-#include "cache.h"
-#include "config.h"
 #include "policies/streaming.h"
 
 namespace kvp {
@@ -33,7 +31,7 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     p->front_evict = true;
 }
 
-void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, rule(ctx.c->cfg)); }
+void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, rule(ctx.cfg())); }
 
 }  // namespace
 
