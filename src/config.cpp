@@ -12,7 +12,7 @@ namespace kvp {
 namespace {
 
 constexpr const char *kPolicyNames[] = {"full",      "window", "streaming",  "h2o", "snapkv",
-                                        "pyramidkv", "lethe",  "simlayerkv", "asl", "think", nullptr};
+                                        "pyramidkv", "lethe",  "simlayerkv", "asl", "think", "random", nullptr};
 constexpr const char *kPositionNames[] = {"default", "original", "realign", nullptr};
 constexpr const char *kDtypeNames[] = {"f32", "f16", "q8", "q4", nullptr};
 constexpr const char *kScoreNames[] = {"float", "fixed", nullptr};
@@ -28,12 +28,13 @@ constexpr uint32_t kPolicyImplemented = (1u << KVP_POLICY_FULL) | (1u << KVP_POL
                                         (1u << KVP_POLICY_STREAMING) | (1u << KVP_POLICY_H2O) |
                                         (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_PYRAMIDKV) |
                                         (1u << KVP_POLICY_LETHE) | (1u << KVP_POLICY_THINK) |
-                                        (1u << KVP_POLICY_SIMLAYERKV) | (1u << KVP_POLICY_ASL);
+                                        (1u << KVP_POLICY_SIMLAYERKV) | (1u << KVP_POLICY_ASL) |
+                                        (1u << KVP_POLICY_RANDOM);
 constexpr uint32_t kDtypeImplemented =
     (1u << KVP_DTYPE_F32) | (1u << KVP_DTYPE_F16) | (1u << KVP_DTYPE_Q8) | (1u << KVP_DTYPE_Q4);
 constexpr uint32_t kScoreImplemented = (1u << KVP_SCORE_FLOAT) | (1u << KVP_SCORE_FIXED);
 
-static_assert(KVP_POLICY_THINK == 9 && KVP_POLICY_ALL == (1u << 10) - 1, "KVP_POLICY_ALL covers every policy");
+static_assert(KVP_POLICY_RANDOM == 10 && KVP_POLICY_ALL == (1u << 11) - 1, "KVP_POLICY_ALL covers every policy");
 
 enum Kind { kU32 = KVP_KEY_UINT, kF32 = KVP_KEY_FLOAT, kEnum = KVP_KEY_ENUM };
 
@@ -86,8 +87,8 @@ constexpr Key kKeys[] = {
     KVP_U32(compress_every, 1, 0, kMaxCapacity, P(STREAMING), "R: prune when L - C >= R (lazy pruning); 0 = never prune"),
     KVP_U32(slack, 0, 0, kMaxCapacity, P(STREAMING), "sigma: H = C + slack"),
     KVP_U32(max_drop, 0, 0, kMaxCapacity, P(STREAMING), "delta: prune to min(max(L - delta, C), H); 0 = prune to C"),
-    KVP_U32(budget, 1024, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE),
-            "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget); the default follows a smaller capacity (capacity-1)"),
+    KVP_U32(budget, 1024, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(RANDOM),
+            "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget; random with keep_prompt=1: generated tokens kept beside the prompt); the default follows a smaller capacity (capacity-1)"),
     KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | kSnapLike,
             "most recent tokens never evicted by decode eviction; the default follows a smaller budget (h2o: min(32, budget))"),
     KVP_U32(obs_window, 32, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(THINK),
@@ -146,9 +147,13 @@ constexpr Key kKeys[] = {
             "G: tokens generated after a prompt while its selection stays whole: the default capacity is the layer's budget + G (the papers keep the selection and append); then decode evicts by score; 0 = budget"),
     KVP_ENUM(prompt_scores, 0, kPromptScoresNames, kAllNames, "all|window", P(H2O),
              "h2o: all = every prompt query's attention summed into the scores (H2O), fused into the prefill attention; window = the last obs_window queries only"),
+    KVP_U32(seed, 0, 0, 4294967295.0, P(RANDOM),
+            "random: the seed of the victims' draws (splitmix64 of seed, layer, KV head and the store's eviction count)"),
+    KVP_U32(keep_prompt, 1, 0, 1, P(RANDOM),
+            "random: 1 = prompt tokens (kvp_prefill/kvp_append) are kept and generated ones cut back to budget at random; 0 = any token may go, budget kept"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
-              "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
+              "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl/random), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
     KVP_APPLY("ratio_tokens", kU32, 0.0, 0.0, 4294967295.0, kAll & ~P(FULL),
               "apply-only: the token count compression_ratio is resolved against (e.g. the sequence length); 0 = the config's capacity (lethe: must be given)"),
 };
@@ -499,7 +504,8 @@ uint32_t config_draft_room(const kvp_config &c) {
         case KVP_POLICY_WINDOW:
         case KVP_POLICY_STREAMING:
         case KVP_POLICY_H2O:
-        case KVP_POLICY_LETHE: return c.max_draft - 1;
+        case KVP_POLICY_LETHE:
+        case KVP_POLICY_RANDOM: return c.max_draft - 1;
         default: return 0;  // full keeps every token; snapkv, pyramidkv, asl stage a prefill with queries
     }
 }
@@ -549,8 +555,9 @@ bool follows(const kvp_config &c, const Given &g, const char *name) {
     return !g.has(k) && load_u32(c, k) == uint32_t(k.def);
 }
 
-bool budget_policy(uint32_t p) {
-    return p == KVP_POLICY_H2O || p == KVP_POLICY_SNAPKV || p == KVP_POLICY_PYRAMIDKV || p == KVP_POLICY_ASL;
+bool budget_policy(const kvp_config &c, uint32_t p) {
+    return p == KVP_POLICY_H2O || p == KVP_POLICY_SNAPKV || p == KVP_POLICY_PYRAMIDKV || p == KVP_POLICY_ASL ||
+           (p == KVP_POLICY_RANDOM && !c.keep_prompt);  // keep_prompt=1: the capacity also holds the prompt
 }
 
 // Defaults that depend on other keys follow them, so that a default never makes a valid value
@@ -559,13 +566,13 @@ bool budget_policy(uint32_t p) {
 // Only where the rule would otherwise fail; the checks that follow still judge the result.
 void follow_defaults(kvp_config &c, const Given &g) {
     const uint32_t pol = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
-    if (pol > KVP_POLICY_THINK) return;  // the range check reports it
+    if (pol > KVP_POLICY_RANDOM) return;  // the range check reports it
     const uint32_t owner = pol == KVP_POLICY_SIMLAYERKV ? raw(c.nonlazy) : pol;  // budget, recent, capacity
     // The capacity the policy works within: a given capacity less the draft room (config_check
     // refuses one that does not exceed it).
     const uint32_t draft = config_draft_room(c);
     const uint32_t cap = c.capacity > draft ? c.capacity - draft : c.capacity;
-    if (budget_policy(owner) && cap && cap <= c.budget && cap >= 2 && follows(c, g, "budget"))
+    if (budget_policy(c, owner) && cap && cap <= c.budget && cap >= 2 && follows(c, g, "budget"))
         c.budget = cap - 1;  // capacity >= budget + 1
     if (owner == KVP_POLICY_H2O && c.recent > c.budget && follows(c, g, "recent")) c.recent = c.budget;
     if (snap_like(owner) && c.obs_window > c.budget && follows(c, g, "obs_window"))
@@ -596,7 +603,7 @@ void follow_defaults(kvp_config &c, const Given &g) {
     }
 }
 
-const char *policy_name(uint32_t p) { return p <= KVP_POLICY_THINK ? kPolicyNames[p] : "?"; }
+const char *policy_name(uint32_t p) { return p <= KVP_POLICY_RANDOM ? kPolicyNames[p] : "?"; }
 
 // compression_ratio=r resolved against N tokens (ratio_tokens, else capacity): K = max(1,
 // round((1 - r) N)) tokens kept, the keys of the policy's table (kvprune.h), each marked given; a
@@ -608,7 +615,7 @@ kvp_status resolve_ratio(kvp_config &c, double r, uint32_t tokens, bool has_toke
             "snapkv, pyramidkv, lethe, simlayerkv, asl or think");
         return KVP_ERR_CONFIG;
     }
-    if (pol > KVP_POLICY_THINK) return KVP_OK;  // the range check reports the policy
+    if (pol > KVP_POLICY_RANDOM) return KVP_OK;  // the range check reports the policy
     {  // the keys it sets (as in the switch below) must not be given as well
         const char *names[2] = {nullptr, nullptr};
         switch (pol) {
@@ -661,7 +668,8 @@ kvp_status resolve_ratio(kvp_config &c, double r, uint32_t tokens, bool has_toke
         case KVP_POLICY_H2O:
         case KVP_POLICY_SNAPKV:
         case KVP_POLICY_PYRAMIDKV:
-        case KVP_POLICY_ASL: sets[n++] = {"budget", K, 0}; break;
+        case KVP_POLICY_ASL:
+        case KVP_POLICY_RANDOM: sets[n++] = {"budget", K, 0}; break;
         case KVP_POLICY_LETHE: sets[n++] = {"capacity", K, 0}; break;
         case KVP_POLICY_SIMLAYERKV:
             if (K <= c.sinks) {
@@ -956,14 +964,14 @@ int config_key_used(const kvp_config &c, const char *name) {
     const Key *k = find_key(name, strlen(name));
     if (!k) return -1;
     const uint32_t p = raw(c.policy);
-    if (p <= KVP_POLICY_THINK && ((k->policies >> p) & 1u)) return 1;
+    if (p <= KVP_POLICY_RANDOM && ((k->policies >> p) & 1u)) return 1;
     if (p == KVP_POLICY_SIMLAYERKV) {
         const uint32_t nl = raw(c.nonlazy);
         if (nl <= KVP_POLICY_THINK && ((k->policies >> nl) & 1u)) return 1;
     }
     if (p == KVP_POLICY_THINK) {  // ThinK over its token policy: that policy's keys apply too
         const uint32_t tp = raw(c.token_policy);
-        if (tp < KVP_POLICY_THINK && ((k->policies >> tp) & 1u)) return 1;
+        if (tp <= KVP_POLICY_RANDOM && tp != KVP_POLICY_THINK && ((k->policies >> tp) & 1u)) return 1;
         if (tp == KVP_POLICY_SIMLAYERKV) {  // and, over simlayerkv, its nonlazy policy's (issue 28)
             const uint32_t nl = raw(c.nonlazy);
             if (nl <= KVP_POLICY_THINK && ((k->policies >> nl) & 1u)) return 1;

@@ -207,15 +207,17 @@ kvp_status prompt_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, Msg
 void prompt_prefill(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positions, In q, In k, In v, Out out) {
     const uint32_t P = layer_prompt_room(c->cfg, layer), cap = c->layers[layer].geom.lp.cap;
     PromptHdr &ph = hdr(c, layer);
-    if (ph.open) {
-        uint32_t most = 0;
-        for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h)
-            if (head_of(c, layer, h).len() > most) most = head_of(c, layer, h).len();
-        if (uint64_t(most) + n > uint64_t(cap) + P) {  // beyond capacity + P: select what it has first
+    uint32_t most = 0;
+    for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h)
+        if (head_of(c, layer, h).len() > most) most = head_of(c, layer, h).len();
+    if (uint64_t(most) + n > uint64_t(cap) + P) {  // beyond capacity + P
+        if (ph.open) {  // select what the prompt has first
             finish_layer(c, layer);
             ++ph.early;
-            cache_make_room(c, layer, cap + P - n);  // what the selection left above it (prompt_room_check)
         }
+        // what the selection left above it, or (a layer that holds its prompt within its capacity,
+        // P = 0: the chunk opens a prompt over a full layer) what the layer held (prompt_room_check)
+        cache_make_room(c, layer, cap + P - n);
     }
     if (!ph.open) open_layer(c, layer);
     const int64_t first = c->layers[layer].next_pos;

@@ -60,7 +60,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 49u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 51u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -130,6 +130,7 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
          {"asl_min_layer", "asl_obs_layers", "asl_tau", "budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage",
           "max_prompt"}},
         {KVP_POLICY_THINK, {"key_channel_ratio", "value_channel_ratio", "channel_score", "obs_window", "token_policy", "max_prompt"}},
+        {KVP_POLICY_RANDOM, {"budget", "seed", "keep_prompt", "max_prompt"}},
     };
     const std::vector<kvp_key_info> ks = keys();
     for (const auto &p : own) {

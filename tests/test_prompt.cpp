@@ -33,6 +33,9 @@ const char *const kSpecs[] = {
     // non-lazy layers over full hold the prompt within their capacity; laziness decided at its end
     "policy=simlayerkv nonlazy=full capacity=320 sinks=4 window=24 lazy_last=8 lazy_threshold=0.2",
     "policy=simlayerkv nonlazy=full capacity=320 sinks=4 window=24 lazy_force=2",
+    // the random baseline: a uniform subset of the whole prompt; keep_prompt=1 holds it within capacity
+    "policy=random keep_prompt=0 budget=48 seed=7",
+    "policy=random budget=8 capacity=330 seed=7",
     // ThinK's channels chosen at the prompt's end (the blocks wait at f32 in the deferred rows)
     "policy=think key_channel_ratio=0.5 value_channel_ratio=0.25 capacity=320",
     "policy=think token_policy=h2o budget=64 recent=8 key_channel_ratio=0.5 value_channel_ratio=0.5",
@@ -366,6 +369,32 @@ TEST(Prompt, KeepingPoliciesHoldThePromptWithinCapacity) {
         EXPECT_EQ(cache.positions(0, 0), before) << p;
         EXPECT_EQ(kvp_prompt_end(c), KVP_OK);
     }
+    // A new prompt over a full layer makes room by the policy's ranking first (random keep_prompt=1
+    // evicts generated tokens): the layer never passes its capacity, its positions stay ascending.
+    ref::Cache cache(kModel, "policy=random budget=30 capacity=60 max_prompt=32");
+    kvp_cache *c = cache.c;
+    const ref::Inputs in(kModel, 100, 6, 1.0f);
+    std::vector<float> out(size_t(32) * in.nq);
+    auto prefill = [&](uint32_t t, uint32_t n) {
+        for (uint32_t l = 0; l < kModel.n_layers; ++l)
+            ASSERT_EQ(kvp_prefill(c, l, n, nullptr, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv],
+                                  &in.v[size_t(t) * in.nkv], out.data(), nullptr),
+                      KVP_OK)
+                << kvp_last_error(c);
+    };
+    prefill(0, 20);
+    for (uint32_t t = 20; t < 59; ++t)
+        for (uint32_t l = 0; l < kModel.n_layers; ++l)
+            ASSERT_EQ(kvp_decode(c, l, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv],
+                                 out.data()),
+                      KVP_OK);
+    ASSERT_EQ(cache.positions(0, 0).size(), 50u);  // 20 prompt + 30 generated
+    prefill(59, 25);  // 75 > 60: 15 generated tokens go first
+    const std::vector<int32_t> p = cache.positions(0, 0);
+    ASSERT_EQ(p.size(), 60u);
+    for (size_t i = 1; i < p.size(); ++i) EXPECT_LT(p[i - 1], p[i]);
+    for (int32_t t = 0; t < 20; ++t) EXPECT_EQ(p[size_t(t)], t);  // the first prompt stays
+    EXPECT_EQ(p.back(), 83);
 }
 
 // ThinK (issue 28): a store without channels keeps its open prompt at f32, full width (in the

@@ -139,7 +139,7 @@ const char *kUsageTask =
     "    lengths 256,512,1000, depths 0,0.1,...,1, 1 sample, seed 0, both settings, ratios 0.5,0.75,0.875\n"
     "    applied to every --policy that takes one (full KV runs once), policies: full KV and every\n"
     "    policy (window, streaming, h2o, snapkv, pyramidkv, lethe, simlayerkv, asl, think over snapkv,\n"
-    "    snapkv with q8/q4 storage); threads: the machine's cores (results do not depend on them).\n"
+    "    snapkv with q8/q4 storage, random with keep_prompt=0); threads: the machine's cores (results do not depend on them).\n"
     "    Prints the summary table (kvprune report), after one line per cell with --answers (expected and\n"
     "    answered bytes, right or wrong, live KV); --json/--csv write one row per cell.\n";
 const char *kUsagePlot =
@@ -1068,7 +1068,8 @@ int cmd_report(int argc, char **argv) {
 
 // ---------------------------------------------------------------- keys
 
-const char *kPolicyNames[] = {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv", "asl", "think"};
+const char *kPolicyNames[] = {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv", "asl", "think", "random"};
+constexpr int kNumPolicies = int(sizeof kPolicyNames / sizeof *kPolicyNames);
 
 int cmd_keys(int argc, char **argv) {
     Args a;
@@ -1076,7 +1077,7 @@ int cmd_keys(int argc, char **argv) {
     if (a.help) return help(kUsageKeys);
     int only = -1;
     if (a.has("policy")) {
-        for (int p = 0; p < 10; p++)
+        for (int p = 0; p < kNumPolicies; p++)
             if (a.get("policy") == kPolicyNames[p]) only = p;
         if (only < 0) {
             std::string names;
@@ -1110,7 +1111,7 @@ int cmd_keys(int argc, char **argv) {
         if (k.policies == KVP_POLICY_ALL) {
             r.used = "all";
         } else {
-            for (int p = 0; p < 10; p++)
+            for (int p = 0; p < kNumPolicies; p++)
                 if (k.policies & KVP_POLICY_BIT(p)) r.used += (r.used.empty() ? "" : ",") + std::string(kPolicyNames[p]);
         }
         r.help = k.help;

@@ -486,7 +486,8 @@ std::vector<std::string> default_task_specs() {
             "policy=asl",
             "policy=think token_policy=snapkv",
             "policy=snapkv kv_dtype=q8",
-            "policy=snapkv kv_dtype=q4"};
+            "policy=snapkv kv_dtype=q4",
+            "policy=random keep_prompt=0"};  // the baseline (issue 32): a uniform random subset at the same memory
 }
 
 namespace {

@@ -142,6 +142,7 @@ typedef enum {
     KVP_POLICY_SIMLAYERKV = 7,
     KVP_POLICY_ASL = 8,
     KVP_POLICY_THINK = 9,
+    KVP_POLICY_RANDOM = 10,    /**< baseline: keep the prompt (keep_prompt=1), evict uniformly at random per head */
     KVP_POLICY_FORCE_INT32_ = 0x7fffffff
 } kvp_policy;
 
@@ -290,6 +291,14 @@ typedef struct kvp_config {
                                     attention is summed into the scores (H2O's accumulated attention), fused
                                     into the prefill attention; window = only the last obs_window queries
                                     (the behaviour before 0.3) */
+    /* appended in 0.3 (issue 32): the random baseline */
+    uint32_t seed;               /* seed=S (random): the generator's seed; the e-th token evicted from (layer,
+                                    KV head) is drawn from splitmix64 of (S, layer, head, e), so the
+                                    victims do not depend on threads, chunking or ISA. Default 0. */
+    uint32_t keep_prompt;        /* keep_prompt=0|1 (random): 1 (default) = tokens added by kvp_prefill or
+                                    kvp_append are never evicted and the generated ones (kvp_decode) are cut
+                                    back to `budget` at random; 0 = every token may go, the head keeps
+                                    `budget` tokens */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -812,7 +821,7 @@ typedef enum {
 /** Bit of `policy` in kvp_key_info.policies. */
 #define KVP_POLICY_BIT(policy) (1u << (unsigned)(policy))
 /** kvp_key_info.policies of a key every policy uses (policy, capacity, threads, ...). */
-#define KVP_POLICY_ALL 0x3ffu
+#define KVP_POLICY_ALL 0x7ffu
 
 /**
  * One row of the key table (kvp_config_key). Set struct_size = sizeof(kvp_key_info) first.

@@ -131,6 +131,7 @@ const (
 	PolicySimLayerKV = C.KVP_POLICY_SIMLAYERKV
 	PolicyASL        = C.KVP_POLICY_ASL
 	PolicyThink      = C.KVP_POLICY_THINK
+	PolicyRandom     = C.KVP_POLICY_RANDOM
 
 	PosDefault  = C.KVP_POS_DEFAULT
 	PosOriginal = C.KVP_POS_ORIGINAL

@@ -11,6 +11,7 @@
 #include "policies/h2o.h"
 #include "policies/lethe.h"
 #include "policies/pyramidkv.h"
+#include "policies/random.h"
 #include "policies/simlayerkv.h"
 #include "policies/snapkv.h"
 #include "policies/streaming.h"
@@ -28,6 +29,7 @@ const Policy &policy_table(kvp_policy p) {
         case KVP_POLICY_LETHE: return kLethePolicy;
         case KVP_POLICY_SIMLAYERKV: return kSimLayerKvPolicy;
         case KVP_POLICY_ASL: return kAslPolicy;
+        case KVP_POLICY_RANDOM: return kRandomPolicy;
         default: break;
     }
     return kFullPolicy;

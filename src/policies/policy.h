@@ -117,7 +117,7 @@ constexpr uint32_t kFullDefaultCapacity = 2048;
 // a draft of max_draft tokens (draft.cpp: appended, verified as one prefill, the accepted prefix
 // committed as one) fit while the policy holds its most: one token less than its capacity (a
 // decode must fit). That is max_draft - 1 slots (0 for max_draft <= 1) for the policies whose
-// prefill goes through the store (window, streaming, h2o, lethe; simlayerkv over h2o; think over
+// prefill goes through the store (window, streaming, h2o, lethe, random; simlayerkv over h2o; think over
 // these), 0 for the staged ones (snapkv, pyramidkv, asl: a prefill with queries goes through the
 // staging area, never the store's capacity) and for full (it keeps every token: full is full).
 // max_draft = 0 (the default) changes no capacity.

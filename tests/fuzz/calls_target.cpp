@@ -127,6 +127,14 @@ void spec_asl(Bytes &b, std::string &s) {
     if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(32));
 }
 
+// The random baseline (issue 32): either mode; keep_prompt=1 needs room for the prompt.
+void spec_random(Bytes &b, std::string &s) {
+    const uint32_t budget = 1 + b.pick(40), keep = b.pick(2);
+    s += kv("budget", budget) + kv("keep_prompt", keep) + kv("seed", b.pick(1000));
+    if (keep) s += kv("capacity", budget + 17 + b.pick(64));
+    else if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(24));
+}
+
 struct PolicyRow {
     const char *name;
     SpecFn spec;
@@ -140,6 +148,7 @@ const PolicyRow kPolicies[] = {
     {"snapkv", spec_snapkv, false, true},       {"pyramidkv", spec_pyramidkv, false, true},
     {"lethe", spec_lethe, true, true},          {"think", spec_think, true, true},
     {"simlayerkv", spec_simlayerkv, false, false}, {"asl", spec_asl, false, true},
+    {"random", spec_random, false, false},  // keep_prompt=1 answers FULL once the prompt fills it
 };
 constexpr uint32_t kNumRows = sizeof kPolicies / sizeof kPolicies[0];
 

@@ -51,7 +51,7 @@ STATUS_NAMES = {0: "OK", 1: "ERR_ARG", 2: "ERR_CONFIG", 3: "ERR_ARENA", 4: "ERR_
                 6: "ERR_NONFINITE", 7: "ERR_STATE", 8: "ERR_UNSUPPORTED", 9: "ERR_BUFFER"}
 ROPE_NONE, ROPE_NEOX, ROPE_GPTJ = 0, 1, 2
 (POLICY_FULL, POLICY_WINDOW, POLICY_STREAMING, POLICY_H2O, POLICY_SNAPKV, POLICY_PYRAMIDKV,
- POLICY_LETHE, POLICY_SIMLAYERKV, POLICY_ASL, POLICY_THINK) = range(10)
+ POLICY_LETHE, POLICY_SIMLAYERKV, POLICY_ASL, POLICY_THINK, POLICY_RANDOM) = range(11)
 POS_DEFAULT, POS_ORIGINAL, POS_REALIGN = 0, 1, 2
 DTYPE_F32, DTYPE_F16, DTYPE_Q8, DTYPE_Q4 = 0, 1, 2, 3
 SCORE_FLOAT, SCORE_FIXED = 0, 1
@@ -90,6 +90,7 @@ class _Config(ctypes.Structure):
         ("max_prompt", _u32),  # issue 28
         ("max_new", _u32),  # issue 28: the papers' defaults
         ("prompt_scores", _u32),
+        ("seed", _u32), ("keep_prompt", _u32),  # issue 32: the random baseline
     ]
 
 

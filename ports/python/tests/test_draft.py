@@ -188,6 +188,9 @@ class PromptTest(unittest.TestCase):
         h2o = kvprune.Config(MODEL, "policy=h2o budget=8 prompt_scores=window obs_window=4")
         self.assertEqual(h2o.get("prompt_scores"), 1)
         self.assertEqual(h2o.get("obs_window"), 4)
+        # issue 32's random baseline: its keys sit after prompt_scores in the mirrored struct
+        rnd = kvprune.Config(MODEL, "policy=random budget=6 seed=9 keep_prompt=0")
+        self.assertEqual((rnd.get("seed"), rnd.get("keep_prompt"), rnd.get("budget")), (9, 0, 6))
         prompt = toks(Rng(0x5EED0028), 40)
         one, chunked = kvprune.Cache(MODEL, spec), kvprune.Cache(MODEL, spec)
         prefill_all(one, prompt)

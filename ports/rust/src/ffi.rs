@@ -33,6 +33,7 @@ pub const KVP_POLICY_LETHE: kvp_policy = 6;
 pub const KVP_POLICY_SIMLAYERKV: kvp_policy = 7;
 pub const KVP_POLICY_ASL: kvp_policy = 8;
 pub const KVP_POLICY_THINK: kvp_policy = 9;
+pub const KVP_POLICY_RANDOM: kvp_policy = 10;
 
 pub type kvp_positions = u32;
 pub const KVP_POS_DEFAULT: kvp_positions = 0;
@@ -139,6 +140,9 @@ pub struct kvp_config {
     pub max_prompt: u32,
     pub max_new: u32,
     pub prompt_scores: u32,
+    // appended for issue 32: the random baseline
+    pub seed: u32,
+    pub keep_prompt: u32,
 }
 
 #[repr(C)]
@@ -174,7 +178,7 @@ pub const KVP_KEY_FLOAT: kvp_key_type = 1;
 pub const KVP_KEY_ENUM: kvp_key_type = 2;
 
 /// `KVP_POLICY_ALL`: kvp_key_info.policies of a key every policy uses.
-pub const KVP_POLICY_ALL: u32 = 0x3ff;
+pub const KVP_POLICY_ALL: u32 = 0x7ff;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

@@ -180,6 +180,9 @@ fn chunked_prompt_with_max_prompt_keeps_what_one_call_keeps() {
     let h2o = Config::from_spec(&model(), "policy=h2o budget=8 prompt_scores=window obs_window=4").unwrap();
     assert_eq!(h2o.get("prompt_scores").unwrap(), 1.0);
     assert_eq!(h2o.get("obs_window").unwrap(), 4.0);
+    // issue 32's random baseline: its keys sit after prompt_scores in the mirrored struct
+    let rnd = Config::from_spec(&model(), "policy=random budget=6 seed=9 keep_prompt=0").unwrap();
+    assert_eq!((rnd.get("seed").unwrap(), rnd.get("keep_prompt").unwrap()), (9.0, 0.0));
     let mut r = Rng(0x5eed_0028);
     let prompt = tokens(&mut r, 40);
     let (mut one, mut chunked) = (Cache::new(&cfg).unwrap(), Cache::new(&cfg).unwrap());
