@@ -276,7 +276,8 @@ bool llama_kvp_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
     }
     if (p1 >= pos_next && draft_mode != DRAFT_OFF) {
         LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d: only the tokens of the open "
-                "draft can be removed (%s; max_draft=%u)\n", __func__, p0, p1, pos_next,
+                "draft can be removed (%s; max_draft=%u: speculative decoding needs max_draft >= the draft tokens of a step + 1, "
+                "e.g. --spec-draft-n-max + 1)\n", __func__, p0, p1, pos_next,
                 draft_open ? format("it starts at position %d", draft_pos0).c_str() : "none is open", max_draft);
     } else {
         LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d (only the whole sequence%s)\n",
