@@ -22,7 +22,12 @@
 #   7. session save/load (llama-completion --prompt-cache): a run that saves the state after the
 #      prompt and a second process that loads it and continues give the same text (policy=full: also
 #      llama.cpp's; h2o budget=64), and a state saved under another spec is refused with kvprune's
-#      message.
+#      message;
+#   8. when DIR/bin holds llama-server (LLAMA_TARGETS=... llama-server): three greedy /completion
+#      requests (a 150-byte prompt twice, then its first 100 bytes: the server's prompt cache reuses
+#      or reprocesses them) give llama.cpp's texts under --kvp "policy=full" (drafts: the server
+#      reprocesses) and "policy=full max_draft=0" (it restores its checkpoints: llama_state_seq_*),
+#      and run under "policy=h2o budget=64".
 # The vocabulary is byte-level (one token per byte), so equal text is equal tokens.
 set -euo pipefail
 
@@ -231,6 +236,62 @@ elif grep -q 'policy differs' "$T/session-other.log"; then
 else
     echo "FAIL session-other: refused without kvprune's message (see $T/session-other.log)"
     fail=1
+fi
+
+# 8. llama-server (only when it was built)
+if [ -x "$DIR/bin/llama-server" ]; then
+    head -c 150 "$T/prompt.txt" > "$T/server-p1.txt"
+    head -c 100 "$T/prompt.txt" > "$T/server-p2.txt"
+    cat > "$T/server-req.py" <<'PYEOF'
+import json, sys, urllib.request
+port, out = sys.argv[1], sys.argv[2]
+with open(out, "w") as f:
+    for path, n in ((sys.argv[3], 32), (sys.argv[3], 32), (sys.argv[4], 16)):
+        body = json.dumps({"prompt": open(path).read(), "n_predict": n, "temperature": 0, "top_k": 1,
+                           "cache_prompt": True}).encode()
+        req = urllib.request.Request("http://127.0.0.1:%s/completion" % port, body, {"Content-Type": "application/json"})
+        f.write(json.loads(urllib.request.urlopen(req, timeout=300).read())["content"] + "\n")
+PYEOF
+    # server NAME [ARGS...]: start it on a free port, send the requests into $T/NAME.txt, stop it
+    server() {
+        local name=$1 port pid i ok=0
+        shift
+        port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        "$DIR/bin/llama-server" -m "$T/enbytes-1m.gguf" -c 512 -t 2 -np 1 --host 127.0.0.1 --port "$port" -v "$@" \
+            >"$T/$name.out" 2>"$T/$name.log" &
+        pid=$!
+        for i in $(seq 1 120); do
+            if python3 -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; then
+                ok=1
+                break
+            fi
+            kill -0 $pid 2>/dev/null || break
+            sleep 0.5
+        done
+        if [ $ok = 1 ] && python3 "$T/server-req.py" "$port" "$T/$name.txt" "$T/server-p1.txt" "$T/server-p2.txt" 2>"$T/$name.err"; then
+            echo "ok   $name: 3 requests answered"
+        else
+            echo "FAIL $name: llama-server did not answer (see $T/$name.log, $T/$name.err)"
+            grep -v ' D ' "$T/$name.log" | tail -3
+            fail=1
+        fi
+        kill $pid 2>/dev/null || true
+        wait $pid 2>/dev/null || true
+    }
+    server server-plain
+    server server-full --kvp "policy=full"
+    server server-full-ckpt --kvp "policy=full max_draft=0"
+    server server-h2o --kvp "policy=h2o budget=64"
+    same server-plain server-full "llama-server, --kvp policy=full (drafts; repeated prompts reprocessed) = llama.cpp's cache"
+    same server-plain server-full-ckpt "llama-server, --kvp 'policy=full max_draft=0' (checkpoints) = llama.cpp's cache"
+    if grep -q 'restored context checkpoint' "$T/server-full-ckpt.log"; then
+        echo "ok   server-full-ckpt: the server restored a kvprune checkpoint (llama_state_seq_set_data)"
+    else
+        echo "FAIL server-full-ckpt: no checkpoint was restored"
+        fail=1
+    fi
+else
+    echo "skip llama-server checks: $DIR/bin/llama-server was not built (LLAMA_TARGETS=\"llama-completion llama-speculative-simple llama-server\")"
 fi
 
 t2=$(date +%s)

@@ -304,7 +304,14 @@ void llama_kvp_memory::seq_div(llama_seq_id, llama_pos, llama_pos, int) {
 
 llama_pos llama_kvp_memory::seq_pos_min(llama_seq_id seq_id) const {
     GGML_UNUSED(seq_id);
-    return pos_next > 0 ? 0 : -1;
+    if (pos_next == 0) {
+        return -1;
+    }
+    // kvprune prunes, and cuts the sequence back only inside the open draft: report, as a recurrent
+    // memory does, the first position llama.cpp may resume from: the open draft's first position,
+    // else the last one. (llama-server then restores a checkpoint or reprocesses a prompt instead
+    // of removing a suffix it cannot; llama.cpp's batch checks use seq_pos_max only.)
+    return draft_open ? draft_pos0 : pos_next - 1;
 }
 
 llama_pos llama_kvp_memory::seq_pos_max(llama_seq_id seq_id) const {
