@@ -7,12 +7,14 @@
 #include "llama-model.h"
 #include "llama-cparams.h"
 #include "llama-arch.h"
+#include "llama-io.h"
 
 #include "ggml.h"
 #include "ggml-backend.h"
 
 #include "kvprune/kvprune.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -33,8 +35,8 @@ llama_kvp_context::llama_kvp_context(llama_memory_status status) : status(status
 
 llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem) : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS) {}
 
-llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches)
-    : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS), ubatches(std::move(ubatches)) {}
+llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches, bool draft)
+    : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS), ubatches(std::move(ubatches)), draft(draft) {}
 
 bool llama_kvp_context::next() {
     return ++i_next < ubatches.size();
@@ -44,7 +46,7 @@ bool llama_kvp_context::apply() {
     if (ubatches.empty()) {
         return true; // the reserve context: nothing to apply
     }
-    return mem->begin_ubatch(ubatches[i_next]);
+    return mem->begin_ubatch(ubatches[i_next], draft);
 }
 
 const llama_ubatch & llama_kvp_context::get_ubatch() const {
@@ -61,6 +63,15 @@ llama_memory_status llama_kvp_context::get_status() const {
 //
 
 static const char * kvp_policies_observing_prompt[] = { "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv" };
+
+// draft tokens in flight when the spec does not give max_draft: a speculative step drafts
+// --spec-draft-n-max tokens (default 3) and verifies them with the last token, so up to 15
+static const uint32_t kvp_default_max_draft = 16;
+
+// the memory's state in a llama.cpp state (session file, sequence state): this header, then
+// kvp_state_save's bytes
+static const uint32_t kvp_state_magic   = 0x4b56504cu; // "LPVK" little-endian: "KVPL"
+static const uint32_t kvp_state_version = 1;
 
 llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparams & cparams, const std::string & user_spec) {
     const auto & hp = model.hparams;
@@ -129,6 +140,9 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
     if (keys.count("compression_ratio") && !keys.count("ratio_tokens")) {
         spec += " ratio_tokens=" + n_ctx; // compression_ratio is a fraction of the context size
     }
+    if (!keys.count("max_draft")) {
+        spec += " max_draft=" + std::to_string(kvp_default_max_draft); // seq_rm of a suffix (speculative decoding)
+    }
     if (!keys.count("max_prompt")) {
         for (const char * p : kvp_policies_observing_prompt) {
             if (policy == p) {
@@ -140,6 +154,9 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
         throw std::runtime_error(format("kvprune: spec '%s': %s", spec.c_str(), err));
     }
     attn_scale = cfg.attn_scale != 0.0f ? cfg.attn_scale : 1.0f / sqrtf((float) head_dim);
+
+    max_draft  = cfg.max_draft;
+    draft_mode = max_draft > 0 ? DRAFT_FIRST : DRAFT_OFF;
 
     arena_bytes = kvp_arena_size(&cfg);
     if (kvp_create_ex(&cfg, nullptr, arena_bytes, &cache, err, sizeof(err)) != KVP_OK) {
@@ -182,7 +199,11 @@ llama_memory_context_ptr llama_kvp_memory::init_batch(llama_batch_allocr & ballo
     if (balloc.get_n_used() < balloc.get_n_tokens()) {
         return std::make_unique<llama_kvp_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE);
     }
-    return std::make_unique<llama_kvp_context>(this, std::move(ubatches));
+    // a batch of at most max_draft tokens is a draft (all its ubatches) once the context removed a
+    // suffix, and before that when it starts the sequence (README "Drafts")
+    const bool draft = draft_mode != DRAFT_OFF && balloc.get_n_tokens() <= max_draft &&
+        (draft_mode == DRAFT_ALL || pos_next == 0);
+    return std::make_unique<llama_kvp_context>(this, std::move(ubatches), draft);
 }
 
 llama_memory_context_ptr llama_kvp_memory::init_full() {
@@ -200,7 +221,24 @@ void llama_kvp_memory::clear(bool data) {
     if (kvp_reset(cache) != KVP_OK) {
         GGML_ABORT("kvprune: reset: %s", kvp_last_error(cache));
     }
-    pos_next = 0;
+    pos_next   = 0;
+    draft_open = false; // kvp_reset closed it
+    draft_n    = 0;
+}
+
+bool llama_kvp_memory::draft_commit(uint32_t accepted, const char * why) {
+    GGML_ASSERT(draft_open && accepted <= draft_n);
+    if (kvp_draft_commit(cache, accepted) != KVP_OK) {
+        LLAMA_LOG_ERROR("%s: kvprune: commit of %u of the %u draft tokens at position %d (%s): %s\n", __func__,
+                accepted, draft_n, draft_pos0, why, kvp_last_error(cache));
+        return false;
+    }
+    LLAMA_LOG_DEBUG("%s: kvprune: committed %u of %u draft tokens at position %d (%s)\n", __func__,
+            accepted, draft_n, draft_pos0, why);
+    draft_open = false;
+    pos_next   = draft_pos0 + (llama_pos) accepted;
+    draft_n    = 0;
+    return true;
 }
 
 bool llama_kvp_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
@@ -211,15 +249,40 @@ bool llama_kvp_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
     if (p1 < 0) {
         p1 = std::numeric_limits<llama_pos>::max();
     }
-    if (p0 >= pos_next || p0 >= p1) {
+    if (p0 >= p1) {
+        return true;
+    }
+    if (draft_open && p1 >= pos_next && p0 >= draft_pos0) {
+        // a suffix inside the open draft (speculative decoding's rejected tokens, or nothing when
+        // p0 >= pos_next): keep the draft's tokens before p0, drop the rest
+        const bool removes = p0 < pos_next;
+        if (!draft_commit((uint32_t) (std::min(p0, pos_next) - draft_pos0), "seq_rm")) {
+            return false;
+        }
+        if (removes && draft_mode == DRAFT_FIRST) {
+            draft_mode = DRAFT_ALL;
+            LLAMA_LOG_INFO("%s: kvprune: a suffix was removed: from now on every batch of <= %u tokens is a kvprune "
+                    "draft, committed at the next seq_rm or when the next batch does not fit (max_draft=%u)\n",
+                    __func__, max_draft, max_draft);
+        }
+        return true;
+    }
+    if (p0 >= pos_next) {
         return true; // nothing stored there
     }
     if (p0 == 0 && p1 >= pos_next) {
         clear(true);
         return true;
     }
-    LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d (only the whole sequence)\n",
-            __func__, p0, p1, pos_next);
+    if (p1 >= pos_next && draft_mode != DRAFT_OFF) {
+        LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d: only the tokens of the open "
+                "draft can be removed (%s; max_draft=%u: speculative decoding needs max_draft >= the draft tokens of a step + 1, "
+                "e.g. --spec-draft-n-max + 1)\n", __func__, p0, p1, pos_next,
+                draft_open ? format("it starts at position %d", draft_pos0).c_str() : "none is open", max_draft);
+    } else {
+        LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d (only the whole sequence%s)\n",
+                __func__, p0, p1, pos_next, draft_mode == DRAFT_OFF ? ": max_draft=0" : ", or a suffix inside the open draft");
+    }
     return false;
 }
 
@@ -241,7 +304,14 @@ void llama_kvp_memory::seq_div(llama_seq_id, llama_pos, llama_pos, int) {
 
 llama_pos llama_kvp_memory::seq_pos_min(llama_seq_id seq_id) const {
     GGML_UNUSED(seq_id);
-    return pos_next > 0 ? 0 : -1;
+    if (pos_next == 0) {
+        return -1;
+    }
+    // kvprune prunes, and cuts the sequence back only inside the open draft: report, as a recurrent
+    // memory does, the first position llama.cpp may resume from: the open draft's first position,
+    // else the last one. (llama-server then restores a checkpoint or reprocesses a prompt instead
+    // of removing a suffix it cannot; llama.cpp's batch checks use seq_pos_max only.)
+    return draft_open ? draft_pos0 : pos_next - 1;
 }
 
 llama_pos llama_kvp_memory::seq_pos_max(llama_seq_id seq_id) const {
@@ -253,15 +323,85 @@ std::map<ggml_backend_buffer_type_t, size_t> llama_kvp_memory::memory_breakdown(
     return { { ggml_backend_cpu_buffer_type(), arena_bytes } };
 }
 
-void llama_kvp_memory::state_write(llama_io_write_i &, llama_seq_id, llama_state_seq_flags) const {
-    throw std::runtime_error("kvprune: state save is not supported by this port yet");
+void llama_kvp_memory::state_prepare() {
+    // the sequence llama.cpp saves holds every token given so far: the open draft's too
+    if (draft_open && !draft_commit(draft_n, "state save")) {
+        throw std::runtime_error(format("kvprune: state save: commit of the open draft: %s", kvp_last_error(cache)));
+    }
+    // kvp_state_save refuses an open prompt: end it here (its selection runs now, as it would at
+    // the next generated token)
+    if (kvp_prompt_end(cache) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: state save: kvp_prompt_end: %s", kvp_last_error(cache)));
+    }
 }
 
-void llama_kvp_memory::state_read(llama_io_read_i &, llama_seq_id, llama_state_seq_flags) {
-    throw std::runtime_error("kvprune: state load is not supported by this port yet");
+// Whole state and sequence state (seq_id 0; one sequence per context) are the same: the kvprune
+// cache. LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (the part a memory cannot seq_rm: a checkpoint) is the
+// whole cache too, as nothing of it outside a draft can be removed.
+void llama_kvp_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) const {
+    GGML_UNUSED(flags);
+    if (seq_id > 0) {
+        throw std::runtime_error(format("kvprune: state of sequence %d: one sequence (0) per context", seq_id));
+    }
+    const_cast<llama_kvp_memory *>(this)->state_prepare();
+
+    const size_t n = kvp_state_size(cache);
+    if (n == 0) {
+        throw std::runtime_error(format("kvprune: kvp_state_size: %s", kvp_last_error(cache)));
+    }
+    std::vector<uint8_t> buf(n);
+    size_t written = 0;
+    if (kvp_state_save(cache, buf.data(), n, &written) != KVP_OK || written != n) {
+        throw std::runtime_error(format("kvprune: kvp_state_save: %s", kvp_last_error(cache)));
+    }
+    const int32_t  pos  = pos_next;
+    const uint64_t size = n;
+    io.write(&kvp_state_magic,   sizeof(kvp_state_magic));
+    io.write(&kvp_state_version, sizeof(kvp_state_version));
+    io.write(&pos,  sizeof(pos));
+    io.write(&size, sizeof(size));
+    io.write(buf.data(), n);
 }
 
-bool llama_kvp_memory::begin_ubatch(const llama_ubatch & ub) {
+void llama_kvp_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
+    GGML_UNUSED(flags);
+    if (seq_id > 0) {
+        throw std::runtime_error(format("kvprune: state of sequence %d: one sequence (0) per context", seq_id));
+    }
+    uint32_t magic = 0, version = 0;
+    int32_t  pos   = 0;
+    uint64_t size  = 0;
+    io.read(&magic, sizeof(magic));
+    if (magic != kvp_state_magic) {
+        throw std::runtime_error("kvprune: this state was not saved from a kvprune cache (llama.cpp's own KV cache "
+                "writes another format): load it into a context without --kvp/KVP_SPEC");
+    }
+    io.read(&version, sizeof(version));
+    if (version != kvp_state_version) {
+        throw std::runtime_error(format("kvprune: state version %u, this port reads %u", version, kvp_state_version));
+    }
+    io.read(&pos,  sizeof(pos));
+    io.read(&size, sizeof(size));
+    if (pos < 0 || size == 0 || size > ((uint64_t) 1 << 48)) {
+        throw std::runtime_error("kvprune: corrupted state header");
+    }
+    std::vector<uint8_t> buf(size);
+    io.read(buf.data(), size);
+
+    // kvp_state_load refuses an open draft and an open prompt; the load replaces everything anyway
+    if (draft_open && !draft_commit(0, "state load")) {
+        throw std::runtime_error(format("kvprune: state load: closing the open draft: %s", kvp_last_error(cache)));
+    }
+    if (kvp_prompt_end(cache) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: state load: kvp_prompt_end: %s", kvp_last_error(cache)));
+    }
+    if (kvp_state_load(cache, buf.data(), size) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: kvp_state_load: %s", kvp_last_error(cache)));
+    }
+    pos_next = pos;
+}
+
+bool llama_kvp_memory::begin_ubatch(const llama_ubatch & ub, bool draft) {
     for (uint32_t i = 0; i < ub.n_tokens; ++i) {
         if (ub.n_seq_id[i] != 1 || ub.seq_id[i][0] != 0) {
             LLAMA_LOG_ERROR("%s: kvprune: only sequence 0 is supported\n", __func__);
@@ -273,10 +413,27 @@ bool llama_kvp_memory::begin_ubatch(const llama_ubatch & ub) {
             return false;
         }
     }
+    // an open draft stays open while draft batches fit in it; anything else first commits it whole
+    if (draft_open && (!draft || draft_n + ub.n_tokens > max_draft) && !draft_commit(draft_n, "next batch")) {
+        return false;
+    }
+    if (draft && !draft_open) {
+        if (kvp_draft_begin(cache) != KVP_OK) {
+            LLAMA_LOG_ERROR("%s: kvprune: kvp_draft_begin: %s\n", __func__, kvp_last_error(cache));
+            return false;
+        }
+        draft_open = true;
+        draft_pos0 = pos_next;
+        draft_n    = 0;
+    }
     cur_pos.assign(ub.pos, ub.pos + ub.n_tokens);
-    // one token after the sequence began is a generated token (kvp_decode, which ends an open
-    // prompt); anything else is prompt (kvp_prefill, whole-prompt selection with max_prompt)
-    cur_decode = ub.n_tokens == 1 && pos_next > 0;
+    cur_draft = draft;
+    // outside a draft, one token after the sequence began is a generated token (kvp_decode, which
+    // ends an open prompt); anything else is prompt (kvp_prefill, whole-prompt selection with max_prompt)
+    cur_decode = !draft && ub.n_tokens == 1 && pos_next > 0;
+    if (draft) {
+        draft_n += ub.n_tokens;
+    }
     pos_next += ub.n_tokens;
     return true;
 }
@@ -294,6 +451,15 @@ void llama_kvp_memory::compute(int il, ggml_tensor * dst) {
     const float * vd = (const float *) v->data;
     float       * od = (float *) dst->data;
 
+    if (cur_draft) {
+        // draft tokens: appended and attended over the kept tokens and the draft so far, nothing
+        // pruned or scored until kvp_draft_commit
+        if (kvp_prefill(cache, (uint32_t) il, n_tokens, cur_pos.data(), qd, kd, vd, od, nullptr) != KVP_OK) {
+            GGML_ABORT("kvprune: layer %d, %u draft tokens at position %d (max_draft=%u): %s", il, n_tokens, cur_pos[0],
+                    max_draft, kvp_last_error(cache));
+        }
+        return;
+    }
     if (cur_decode) {
         if (kvp_decode(cache, (uint32_t) il, qd, kd, vd, od) != KVP_OK) {
             GGML_ABORT("kvprune: layer %d, decode at position %d: %s", il, cur_pos[0], kvp_last_error(cache));

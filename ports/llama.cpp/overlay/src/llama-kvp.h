@@ -27,7 +27,8 @@ public:
     explicit llama_kvp_context(llama_memory_status status);
     // the worst-case context used to reserve the compute graphs (no ubatch)
     explicit llama_kvp_context(llama_kvp_memory * mem);
-    llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches);
+    // draft: the batch's ubatches go into a kvprune draft (see llama_kvp_memory::init_batch)
+    llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches, bool draft);
 
     bool next()  override;
     bool apply() override;
@@ -41,6 +42,7 @@ private:
     llama_memory_status status;
     std::vector<llama_ubatch> ubatches;
     size_t i_next = 0;
+    bool draft = false;
 };
 
 class llama_kvp_memory : public llama_memory_i {
@@ -68,11 +70,12 @@ public:
 
     std::map<ggml_backend_buffer_type_t, size_t> memory_breakdown() const override;
 
-    [[noreturn]] void state_write(llama_io_write_i & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) const override;
-    [[noreturn]] void state_read (llama_io_read_i  & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) override;
+    void state_write(llama_io_write_i & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) const override;
+    void state_read (llama_io_read_i  & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) override;
 
-    // llama_kvp_context::apply(): the ubatch whose graph is computed next
-    bool begin_ubatch(const llama_ubatch & ubatch);
+    // llama_kvp_context::apply(): the ubatch whose graph is computed next (draft: it goes into
+    // the open kvprune draft, opened if none is)
+    bool begin_ubatch(const llama_ubatch & ubatch, bool draft);
 
     // the custom op of layer il: attention of dst->src[0..2] (q, k, v) into dst
     void compute(int il, ggml_tensor * dst);
@@ -94,11 +97,32 @@ private:
 
     std::vector<layer_op> ops;   // userdata of the custom ops, one per layer (stable addresses)
 
-    llama_pos pos_next = 0;      // position of the next token (positions stored: 0 .. pos_next-1)
+    llama_pos pos_next = 0;      // position of the next token (positions stored: 0 .. pos_next-1,
+                                 // the open draft's included)
+
+    // speculative decoding (README "Drafts"): llama.cpp removes a rejected suffix with seq_rm;
+    // kvprune can take back only the tokens of an open draft (kvp_draft_begin/kvp_draft_commit)
+    enum draft_mode_t {
+        DRAFT_OFF,    // max_draft=0: no drafts, a suffix cannot be removed
+        DRAFT_FIRST,  // a batch of <= max_draft tokens that starts the sequence is a draft
+        DRAFT_ALL,    // after a suffix was removed: every batch of <= max_draft tokens is a draft
+    };
+    uint32_t     max_draft  = 0;
+    draft_mode_t draft_mode = DRAFT_OFF;
+    bool         draft_open = false;
+    llama_pos    draft_pos0 = 0;  // position of the open draft's first token
+    uint32_t     draft_n    = 0;  // tokens in the open draft (every layer holds them all)
+
+    // keeps the first `accepted` tokens of the open draft (kvp_draft_commit), drops the rest
+    bool draft_commit(uint32_t accepted, const char * why);
+
+    // state_write: commits an open draft (whole) and ends an open prompt, which kvp_state_save needs
+    void state_prepare();
 
     // the ubatch being computed (set by begin_ubatch)
     std::vector<int32_t> cur_pos;
     bool cur_decode = false;
+    bool cur_draft  = false;
 };
 
 // the attention input of a context whose memory is kvprune: no mask, no cell indices
