@@ -779,10 +779,7 @@ kvp_status kvp_state_load(kvp_cache *h, const void *buf, size_t size) {
     char b[256];
     Msg m(b, sizeof b);
     if (!buf) { m.s("buf must not be NULL"); return fail(g.get(), KVP_ERR_ARG, m); }
-    if (kvp::prompt_any_open(g.get())) {  // its stores may hold capacity + max_prompt (prompt.h)
-        m.s("a prompt is open (max_prompt): kvp_prompt_end or kvp_reset before kvp_state_load");
-        return fail(g.get(), KVP_ERR_STATE, m);
-    }
+    // An open prompt (max_prompt) is dropped with everything else once the state is valid (state.cpp).
     const kvp_status st = kvp::state_load(g.get(), buf, size, m);
     return st == KVP_OK ? st : fail(g.get(), st, m);
 }

@@ -103,6 +103,7 @@ bool keeps(const kvp_config &cfg) {
 uint32_t floor_after_select(const kvp_cache *c, uint32_t layer, uint32_t h) {
     const HeadStore &hs = head_of(c, layer, h);
     PolicyCtx ctx{const_cast<kvp_cache *>(c), layer, h, &c->pools[h], nullptr, 0, 0};
+    ctx.prompt_w = 1;  // asked for after the prompt's end (policy.h evictable)
     uint32_t e = c->policy->evictable(ctx, hs);
     if (e > hs.body_len()) e = hs.body_len();
     return hs.len() - e;

@@ -6,6 +6,7 @@
 #include "config.h"
 #include "draft.h"
 #include "policies/asl.h"
+#include "prompt.h"
 
 #if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define KVP_STATE_X86 1
@@ -932,6 +933,9 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
             return KVP_ERR_ARG;
         }
     }
+    // Valid: the state replaces everything, an open prompt (max_prompt) included: its layers close
+    // (their stores' caps back to capacity) before the stores are written.
+    prompt_reset(c);
     Ar ld{Ar::kLoad};
     ld.r = in;
     ld.pos = body0;

@@ -304,7 +304,7 @@ TEST(Prompt, CallsAroundAnOpenPrompt) {
     size_t w = 0;
     EXPECT_EQ(kvp_state_save(c, st.data(), st.size(), &w), KVP_ERR_STATE);
     EXPECT_NE(strstr(kvp_last_error(c), "kvp_prompt_end"), nullptr);
-    EXPECT_EQ(kvp_state_load(c, st.data(), st.size()), KVP_ERR_STATE);
+    EXPECT_EQ(kvp_state_load(c, st.data(), st.size()), KVP_ERR_ARG);  // not a state: nothing changes
     EXPECT_EQ(kvp_layer_len(c, 0), 100u);
     // a draft ends the prompt first
     ASSERT_EQ(kvp_draft_begin(c), KVP_OK);
@@ -314,6 +314,17 @@ TEST(Prompt, CallsAroundAnOpenPrompt) {
     // a chat's next turn: a prompt over what the cache holds plus the new tokens
     prefill_all(100, 50);
     EXPECT_EQ(kvp_layer_len(c, 1), 82u);
+    {  // a valid state loaded over the open prompt replaces it; the next prompt opens afresh
+        ref::Cache twin(kModel, spec);
+        ASSERT_EQ(kvp_state_load(twin.c, st.data(), w), KVP_OK) << kvp_last_error(twin.c);
+        ASSERT_EQ(kvp_state_load(c, st.data(), w), KVP_OK) << kvp_last_error(c);
+        EXPECT_EQ(kvp_layer_len(c, 1), 32u);
+        EXPECT_EQ(cache.positions(1, 0), twin.positions(1, 0));
+        EXPECT_EQ(kvp_prompt_end(c), KVP_OK);  // nothing open
+        EXPECT_EQ(kvp_layer_len(c, 1), 32u);
+        prefill_all(100, 50);  // the same turn again, from the loaded state
+        EXPECT_EQ(kvp_layer_len(c, 1), 82u);
+    }
     // a decode that fails its checks leaves the prompt open
     std::vector<float> bad(in.nq, 0.0f);
     bad[0] = NAN;
@@ -395,6 +406,27 @@ TEST(Prompt, KeepingPoliciesHoldThePromptWithinCapacity) {
     for (size_t i = 1; i < p.size(); ++i) EXPECT_LT(p[i - 1], p[i]);
     for (int32_t t = 0; t < 20; ++t) EXPECT_EQ(p[size_t(t)], t);  // the first prompt stays
     EXPECT_EQ(p.back(), 83);
+}
+
+// A decode or append whose room after the prompt's end depends on a decision made there
+// (simlayerkv: a layer that turns lazy keeps its sinks) is judged by the least the policy can
+// promise: refused before the prompt ends, nothing changed (found by the call-sequence fuzzer).
+TEST(Prompt, AdmissionAfterThePromptsEndCountsWhatItsDecisionsKeep) {
+    ref::Cache cache(kModel, "policy=simlayerkv nonlazy=h2o budget=22 recent=0 sinks=3 window=6 lazy_force=3 max_prompt=30");
+    kvp_cache *c = cache.c;
+    ASSERT_NE(c, nullptr);
+    const ref::Inputs in(kModel, 80, 4, 1.0f);
+    std::vector<float> out(size_t(30) * in.nq);
+    for (uint32_t l = 0; l < kModel.n_layers; ++l)
+        ASSERT_EQ(kvp_prefill(c, l, 14, nullptr, in.q.data(), in.k.data(), in.v.data(), out.data(), nullptr), KVP_OK)
+            << kvp_last_error(c);
+    const uint32_t cap = kvp_layer_capacity(c, 1), n = cap - 3 + 1;  // fits after h2o's end, not a lazy layer's
+    const std::vector<int32_t> before = cache.positions(1, 0);
+    EXPECT_EQ(kvp_append(c, 1, n, nullptr, &in.k[size_t(14) * in.nkv], &in.v[size_t(14) * in.nkv]), KVP_ERR_FULL);
+    EXPECT_EQ(cache.positions(1, 0), before);  // the prompt is still open and whole
+    EXPECT_EQ(kvp_layer_len(c, 1), 14u);
+    EXPECT_EQ(kvp_append(c, 1, n - 1, nullptr, &in.k[size_t(14) * in.nkv], &in.v[size_t(14) * in.nkv]), KVP_OK)
+        << kvp_last_error(c);
 }
 
 // ThinK (issue 28): a store without channels keeps its open prompt at f32, full width (in the

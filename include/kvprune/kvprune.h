@@ -659,8 +659,9 @@ size_t kvp_state_size(const kvp_cache *c);
  * same platform and kernel variant (across platforms the kernels may round differently). *written (when not NULL) receives the state's size.
  * Returns KVP_ERR_ARG for NULL c/buf or a handle that is not a live cache (KVP_ERR_STATE for a
  * destroyed or busy one), KVP_ERR_BUFFER when size < kvp_state_size (*written is set to the size
- * needed, buf is untouched), KVP_ERR_STATE while a draft is open, KVP_ERR_UNSUPPORTED on a
- * big-endian host. The cache is never changed.
+ * needed, buf is untouched), KVP_ERR_STATE while a draft or a prompt (max_prompt: call
+ * kvp_prompt_end first) is open, KVP_ERR_UNSUPPORTED on a big-endian host. The cache is never
+ * changed.
  */
 kvp_status kvp_state_save(const kvp_cache *c, void *buf, size_t size, size_t *written);
 
@@ -673,6 +674,7 @@ kvp_status kvp_state_save(const kvp_cache *c, void *buf, size_t size, size_t *wr
  * library cannot read (the message names the writer's version); KVP_ERR_CONFIG for a state saved
  * from another configuration, geometry or kv_dtype (the message names the first differing key;
  * `threads` may differ); KVP_ERR_STATE while a draft is open. On failure the cache is unchanged.
+ * An open prompt (max_prompt) is dropped with the rest of the old state when the load succeeds.
  */
 kvp_status kvp_state_load(kvp_cache *c, const void *buf, size_t size);
 

@@ -158,7 +158,9 @@ struct Policy {
     void (*prune)(PolicyCtx &ctx, HeadStore &hs, StepMode mode);
     // After all heads of the layer. May be NULL.
     void (*layer_phase)(PolicyCtx &ctx, StepMode mode);
-    // Tokens self_prune could remove from hs (0: the policy cannot evict).
+    // Tokens self_prune could remove from hs (0: the policy cannot evict). With ctx.prompt_w != 0
+    // the question is about the state after an open prompt's end (prompt.h admission checks): a
+    // policy whose decisions there can protect more tokens answers the least it can promise.
     uint32_t (*evictable)(const PolicyCtx &ctx, const HeadStore &hs);
     // The pool cannot supply the blocks for n new tokens: evict by the policy's own ranking.
     // Must remove at least one token when evictable() > 0; the core calls it until the blocks fit.

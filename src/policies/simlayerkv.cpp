@@ -170,11 +170,11 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
 bool keeps_prompt(const kvp_config &cfg) { return !nonlazy_of(cfg).prune; }
 
 uint32_t evictable(const PolicyCtx &ctx, const HeadStore &hs) {
-    if (is_lazy(ctx)) {
-        const uint32_t L = hs.len(), S = ctx.cfg().sinks;
-        return L > S ? L - S : 0;
-    }
-    return nonlazy_of(ctx.cfg()).evictable(ctx, hs);
+    const uint32_t L = hs.len(), S = ctx.cfg().sinks, lazy_e = L > S ? L - S : 0;
+    if (is_lazy(ctx)) return lazy_e;
+    const uint32_t e = nonlazy_of(ctx.cfg()).evictable(ctx, hs);
+    // after a prompt's end the layer may have turned lazy (its sinks then stay): the lesser
+    return ctx.prompt_w && lazy_e < e ? lazy_e : e;
 }
 
 void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {

@@ -62,7 +62,9 @@ llama_memory_status llama_kvp_context::get_status() const {
 // llama_kvp_memory
 //
 
-static const char * kvp_policies_observing_prompt[] = { "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv" };
+// (not think: under max_prompt it holds the open prompt at f32 in rows for every slot, an arena
+// cost the spec should ask for with max_prompt itself)
+static const char * kvp_policies_observing_prompt[] = { "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv", "asl", "random" };
 
 // draft tokens in flight when the spec does not give max_draft: a speculative step drafts
 // --spec-draft-n-max tokens (default 3) and verifies them with the last token, so up to 15
