@@ -15,7 +15,7 @@ R=bench/harness/results
 P=()
 for s in "policy=window" "policy=streaming sinks=4" "policy=h2o" "policy=snapkv" "policy=pyramidkv" "policy=lethe" \
          "policy=simlayerkv nonlazy=snapkv" "policy=asl" "policy=think token_policy=snapkv" "policy=snapkv kv_dtype=q8" \
-         "policy=snapkv kv_dtype=q4" \
+         "policy=snapkv kv_dtype=q4" "policy=random keep_prompt=0" \
          "policy=streaming sinks=16" "policy=snapkv pool_kernel=15" "policy=pyramidkv beta=5 pool_kernel=15" \
          "policy=lethe recent_ratio=0.1" "policy=simlayerkv nonlazy=snapkv pool_kernel=15" "policy=asl pool_kernel=15" \
          "policy=think token_policy=snapkv pool_kernel=15" "policy=snapkv kv_dtype=q4 pool_kernel=15"; do
