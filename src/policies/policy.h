@@ -224,6 +224,8 @@ void evict_lowest(PolicyCtx &ctx, HeadStore &hs, uint32_t n, uint32_t from, uint
 // to its slot score: float, or saturating Q16.16 in fixed mode.
 void add_observed_mass(PolicyCtx &ctx, const Run *runs, uint32_t nr, const Obs &obs);
 
+// ---- the staging operations (the core's: src/stage.cpp) ----
+
 // Staged prefill (see the top): tokens the store may hold after this commit (the blocks it has
 // plus what the pool allows it; capped by its capacity).
 uint32_t stage_room(const PolicyCtx &ctx, const HeadStore &hs);
