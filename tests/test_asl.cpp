@@ -89,6 +89,16 @@ std::string spec(const std::string &extra) {
            " pool_kernel=1 pool=avg asl_min_layer=1 asl_obs_layers=2 asl_tau=0.3 " + extra;
 }
 
+// An empty kvp_selection over idx (capacity kN).
+kvp_selection selection_into(std::vector<int32_t> &idx) {
+    kvp_selection sel;
+    memset(&sel, 0, sizeof sel);
+    sel.struct_size = sizeof sel;
+    sel.capacity = kN;
+    sel.indices = idx.data();
+    return sel;
+}
+
 // Prefills every layer as the harness does: the whole prompt until a selection, then only the
 // selected tokens at their original positions.
 Outcome prefill_all(ref::Cache &c, const Prompt &p) {
@@ -96,11 +106,7 @@ Outcome prefill_all(ref::Cache &c, const Prompt &p) {
     std::vector<int32_t> idx(kN);
     std::vector<float> out(size_t(kN) * 2 * kHd);
     for (uint32_t l = 0; l < kLayers; ++l) {
-        kvp_selection sel;
-        memset(&sel, 0, sizeof sel);
-        sel.struct_size = sizeof sel;
-        sel.capacity = kN;
-        sel.indices = idx.data();
+        kvp_selection sel = selection_into(idx);
         if (r.sel_layer < 0) {
             EXPECT_EQ(kvp_prefill(c.c, l, kN, nullptr, p.q[l].data(), p.k[l].data(), p.v[l].data(), out.data(), &sel),
                       KVP_OK) << kvp_last_error(c.c);
@@ -220,11 +226,7 @@ TEST(Asl, MaxPromptSelectsAtThePromptsEndAsOneCallDoes) {
             for (uint32_t t = 0; t < kN; t += chunk) {
                 const uint32_t n = kN - t < chunk ? kN - t : chunk;
                 for (uint32_t l = 0; l < kLayers; ++l) {
-                    kvp_selection sel;
-                    memset(&sel, 0, sizeof sel);
-                    sel.struct_size = sizeof sel;
-                    sel.capacity = kN;
-                    sel.indices = idx.data();
+                    kvp_selection sel = selection_into(idx);
                     ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, &p.q[l][t * row], &p.k[l][t * row], &p.v[l][t * row],
                                           out.data(), &sel),
                               KVP_OK)
