@@ -187,7 +187,12 @@ TEST(NoAllocation, SimLayerKvAndAsl) {
           // formatted storage under the staged prompt (quantized commit, lazy trim, selection)
           "policy=simlayerkv nonlazy=snapkv budget=64 capacity=100 sinks=4 window=20 lazy_force=1 kv_dtype=q4 threads=2",
           "policy=asl budget=48 obs_window=16 asl_tau=1e6 kv_dtype=q8 threads=2",
-          "policy=think token_policy=asl budget=48 obs_window=16 asl_tau=1e6 key_channel_ratio=0.4 kv_dtype=f16 threads=2"}) {
+          "policy=think token_policy=asl budget=48 obs_window=16 asl_tau=1e6 key_channel_ratio=0.4 kv_dtype=f16 threads=2",
+          // issue 28/32: prompts held to their end (asl, think's deferred rows) and the random baseline
+          "policy=asl budget=48 obs_window=16 asl_tau=1e6 max_prompt=256 threads=2",
+          "policy=think token_policy=h2o budget=48 key_channel_ratio=0.5 kv_dtype=q8 max_prompt=256 threads=2",
+          "policy=random keep_prompt=0 budget=48 capacity=260 seed=3 threads=2",
+          "policy=random budget=16 capacity=400 threads=1"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;
