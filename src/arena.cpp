@@ -69,7 +69,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
         if (g.lp.obs_all) any_colsum = true;
         if (observes) any_obs = true;
         if (g.lp.staged_prefill) staged = true;
-        if (g.lp.decode_scores || observes) any_scoring = true;
+        if (g.lp.decode_scores || observes || g.lp.reads_keys) any_scoring = true;
         if (g.lp.decode_scores) p->decode_scores = true;
         if (!g.lp.front_evict) any_compacting = true;
         if (g.pin_blk_cap) any_pinned = true;

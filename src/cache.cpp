@@ -168,6 +168,18 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         else obs.f = observe_prefill(ao, 1, qp, j.q + qoff, 0, 1);
         pol.observe(ctx, hs, a.runs, a.nr, obs);
     }
+    if (pol.observe_queries && j.q && !j.finish && (j.mode == StepMode::kDecode || j.mode == StepMode::kPrefill)) {
+        // the caller's queries before RoPE (policy.h); half inputs through this thread's work area
+        const In q = j.q + qoff;
+        if (const float *f = q.f32()) {
+            pol.observe_queries(ctx, f, tok_stride, j.n);
+        } else {
+            for (uint32_t t = 0; t < j.n; ++t) {
+                (q + size_t(t) * tok_stride).load(s.work, size_t(c->group) * m.head_dim);
+                pol.observe_queries(ctx, s.work, 0, 1);
+            }
+        }
+    }
     if (c->fmt && !ap.staged && !j.finish) {  // completed groups convert after attention, before the policy prunes
         // ThinK reads f32 outputs; with half outputs it recomputes them (think.cpp), the same bits
         StepObs so{&a, s.runs, realign, s.fmt, j.q ? j.q + qoff : In(), j.out.f32() ? j.out.f32() + qoff : nullptr,

@@ -12,7 +12,7 @@ namespace kvp {
 namespace {
 
 constexpr const char *kPolicyNames[] = {"full",      "window", "streaming",  "h2o", "snapkv",
-                                        "pyramidkv", "lethe",  "simlayerkv", "asl", "think", "random", nullptr};
+                                        "pyramidkv", "lethe",  "simlayerkv", "asl", "think", "random", "triattention", nullptr};
 constexpr const char *kPositionNames[] = {"default", "original", "realign", nullptr};
 constexpr const char *kDtypeNames[] = {"f32", "f16", "q8", "q4", nullptr};
 constexpr const char *kScoreNames[] = {"float", "fixed", nullptr};
@@ -29,12 +29,12 @@ constexpr uint32_t kPolicyImplemented = (1u << KVP_POLICY_FULL) | (1u << KVP_POL
                                         (1u << KVP_POLICY_SNAPKV) | (1u << KVP_POLICY_PYRAMIDKV) |
                                         (1u << KVP_POLICY_LETHE) | (1u << KVP_POLICY_THINK) |
                                         (1u << KVP_POLICY_SIMLAYERKV) | (1u << KVP_POLICY_ASL) |
-                                        (1u << KVP_POLICY_RANDOM);
+                                        (1u << KVP_POLICY_RANDOM) | (1u << KVP_POLICY_TRIATTENTION);
 constexpr uint32_t kDtypeImplemented =
     (1u << KVP_DTYPE_F32) | (1u << KVP_DTYPE_F16) | (1u << KVP_DTYPE_Q8) | (1u << KVP_DTYPE_Q4);
 constexpr uint32_t kScoreImplemented = (1u << KVP_SCORE_FLOAT) | (1u << KVP_SCORE_FIXED);
 
-static_assert(KVP_POLICY_RANDOM == 10 && KVP_POLICY_ALL == (1u << 11) - 1, "KVP_POLICY_ALL covers every policy");
+static_assert(KVP_POLICY_TRIATTENTION == 11 && KVP_POLICY_ALL == (1u << 12) - 1, "KVP_POLICY_ALL covers every policy");
 
 enum Kind { kU32 = KVP_KEY_UINT, kF32 = KVP_KEY_FLOAT, kEnum = KVP_KEY_ENUM };
 
@@ -87,15 +87,16 @@ constexpr Key kKeys[] = {
     KVP_U32(compress_every, 1, 0, kMaxCapacity, P(STREAMING), "R: prune when L - C >= R (lazy pruning); 0 = never prune"),
     KVP_U32(slack, 0, 0, kMaxCapacity, P(STREAMING), "sigma: H = C + slack"),
     KVP_U32(max_drop, 0, 0, kMaxCapacity, P(STREAMING), "delta: prune to min(max(L - delta, C), H); 0 = prune to C"),
-    KVP_U32(budget, 1024, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(RANDOM),
-            "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget; random with keep_prompt=1: generated tokens kept beside the prompt); the default follows a smaller capacity (capacity-1)"),
+    KVP_U32(budget, 1024, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(RANDOM) | P(TRIATTENTION),
+            "tokens kept per layer and KV head (pyramidkv: the mean over layers; lethe: capacity 0 = 2*budget; random with keep_prompt=1 and triattention: generated tokens kept beside the prompt); the default follows a smaller capacity (capacity-1)"),
     KVP_U32(recent, 32, 0, kMaxCapacity, P(H2O) | kSnapLike,
             "most recent tokens never evicted by decode eviction; the default follows a smaller budget (h2o: min(32, budget))"),
     KVP_U32(obs_window, 32, 1, kMaxCapacity, P(H2O) | kSnapLike | P(LETHE) | P(THINK),
             "observation window: the last prefill queries that score (snapkv: vote; the window is kept, so snapkv/pyramidkv/asl need budget >= obs_window; h2o: with prompt_scores=window only; the default follows a smaller budget)"),
     KVP_U32(pool_kernel, 7, 1, 255, kSnapLike, "pooling kernel width of the votes (odd)"),
     KVP_ENUM(pool, KVP_POOL_MAX, kPoolNames, kAllNames, "avg|max", kSnapLike, "pooling of the votes"),
-    KVP_F32(beta, 20.0, 1e-6, 1e6, P(PYRAMIDKV), "pyramid steepness (>= 1): the last layer keeps (budget - obs_window) / beta + obs_window"),
+    KVP_F32(beta, 20.0, 1e-6, 1e6, P(PYRAMIDKV) | P(TRIATTENTION),
+            "pyramidkv: pyramid steepness (>= 1), the last layer keeps (budget - obs_window) / beta + obs_window; triattention: a whole number of generated tokens a KV head gathers beyond budget before they are cut back to budget by score (the paper's beta; 128 unless given)"),
     KVP_F32(sparse_ratio, 400.0, 1.0, 1e12, P(LETHE), "tau: breakpoint at the first cut where top[0]/top[c] >= sparse_ratio"),
     KVP_F32(recent_ratio, 0.3, 0.0, 1.0, P(LETHE), "fraction of the layer length kept as recent tokens"),
     KVP_U32(segments, 10, 2, 1u << 16, P(LETHE), "D: cut points floor(K*d/D), d = 1..D-1"),
@@ -121,7 +122,7 @@ constexpr Key kKeys[] = {
     KVP_U32(evict_threshold, 0, 0, kMaxCapacity, P(LETHE), "lethe: initial L_evict per layer; 0 = capacity/2"),
     KVP_U32(prefill_stage, 0, 0, kMaxCapacity, kSnapLike,
             "prompt tokens one kvp_prefill call may take (staged in the arena, shared by the layers); 0 = max(1024, capacity)"),
-    KVP_ENUM(token_policy, KVP_POLICY_FULL, kPolicyNames, kAllNames & ~P(THINK),
+    KVP_ENUM(token_policy, KVP_POLICY_FULL, kPolicyNames, kAllNames & ~P(THINK) & ~P(TRIATTENTION),
              "full|window|streaming|h2o|snapkv|pyramidkv|lethe|simlayerkv|asl", P(THINK),
              "the token policy ThinK composes with (its keys apply too)"),
     KVP_U32(quant_group, 32, 1, kMaxBlock, kAll,
@@ -153,7 +154,7 @@ constexpr Key kKeys[] = {
             "random: 1 = prompt tokens (kvp_prefill/kvp_append) are kept and generated ones cut back to budget at random; 0 = any token may go, budget kept"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
-              "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl/random), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
+              "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl/random/triattention), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
     KVP_APPLY("ratio_tokens", kU32, 0.0, 0.0, 4294967295.0, kAll & ~P(FULL),
               "apply-only: the token count compression_ratio is resolved against (e.g. the sequence length); 0 = the config's capacity (lethe: must be given)"),
 };
@@ -505,7 +506,8 @@ uint32_t config_draft_room(const kvp_config &c) {
         case KVP_POLICY_STREAMING:
         case KVP_POLICY_H2O:
         case KVP_POLICY_LETHE:
-        case KVP_POLICY_RANDOM: return c.max_draft - 1;
+        case KVP_POLICY_RANDOM:
+        case KVP_POLICY_TRIATTENTION: return c.max_draft - 1;
         default: return 0;  // full keeps every token; snapkv, pyramidkv, asl stage a prefill with queries
     }
 }
@@ -566,7 +568,7 @@ bool budget_policy(const kvp_config &c, uint32_t p) {
 // Only where the rule would otherwise fail; the checks that follow still judge the result.
 void follow_defaults(kvp_config &c, const Given &g) {
     const uint32_t pol = raw(c.policy) == KVP_POLICY_THINK ? raw(c.token_policy) : raw(c.policy);
-    if (pol > KVP_POLICY_RANDOM) return;  // the range check reports it
+    if (pol > KVP_POLICY_TRIATTENTION) return;  // the range check reports it
     const uint32_t owner = pol == KVP_POLICY_SIMLAYERKV ? raw(c.nonlazy) : pol;  // budget, recent, capacity
     // The capacity the policy works within: a given capacity less the draft room (config_check
     // refuses one that does not exceed it).
@@ -575,6 +577,8 @@ void follow_defaults(kvp_config &c, const Given &g) {
     if (budget_policy(c, owner) && cap && cap <= c.budget && cap >= 2 && follows(c, g, "budget"))
         c.budget = cap - 1;  // capacity >= budget + 1
     if (owner == KVP_POLICY_H2O && c.recent > c.budget && follows(c, g, "recent")) c.recent = c.budget;
+    if (pol == KVP_POLICY_TRIATTENTION && !g.has(key_named("beta")) && c.beta == 20.0f)
+        c.beta = 128.0f;  // the paper's interval (20 is pyramidkv's default; beta is a float key)
     if (snap_like(owner) && c.obs_window > c.budget && follows(c, g, "obs_window"))
         c.obs_window = c.budget;  // issue 28: budget >= obs_window
     if (pol == KVP_POLICY_WINDOW && cap && uint64_t(c.window) + 1 > cap && cap >= 2 && follows(c, g, "window"))
@@ -603,7 +607,7 @@ void follow_defaults(kvp_config &c, const Given &g) {
     }
 }
 
-const char *policy_name(uint32_t p) { return p <= KVP_POLICY_RANDOM ? kPolicyNames[p] : "?"; }
+const char *policy_name(uint32_t p) { return p <= KVP_POLICY_TRIATTENTION ? kPolicyNames[p] : "?"; }
 
 // compression_ratio=r resolved against N tokens (ratio_tokens, else capacity): K = max(1,
 // round((1 - r) N)) tokens kept, the keys of the policy's table (kvprune.h), each marked given; a
@@ -615,7 +619,7 @@ kvp_status resolve_ratio(kvp_config &c, double r, uint32_t tokens, bool has_toke
             "snapkv, pyramidkv, lethe, simlayerkv, asl or think");
         return KVP_ERR_CONFIG;
     }
-    if (pol > KVP_POLICY_RANDOM) return KVP_OK;  // the range check reports the policy
+    if (pol > KVP_POLICY_TRIATTENTION) return KVP_OK;  // the range check reports the policy
     {  // the keys it sets (as in the switch below) must not be given as well
         const char *names[2] = {nullptr, nullptr};
         switch (pol) {
@@ -669,7 +673,8 @@ kvp_status resolve_ratio(kvp_config &c, double r, uint32_t tokens, bool has_toke
         case KVP_POLICY_SNAPKV:
         case KVP_POLICY_PYRAMIDKV:
         case KVP_POLICY_ASL:
-        case KVP_POLICY_RANDOM: sets[n++] = {"budget", K, 0}; break;
+        case KVP_POLICY_RANDOM:
+        case KVP_POLICY_TRIATTENTION: sets[n++] = {"budget", K, 0}; break;
         case KVP_POLICY_LETHE: sets[n++] = {"capacity", K, 0}; break;
         case KVP_POLICY_SIMLAYERKV:
             if (K <= c.sinks) {
@@ -964,7 +969,7 @@ int config_key_used(const kvp_config &c, const char *name) {
     const Key *k = find_key(name, strlen(name));
     if (!k) return -1;
     const uint32_t p = raw(c.policy);
-    if (p <= KVP_POLICY_RANDOM && ((k->policies >> p) & 1u)) return 1;
+    if (p <= KVP_POLICY_TRIATTENTION && ((k->policies >> p) & 1u)) return 1;
     if (p == KVP_POLICY_SIMLAYERKV) {
         const uint32_t nl = raw(c.nonlazy);
         if (nl <= KVP_POLICY_THINK && ((k->policies >> nl) & 1u)) return 1;

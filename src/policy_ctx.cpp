@@ -3,6 +3,9 @@
 #include "config.h"
 #include "prompt.h"
 
+#include <math.h>
+#include <string.h>
+
 namespace kvp {
 
 const kvp_config &PolicyCtx::cfg() const { return c->cfg; }
@@ -21,6 +24,24 @@ uint32_t &PolicyCtx::evict_threshold() const { return c->layers[layer].evict_thr
 int32_t &PolicyCtx::lazy() const { return c->layers[layer].lazy; }
 void *PolicyCtx::state() const { return c->pstate; }
 const kern::ScoreF32 &PolicyCtx::score_kernels() const { return *c->skern; }
+
+kvp_rope_style PolicyCtx::rope_style() const { return c->rope.style; }
+uint32_t PolicyCtx::rope_pairs() const { return c->rope.style == KVP_ROPE_NONE ? 0 : c->rope.pairs; }
+const double *PolicyCtx::rope_freqs() const { return fixed() ? c->fixed_freqs : c->rope.inv_freq; }
+
+void PolicyCtx::key(uint32_t slot, double *out) const {
+    const uint32_t hd = c->cfg.model.head_dim;
+    if (pool->kq) {  // the fixed-point copy: RoPE'd by the integer rotation, never kv_rotated
+        const int16_t *r = pool->kq_row(slot);
+        const int e = pool->kexp[slot];
+        for (uint32_t i = 0; i < hd; ++i) out[i] = ldexp(double(r[i]), e);
+        return;
+    }
+    float row[kMaxHeadDim];
+    memcpy(row, pool->k_row(slot), size_t(hd) * sizeof(float));
+    rotate_rows(c, row, 1, hd);  // kv_rotate is its own inverse
+    for (uint32_t i = 0; i < hd; ++i) out[i] = double(row[i]);
+}
 
 PolicyCtx policy_ctx(const kvp_cache *c, uint32_t layer) {
     return PolicyCtx{const_cast<kvp_cache *>(c), layer, 0, nullptr, nullptr, 0, 0};

@@ -142,6 +142,13 @@ std::vector<int32_t> Cache::positions(uint32_t layer, uint32_t head) const {
     return p;
 }
 
+void Cache::copy_state_to(Cache &to) const {
+    std::vector<uint8_t> st(kvp_state_size(c));
+    size_t written = 0;
+    ASSERT_EQ(kvp_state_save(c, st.data(), st.size(), &written), KVP_OK) << kvp_last_error(c);
+    ASSERT_EQ(kvp_state_load(to.c, st.data(), written), KVP_OK) << kvp_last_error(to.c);
+}
+
 kvp_model model(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t hd, kvp_rope_style rope, uint32_t rope_dim,
                 float theta) {
     kvp_model m = {layers, nq, nkv, hd, rope, rope_dim, theta};

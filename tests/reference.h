@@ -55,6 +55,8 @@ struct Cache {
     Cache(const Cache &) = delete;
     Cache &operator=(const Cache &) = delete;
     std::vector<int32_t> positions(uint32_t layer, uint32_t head) const;
+    // Saves this cache's state and loads it into `to` (gtest failures name the call that failed).
+    void copy_state_to(Cache &to) const;
 };
 
 kvp_model model(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t hd, kvp_rope_style rope = KVP_ROPE_GPTJ,

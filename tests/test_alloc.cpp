@@ -192,7 +192,9 @@ TEST(NoAllocation, SimLayerKvAndAsl) {
           "policy=asl budget=48 obs_window=16 asl_tau=1e6 max_prompt=256 threads=2",
           "policy=think token_policy=h2o budget=48 key_channel_ratio=0.5 kv_dtype=q8 max_prompt=256 threads=2",
           "policy=random keep_prompt=0 budget=48 capacity=260 seed=3 threads=2",
-          "policy=random budget=16 capacity=400 threads=1"}) {
+          "policy=random budget=16 capacity=400 threads=1",
+          "policy=triattention budget=16 beta=8 capacity=400 threads=2",
+          "policy=triattention budget=16 beta=8 capacity=400 score=fixed kv_dtype=q4 max_prompt=256 threads=2"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;

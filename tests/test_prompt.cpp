@@ -36,6 +36,8 @@ const char *const kSpecs[] = {
     // the random baseline: a uniform subset of the whole prompt; keep_prompt=1 holds it within capacity
     "policy=random keep_prompt=0 budget=48 seed=7",
     "policy=random budget=8 capacity=330 seed=7",
+    // TriAttention keeps the prompt (held within capacity); its query statistics add up chunk by chunk
+    "policy=triattention budget=8 beta=4 capacity=330",
     // ThinK's channels chosen at the prompt's end (the blocks wait at f32 in the deferred rows)
     "policy=think key_channel_ratio=0.5 value_channel_ratio=0.25 capacity=320",
     "policy=think token_policy=h2o budget=64 recent=8 key_channel_ratio=0.5 value_channel_ratio=0.5",

@@ -1068,7 +1068,7 @@ int cmd_report(int argc, char **argv) {
 
 // ---------------------------------------------------------------- keys
 
-const char *kPolicyNames[] = {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv", "asl", "think", "random"};
+const char *kPolicyNames[] = {"full", "window", "streaming", "h2o", "snapkv", "pyramidkv", "lethe", "simlayerkv", "asl", "think", "random", "triattention"};
 constexpr int kNumPolicies = int(sizeof kPolicyNames / sizeof *kPolicyNames);
 
 int cmd_keys(int argc, char **argv) {

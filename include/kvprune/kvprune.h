@@ -143,6 +143,8 @@ typedef enum {
     KVP_POLICY_ASL = 8,
     KVP_POLICY_THINK = 9,
     KVP_POLICY_RANDOM = 10,    /**< baseline: keep the prompt (keep_prompt=1), evict uniformly at random per head */
+    KVP_POLICY_TRIATTENTION = 11, /**< TriAttention: keep the prompt, cut generated tokens back to `budget` every
+                                       `beta` by a trigonometric score of pre-RoPE query statistics */
     KVP_POLICY_FORCE_INT32_ = 0x7fffffff
 } kvp_policy;
 
@@ -199,7 +201,11 @@ typedef struct kvp_config {
     uint32_t obs_window;         /* observation window of queries (snapkv: the voting window, kept) */
     uint32_t pool_kernel;        /* pooling kernel width of the votes (odd) */
     kvp_pool pool;               /* pool=avg|max */
-    float    beta;               /* pyramidkv steepness (>= 1): min budget = (budget - obs_window) / beta */
+    float    beta;               /* pyramidkv steepness (>= 1): min budget = (budget - obs_window) / beta.
+                                    triattention (a whole number >= 1): once a KV head holds budget + beta
+                                    generated tokens they are cut back to the `budget` best, so it never
+                                    holds more than budget + beta; kvp_config_apply makes it 128 for
+                                    policy=triattention unless given (the struct's default is pyramidkv's 20) */
     /* lethe (also `sinks`) */
     float    sparse_ratio;       /* tau: breakpoint where scores have fallen by this factor */
     float    recent_ratio;       /* fraction of the layer length always kept as recent tokens */
@@ -823,7 +829,7 @@ typedef enum {
 /** Bit of `policy` in kvp_key_info.policies. */
 #define KVP_POLICY_BIT(policy) (1u << (unsigned)(policy))
 /** kvp_key_info.policies of a key every policy uses (policy, capacity, threads, ...). */
-#define KVP_POLICY_ALL 0x7ffu
+#define KVP_POLICY_ALL 0xfffu
 
 /**
  * One row of the key table (kvp_config_key). Set struct_size = sizeof(kvp_key_info) first.

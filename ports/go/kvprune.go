@@ -121,17 +121,18 @@ const (
 // The pinned numbers of the C enums kvp_policy, kvp_positions, kvp_dtype, kvp_score_mode and
 // kvp_pool (values of Config.Get/Set for enum keys).
 const (
-	PolicyFull       = C.KVP_POLICY_FULL
-	PolicyWindow     = C.KVP_POLICY_WINDOW
-	PolicyStreaming  = C.KVP_POLICY_STREAMING
-	PolicyH2O        = C.KVP_POLICY_H2O
-	PolicySnapKV     = C.KVP_POLICY_SNAPKV
-	PolicyPyramidKV  = C.KVP_POLICY_PYRAMIDKV
-	PolicyLethe      = C.KVP_POLICY_LETHE
-	PolicySimLayerKV = C.KVP_POLICY_SIMLAYERKV
-	PolicyASL        = C.KVP_POLICY_ASL
-	PolicyThink      = C.KVP_POLICY_THINK
-	PolicyRandom     = C.KVP_POLICY_RANDOM
+	PolicyFull         = C.KVP_POLICY_FULL
+	PolicyWindow       = C.KVP_POLICY_WINDOW
+	PolicyStreaming    = C.KVP_POLICY_STREAMING
+	PolicyH2O          = C.KVP_POLICY_H2O
+	PolicySnapKV       = C.KVP_POLICY_SNAPKV
+	PolicyPyramidKV    = C.KVP_POLICY_PYRAMIDKV
+	PolicyLethe        = C.KVP_POLICY_LETHE
+	PolicySimLayerKV   = C.KVP_POLICY_SIMLAYERKV
+	PolicyASL          = C.KVP_POLICY_ASL
+	PolicyThink        = C.KVP_POLICY_THINK
+	PolicyRandom       = C.KVP_POLICY_RANDOM
+	PolicyTriAttention = C.KVP_POLICY_TRIATTENTION
 
 	PosDefault  = C.KVP_POS_DEFAULT
 	PosOriginal = C.KVP_POS_ORIGINAL

@@ -15,6 +15,7 @@
 #include "policies/simlayerkv.h"
 #include "policies/snapkv.h"
 #include "policies/streaming.h"
+#include "policies/triattention.h"
 #include "policies/window.h"
 
 namespace kvp {
@@ -30,6 +31,7 @@ const Policy &policy_table(kvp_policy p) {
         case KVP_POLICY_SIMLAYERKV: return kSimLayerKvPolicy;
         case KVP_POLICY_ASL: return kAslPolicy;
         case KVP_POLICY_RANDOM: return kRandomPolicy;
+        case KVP_POLICY_TRIATTENTION: return kTriAttentionPolicy;
         default: break;
     }
     return kFullPolicy;

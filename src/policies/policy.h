@@ -67,6 +67,8 @@ struct LayerPlan {
                             // scores), fused into the prefill attention (attention.h colsum), handed
                             // to observe as a kObsWindow observation; also inside an open prompt
                             // (the sums are additive per key), so the prompt's end observes nothing
+    bool reads_keys;          // the policy reads stored keys (PolicyCtx::key): with score=fixed the pool
+                              // keeps the fixed-point key copy, which it reads (triattention)
 };
 
 // The context of one operation.
@@ -102,6 +104,17 @@ struct PolicyCtx {
     int32_t &lazy() const;               // this layer's laziness (SimLayerKV; -1 undecided)
     void *state() const;                 // the policy's state region (Policy::state_bytes)
     const kern::ScoreF32 &score_kernels() const;
+    // RoPE as this cache's score mode rotates keys (triattention): the style, the rotated pairs
+    // (rope_dim/2; 0 without RoPE) and their frequencies (score=fixed: the deterministic table
+    // its integer rotation uses; else the float path's).
+    kvp_rope_style rope_style() const;
+    uint32_t rope_pairs() const;
+    const double *rope_freqs() const;
+    // The stored key of `slot` of this context's pool, full width, as RoPE left it (at
+    // pool.rot[slot]; kv_rotate undone): score=fixed reads the fixed-point key copy (its int16 row
+    // times 2^exponent, exact in double, the same bits everywhere), else the f32 row (plain
+    // storage only: LayerPlan::reads_keys policies refuse float scoring over formatted storage).
+    void key(uint32_t slot, double *out) const;
 };
 
 // A context for `layer` (no head, no scratch) of a live cache: the policies' functions that the
@@ -184,6 +197,11 @@ struct Policy {
     // from it (simlayerkv's non-lazy layers over full): an open prompt then holds within the
     // capacity (no room beyond it), and the decision waits for the prompt's end. May be NULL (no).
     bool (*keeps_prompt)(const kvp_config &cfg) = nullptr;
+    // The caller's queries of a prefill (with q) or decode call, before RoPE, in the per-head work of
+    // KV head ctx.head: token t's row for query head g of the group at q + t * ld + g * head_dim, n
+    // tokens in order (a prompt's chunks one after another; the prompt's end hands nothing again).
+    // May be NULL.
+    void (*observe_queries)(PolicyCtx &ctx, const float *q, size_t ld, uint32_t n) = nullptr;
 };
 
 // The table of cfg.policy (valid config).

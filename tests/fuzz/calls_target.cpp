@@ -135,6 +135,13 @@ void spec_random(Bytes &b, std::string &s) {
     else if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(24));
 }
 
+// TriAttention (issue 32): the prompt is kept; generated tokens cut back to budget every beta.
+void spec_triattention(Bytes &b, std::string &s) {
+    const uint32_t budget = 1 + b.pick(24), beta = 1 + b.pick(12);
+    s += kv("budget", budget) + kv("beta", beta);
+    if (b.pick(2)) s += kv("capacity", budget + beta + 17 + b.pick(64));
+}
+
 struct PolicyRow {
     const char *name;
     SpecFn spec;
@@ -149,6 +156,7 @@ const PolicyRow kPolicies[] = {
     {"lethe", spec_lethe, true, true},          {"think", spec_think, true, true},
     {"simlayerkv", spec_simlayerkv, false, false}, {"asl", spec_asl, false, true},
     {"random", spec_random, false, false},  // keep_prompt=1 answers FULL once the prompt fills it
+    {"triattention", spec_triattention, false, false},  // answers FULL once the prompt fills it
 };
 constexpr uint32_t kNumRows = sizeof kPolicies / sizeof kPolicies[0];
 

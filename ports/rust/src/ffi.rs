@@ -34,6 +34,7 @@ pub const KVP_POLICY_SIMLAYERKV: kvp_policy = 7;
 pub const KVP_POLICY_ASL: kvp_policy = 8;
 pub const KVP_POLICY_THINK: kvp_policy = 9;
 pub const KVP_POLICY_RANDOM: kvp_policy = 10;
+pub const KVP_POLICY_TRIATTENTION: kvp_policy = 11;
 
 pub type kvp_positions = u32;
 pub const KVP_POS_DEFAULT: kvp_positions = 0;
@@ -178,7 +179,7 @@ pub const KVP_KEY_FLOAT: kvp_key_type = 1;
 pub const KVP_KEY_ENUM: kvp_key_type = 2;
 
 /// `KVP_POLICY_ALL`: kvp_key_info.policies of a key every policy uses.
-pub const KVP_POLICY_ALL: u32 = 0x7ff;
+pub const KVP_POLICY_ALL: u32 = 0xfff;
 
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

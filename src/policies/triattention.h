@@ -1,0 +1,49 @@
+// TriAttention (Mao et al., arXiv 2604.04921; issue 32 item 3): decode-time eviction that scores each
+// generated key by the attention a typical future query would pay it, from per-head statistics of
+// the pre-RoPE queries. Keys `budget`, `beta` (shared with
+// PyramidKV's steepness: for triattention a whole number, 128 unless given).
+//
+// Schedule (paper sec. 4, the reference's "slack" trigger): tokens added by kvp_prefill or
+// kvp_append are the prompt and are never evicted; tokens added by kvp_decode are generated (marked
+// in their slot score, as policy=random marks them). When a KV head holds budget + beta generated
+// tokens after a decode, they are cut back to the `budget` best by score, so a head never holds
+// more than budget + beta generated tokens; the prompt always stays. Default capacity: budget +
+// beta + 2048 (the prompt's room, full's default capacity).
+//
+// Score (paper sec. 3; the reference's pruning_utils score_keys_for_round with mean aggregation).
+// Pair f of a key (RoPE's pairing of the model: NEOX (i, i + n), GPTJ (2i, 2i + 1)) is the complex
+// number k_f; per query head the statistics are the mean pre-RoPE query pair E[q_f] and the mean
+// magnitude E|q_f| over every query the cache has seen. A key at position p, scored when the next
+// query is at R = (newest position) + 1, gets
+//     S = sum_f |E q_f| |k_f| mean_d cos((R - p + d) w_f + phi_f)  +  sum_f (E|q_f| - |E q_f|) |k_f|
+// with phi_f = arg(E q_f conj k_f), w_f the pair's RoPE frequency and d over the geometric
+// offsets 1, 2, 4, ..., 65536 (the reference's offset_max_length). kvprune holds the keys
+// rotated at p, so the first sum is a dot product of the stored key with E[q] times
+// W_f = mean_d e^(i d w_f), rotated to R: no RoPE inversion (the identity the reference's folded
+// path uses). Each KV head takes the maximum over its group's query heads (the reference's
+// per_layer_perhead mode with its default max aggregation) and evicts the lowest, ties the older
+// first (the reference breaks ties with seeded noise).
+//
+// Interpretations (docs/DECISIONS.md "TriAttention"):
+// - budget counts generated tokens only (the issue's rule); the reference's keep step counts the
+//   prompt in the budget while its trigger does not.
+// - Statistics are accumulated online from the queries the cache sees (prefill with queries and
+//   decode; a draft's accepted tokens when committed), per (layer, query head), in double: the
+//   paper calibrates them offline on other text. Before any query, every score is 0: the newest
+//   tokens stay (ties, older first).
+// - Dimensions RoPE does not rotate (partial rotary past rope_dim, or a model without RoPE) count
+//   as frequency-0 terms of one channel each: E[q_i] k_i + (E|q_i| - |E q_i|) |k_i|.
+// - The RoPE attention factor scales every term alike and is left out.
+// - Only per_layer_perhead: every (layer, KV head) of kvprune decides alone; the reference's
+//   union and per-head modes share one decision across layers.
+// Keys are read as stored (PolicyCtx::key): score=fixed reads the fixed-point key copy, so every
+// kv_dtype works and the scores are the same bits on every ISA and thread count; score=float needs
+// kv_dtype=f32. positions=realign is refused (the distances would be the cache's, not the text's).
+#pragma once
+#include "policies/policy.h"
+
+namespace kvp {
+
+extern const Policy kTriAttentionPolicy;
+
+}  // namespace kvp

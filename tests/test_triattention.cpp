@@ -1,0 +1,287 @@
+// policy=triattention (src/policies/triattention.h): the kept tokens equal an independent reference
+// written from the paper's formula the way its reference code computes it (RoPE inverted from the
+// caller's raw keys, phase by atan2, the cosine averaged over the 17 geometric offsets, the
+// group's maximum, the budget best of the generated tokens whenever budget + beta are held);
+// the prompt is never evicted and a head never holds more than budget + beta generated tokens;
+// score=fixed gives the same tokens for threads 1/2/3 and every kv_dtype; a loaded state goes on as
+// the saved one would; drafts work; bad configs are refused.
+#include <gtest/gtest.h>
+#include <math.h>
+#include <string.h>
+
+#include <algorithm>
+#include <complex>
+#include <string>
+#include <vector>
+
+#include "kvprune/kvprune.h"
+#include "reference.h"
+
+namespace {
+
+void prefill(ref::Cache &c, const ref::Inputs &in, uint32_t t0, uint32_t n, bool with_q = true) {
+    std::vector<float> out(size_t(n) * in.nq);
+    for (uint32_t l = 0; l < in.m.n_layers; ++l)
+        ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, with_q ? &in.q[size_t(t0) * in.nq] : nullptr,
+                              &in.k[size_t(t0) * in.nkv], &in.v[size_t(t0) * in.nkv], with_q ? out.data() : nullptr,
+                              nullptr),
+                  KVP_OK)
+            << kvp_last_error(c.c);
+}
+
+void decode(ref::Cache &c, const ref::Inputs &in, uint32_t t) {
+    std::vector<float> out(in.nq);
+    for (uint32_t l = 0; l < in.m.n_layers; ++l)
+        ASSERT_EQ(kvp_decode(c.c, l, in.qt(t), in.kt(t), in.vt(t), out.data()), KVP_OK) << kvp_last_error(c.c);
+}
+
+std::vector<int32_t> all_positions(const ref::Cache &c, const kvp_model &m) {
+    std::vector<int32_t> r;
+    for (uint32_t l = 0; l < m.n_layers; ++l)
+        for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+            const std::vector<int32_t> p = c.positions(l, h);
+            r.insert(r.end(), p.begin(), p.end());
+            r.push_back(-1);
+        }
+    return r;
+}
+
+// ---- the reference: the paper's score as its code computes it, from the caller's raw rows ----
+
+struct Ref {
+    kvp_model m;
+    uint32_t budget, beta, prompt;
+    const ref::Inputs &in;
+
+    // The complex pairs of a raw row (RoPE's pairing) and the unrotated channels as real values.
+    std::vector<std::complex<double>> units(const float *x) const {
+        std::vector<std::complex<double>> u;
+        const uint32_t rd = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim);
+        for (uint32_t i = 0; i < rd / 2; ++i) {
+            const uint32_t a = m.rope == KVP_ROPE_GPTJ ? 2 * i : i, b = m.rope == KVP_ROPE_GPTJ ? 2 * i + 1 : i + rd / 2;
+            u.emplace_back(x[a], x[b]);
+        }
+        for (uint32_t i = rd; i < m.head_dim; ++i) u.emplace_back(x[i], 0.0);
+        return u;
+    }
+    double omega(uint32_t i) const {
+        const uint32_t rd = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim);
+        return i < rd / 2 ? pow(double(m.rope_theta), -2.0 * i / rd) : 0.0;
+    }
+    bool pair(uint32_t i) const {
+        const uint32_t rd = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim);
+        return i < rd / 2;
+    }
+
+    // Score of token p's key for KV head h of layer l, with the queries of tokens [0, seen) and
+    // the next query at R.
+    double score(uint32_t h, uint32_t p, uint32_t seen, int64_t R) const {
+        const uint32_t G = m.n_q_heads / m.n_kv_heads;
+        const auto k = units(in.kt(p) + size_t(h) * m.head_dim);
+        double best = -INFINITY;
+        for (uint32_t g = 0; g < G; ++g) {
+            const uint32_t qh = h * G + g;
+            std::vector<std::complex<double>> mean(k.size());
+            std::vector<double> absmean(k.size(), 0.0);
+            for (uint32_t t = 0; t < seen; ++t) {
+                const auto q = units(in.qt(t) + size_t(qh) * m.head_dim);
+                for (size_t i = 0; i < k.size(); ++i) {
+                    mean[i] += q[i];
+                    absmean[i] += pair(uint32_t(i)) ? std::abs(q[i]) : fabs(q[i].real());
+                }
+            }
+            double s = 0.0;
+            for (size_t i = 0; i < k.size(); ++i) {
+                const std::complex<double> mq = mean[i] / double(seen);
+                const double aq = absmean[i] / seen;
+                if (!pair(uint32_t(i))) {  // frequency 0, one channel
+                    s += mq.real() * k[i].real() + (aq - fabs(mq.real())) * fabs(k[i].real());
+                    continue;
+                }
+                const double amp = std::abs(mq) * std::abs(k[i]);
+                const std::complex<double> rel = mq * std::conj(k[i]);
+                const double phi = atan2(rel.imag(), rel.real());
+                double c = 0.0;
+                for (uint32_t d = 0; d < 17; ++d) c += cos((double(R - p) + double(1u << d)) * omega(uint32_t(i)) + phi);
+                s += amp * c / 17 + (aq - std::abs(mq)) * std::abs(k[i]);
+            }
+            best = std::max(best, s);
+        }
+        return best;
+    }
+
+    // The positions a head keeps after the prompt [0, prompt) and decodes up to token T-1.
+    std::vector<int32_t> kept(uint32_t h, uint32_t T) const {
+        std::vector<int32_t> gen;
+        for (uint32_t t = prompt; t < T; ++t) {
+            gen.push_back(int32_t(t));
+            if (gen.size() < size_t(budget) + beta) continue;
+            std::vector<std::pair<double, int32_t>> sc;
+            for (int32_t p : gen) sc.emplace_back(score(h, uint32_t(p), t + 1, int64_t(t) + 1), p);
+            std::sort(sc.begin(), sc.end());  // lowest first, ties the older first
+            std::vector<int32_t> keep;
+            for (size_t i = sc.size() - budget; i < sc.size(); ++i) keep.push_back(sc[i].second);
+            std::sort(keep.begin(), keep.end());
+            gen = keep;
+        }
+        std::vector<int32_t> r;
+        for (uint32_t t = 0; t < prompt; ++t) r.push_back(int32_t(t));
+        r.insert(r.end(), gen.begin(), gen.end());
+        return r;
+    }
+};
+
+struct Geometry {
+    const char *name;
+    kvp_model m;
+};
+
+TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
+    const Geometry geos[] = {
+        {"gptj d8", ref::model(2, 4, 2, 8)},
+        {"neox d16 G1", ref::model(1, 2, 2, 16, KVP_ROPE_NEOX)},
+        {"neox partial 8 of 12", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)},
+        {"no rope d5", ref::model(1, 2, 1, 5, KVP_ROPE_NONE)},
+    };
+    for (const Geometry &g : geos) {
+        const ref::Inputs in(g.m, 90, 21, 1.0f);
+        for (const char *score : {"float", "fixed"}) {
+            ref::Cache c(g.m, std::string("policy=triattention budget=12 beta=5 score=") + score);
+            prefill(c, in, 0, 20);
+            for (uint32_t t = 20; t < 90; ++t) decode(c, in, t);
+            const Ref r{g.m, 12, 5, 20, in};
+            for (uint32_t l = 0; l < g.m.n_layers; ++l)
+                for (uint32_t h = 0; h < g.m.n_kv_heads; ++h)
+                    EXPECT_EQ(c.positions(l, h), r.kept(h, 90)) << g.name << " score=" << score << " layer " << l << " head " << h;
+        }
+    }
+}
+
+// The prompt stays; generated tokens never exceed budget + beta and fall to budget at each cut;
+// the kept ones are not just the newest (the score chooses).
+TEST(TriAttention, KeepsThePromptAndCutsGeneratedTokensEveryBeta) {
+    const kvp_model m = ref::model(2, 4, 2, 8);
+    const ref::Inputs in(m, 260, 5, 1.0f);
+    ref::Cache c(m, "policy=triattention budget=16 beta=8");
+    prefill(c, in, 0, 30);
+    prefill(c, in, 30, 10, false);  // kvp_append-like: a prefill without queries is prompt too
+    uint32_t older = 0;
+    for (uint32_t t = 40; t < 260; ++t) {
+        decode(c, in, t);
+        const uint32_t gen = t - 40 + 1;
+        for (uint32_t l = 0; l < m.n_layers; ++l)
+            for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+                const std::vector<int32_t> p = c.positions(l, h);
+                for (int32_t i = 0; i < 40; ++i) ASSERT_EQ(p[size_t(i)], i);
+                const size_t g = p.size() - 40;
+                ASSERT_LT(g, 16u + 8u);
+                if (gen >= 16 + 8) {
+                    ASSERT_GE(g, 16u);
+                }
+                if (gen >= 24 && p[40] < int32_t(t) - 23) ++older;
+            }
+    }
+    EXPECT_GT(older, 0u);
+    kvp_layer_stats ls;
+    ls.struct_size = sizeof ls;
+    ASSERT_EQ(kvp_get_layer_stats(c.c, 0, &ls), KVP_OK);
+    EXPECT_GT(ls.tokens_evicted, 0u);
+}
+
+// score=fixed: the same tokens for threads 1/2/3 and kv_dtype f32/f16/q8/q4 (the fixed-point key
+// copy is scored, whatever the storage), also through a chunked prompt under max_prompt.
+TEST(TriAttention, FixedScoresAreTheSameForThreadsAndStorage) {
+    const kvp_model m = ref::model(2, 8, 2, 16, KVP_ROPE_NEOX);
+    const ref::Inputs in(m, 200, 9, 1.0f);
+    std::vector<int32_t> first;
+    for (const char *extra : {" threads=1", " threads=2", " threads=3", " kv_dtype=f16 threads=2", " kv_dtype=q8",
+                              " kv_dtype=q4 threads=3", " kv_rotate=hadamard", " max_prompt=64 threads=2"}) {
+        ref::ForceParallel par(true);
+        ref::Cache c(m, std::string("policy=triattention budget=20 beta=6 score=fixed") + extra);
+        const bool chunked = strstr(extra, "max_prompt") != nullptr;
+        if (chunked) {
+            for (uint32_t t = 0; t < 48; t += 7) prefill(c, in, t, t + 7 <= 48 ? 7 : 48 - t);
+            ASSERT_EQ(kvp_prompt_end(c.c), KVP_OK) << kvp_last_error(c.c);
+        } else {
+            prefill(c, in, 0, 48);
+        }
+        for (uint32_t t = 48; t < 200; ++t) decode(c, in, t);
+        const std::vector<int32_t> p = all_positions(c, m);
+        if (first.empty()) first = p;
+        else EXPECT_EQ(p, first) << extra;
+    }
+}
+
+// A state saved mid-generation and loaded into a fresh cache goes on as the saved one would (the
+// query statistics travel in the policy's state region).
+TEST(TriAttention, LoadedStateGoesOnAsTheSavedOne) {
+    const kvp_model m = ref::model(2, 4, 2, 8);
+    const ref::Inputs in(m, 220, 13, 1.0f);
+    for (const char *spec : {"policy=triattention budget=10 beta=4", "policy=triattention budget=10 beta=4 score=fixed kv_dtype=q8"}) {
+        ref::Cache a(m, spec);
+        prefill(a, in, 0, 32);
+        for (uint32_t t = 32; t < 100; ++t) decode(a, in, t);
+        ref::Cache b(m, spec);
+        a.copy_state_to(b);
+        for (uint32_t t = 100; t < 220; ++t) {
+            decode(a, in, t);
+            decode(b, in, t);
+        }
+        EXPECT_EQ(all_positions(a, m), all_positions(b, m)) << spec;
+        // without the statistics (a fresh cache given the same tokens as a prompt) the choice differs
+    }
+}
+
+// Drafts work at the default capacity: a committed draft's tokens are prompt (kept).
+TEST(TriAttention, DraftsWorkAtTheDefaultCapacity) {
+    const kvp_model m = ref::model(2, 4, 2, 8);
+    const ref::Inputs in(m, 120, 17, 1.0f);
+    ref::Cache c(m, "policy=triattention budget=16 beta=4 max_draft=4");
+    prefill(c, in, 0, 16);
+    for (uint32_t t = 16; t < 60; ++t) decode(c, in, t);
+    const size_t before = c.positions(0, 0).size();
+    ASSERT_EQ(kvp_draft_begin(c.c), KVP_OK) << kvp_last_error(c.c);
+    std::vector<float> out(size_t(4) * in.nq);
+    for (uint32_t l = 0; l < m.n_layers; ++l)
+        ASSERT_EQ(kvp_prefill(c.c, l, 4, nullptr, in.qt(60), in.kt(60), in.vt(60), out.data(), nullptr), KVP_OK)
+            << kvp_last_error(c.c);
+    ASSERT_EQ(kvp_draft_commit(c.c, 3), KVP_OK) << kvp_last_error(c.c);
+    EXPECT_EQ(c.positions(0, 0).size(), before + 3);
+    for (uint32_t t = 63; t < 100; ++t) decode(c, in, t);
+    EXPECT_LT(c.positions(0, 0).size(), 16u + 3u + 16u + 4u);
+}
+
+TEST(TriAttention, ConfigErrors) {
+    const kvp_model m = ref::model(2, 4, 2, 8);
+    kvp_config cfg;
+    char err[256] = "";
+    struct Bad {
+        const char *spec, *says;
+    } bad[] = {
+        {"policy=triattention positions=realign", "realign"},
+        {"policy=triattention kv_dtype=q8", "score=fixed"},
+        {"policy=triattention budget=16 beta=8 capacity=20", "budget+beta"},
+        {"policy=triattention beta=2.5", "whole number"},
+        {"policy=think token_policy=triattention", "token_policy"},
+        {"policy=triattention window=8", "window"},
+    };
+    for (const Bad &b : bad) {
+        ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+        EXPECT_EQ(kvp_config_apply(&cfg, b.spec, err, sizeof err), KVP_ERR_CONFIG) << b.spec;
+        EXPECT_NE(strstr(err, b.says), nullptr) << b.spec << ": " << err;
+    }
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    ASSERT_EQ(kvp_config_apply(&cfg, "policy=triattention compression_ratio=0.75 ratio_tokens=64", err, sizeof err), KVP_OK)
+        << err;
+    EXPECT_EQ(cfg.budget, 16u);
+    EXPECT_EQ(cfg.beta, 128.0f);  // beta follows the policy: 128 for triattention unless given
+    ASSERT_EQ(kvp_config_apply(&cfg, "policy=triattention beta=20", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(cfg.beta, 20.0f);
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    ASSERT_EQ(kvp_config_apply(&cfg, "policy=pyramidkv", err, sizeof err), KVP_OK) << err;
+    EXPECT_EQ(cfg.beta, 20.0f);
+    ref::Cache c(m, "policy=triattention kv_dtype=q4 score=fixed budget=64 beta=32");
+    EXPECT_EQ(kvp_layer_capacity(c.c, 0), 64u + 32u + 2048u);
+}
+
+}  // namespace
