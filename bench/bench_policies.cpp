@@ -6,7 +6,9 @@
 //        h2o      policy=h2o budget=N: fused score accumulation, victim scan, compaction
 //        full     policy=full: N..N+255 tokens (the cache is refilled every 256 steps, untimed)
 //        triattention  policy=triattention beta=128 budget=N-127 (issue 32), every token generated:
-//                 each 128th step scores the ~N generated tokens and cuts them back (amortised)
+//                 each 128th step scores the ~N generated tokens and cuts them back (amortised);
+//                 tri_mode=union (one choice for all heads, made on the calling thread), and
+//        triattention_plh  the same with tri_mode=per_layer_perhead (each head in its own work)
 //   BM_PruneEvent/L:<kept>/moved:<m>/cap:<C>   one arbitrary eviction compacted at once
 //                                              (store_evict with no hole allowance) in a
 //                                              (layer, head) of capacity C holding L tokens,
@@ -90,8 +92,9 @@ void BM_DecodeStep(benchmark::State &state, const char *policy, uint32_t N, int 
     const std::string p = policy;
     if (p == "window") spec = "policy=window window=" + std::to_string(N);
     else if (p == "h2o") spec = "policy=h2o recent=32 budget=" + std::to_string(N);
-    else if (p == "triattention")  // every beta = 128 steps the N generated tokens are scored and cut back
-        spec = "policy=triattention beta=128 budget=" + std::to_string(N - 127) + " capacity=" + std::to_string(N + 2);
+    else if (p.rfind("triattention", 0) == 0)  // every beta = 128 steps the N generated tokens are scored and cut back
+        spec = "policy=triattention beta=128 budget=" + std::to_string(N - 127) + " capacity=" + std::to_string(N + 2) +
+               (p == "triattention_plh" ? " tri_mode=per_layer_perhead" : " tri_mode=union");
     else spec = "policy=full capacity=" + std::to_string(N + 256);
     spec += " threads=" + std::to_string(threads);
     Owned o(1, kQ, kKv, kD, spec);
@@ -99,7 +102,7 @@ void BM_DecodeStep(benchmark::State &state, const char *policy, uint32_t N, int 
         state.SkipWithError(("setup: " + o.error).c_str());
         return;
     }
-    if (p == "triattention") {  // the appended tokens count as generated (the policy marks them 1.0 in the slot score)
+    if (p.rfind("triattention", 0) == 0) {  // the appended tokens count as generated (the policy marks them 1.0 in the slot score)
         for (uint32_t h = 0; h < kKv; ++h) {  // and their count in the head's pword[0]
             kvp::HeadStore &hs = kvp::head_of(o.c, 0, h);
             kvp::BlockPool &pool = o.c->pools[h];
@@ -214,7 +217,7 @@ void register_all() {
         }
     // issue 32: TriAttention's scoring (every 128 steps, over every generated token) against h2o's
     for (int t : {1, 2})
-        for (const char *p : {"h2o", "triattention"}) {
+        for (const char *p : {"h2o", "triattention", "triattention_plh"}) {
             const std::string name = std::string("BM_DecodeStep/") + p + "/N:32768/threads:" + std::to_string(t);
             benchmark::RegisterBenchmark(name.c_str(), BM_DecodeStep, p, 32768u, t)
                 ->Unit(benchmark::kMicrosecond)->UseRealTime()->Iterations(256);  // two cuts of triattention

@@ -686,6 +686,9 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     if (c->policy->layer_phase && !local && !prompt) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         c->policy->layer_phase(ctx, mode);
+        if (ls.geom.lp.phase_all_layers)  // it may have evicted from any layer (policy.h)
+            for (uint32_t l = 0; l < m.n_layers; ++l)
+                if (l != layer) layer_account(c, l);
     }
     if (mode == StepMode::kDecode) ls.observe_decode = false;  // only the first decode is observed
     if (mode == StepMode::kDecode) {  // heads reduced in fixed order

@@ -20,6 +20,7 @@ bool PolicyCtx::prompt_holds() const { return layer_prompt_holds(c->cfg, layer);
 HeadStore &PolicyCtx::store(uint32_t h) const { return head_of(c, layer, h); }
 BlockPool &PolicyCtx::pool_of(uint32_t h) const { return c->pools[h]; }
 PolicyCtx PolicyCtx::at_head(uint32_t h) const { return PolicyCtx{c, layer, h, &c->pools[h], scratch, 0, 0}; }
+PolicyCtx PolicyCtx::at_layer(uint32_t l) const { return PolicyCtx{c, l, head, pool, scratch, 0, 0}; }
 uint32_t &PolicyCtx::evict_threshold() const { return c->layers[layer].evict_threshold; }
 int32_t &PolicyCtx::lazy() const { return c->layers[layer].lazy; }
 void *PolicyCtx::state() const { return c->pstate; }

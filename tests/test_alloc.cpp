@@ -194,6 +194,7 @@ TEST(NoAllocation, SimLayerKvAndAsl) {
           "policy=random keep_prompt=0 budget=48 capacity=260 seed=3 threads=2",
           "policy=random budget=16 capacity=400 threads=1",
           "policy=triattention budget=16 beta=8 capacity=400 threads=2",
+          "policy=triattention budget=16 beta=8 capacity=400 tri_mode=per_layer_perhead threads=2",
           "policy=triattention budget=16 beta=8 capacity=400 score=fixed kv_dtype=q4 max_prompt=256 threads=2"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);

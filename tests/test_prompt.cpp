@@ -38,6 +38,7 @@ const char *const kSpecs[] = {
     "policy=random budget=8 capacity=330 seed=7",
     // TriAttention keeps the prompt (held within capacity); its query statistics add up chunk by chunk
     "policy=triattention budget=8 beta=4 capacity=330",
+    "policy=triattention budget=8 beta=4 capacity=330 tri_mode=per_head",
     // ThinK's channels chosen at the prompt's end (the blocks wait at f32 in the deferred rows)
     "policy=think key_channel_ratio=0.5 value_channel_ratio=0.25 capacity=320",
     "policy=think token_policy=h2o budget=64 recent=8 key_channel_ratio=0.5 value_channel_ratio=0.5",

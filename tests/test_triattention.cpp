@@ -51,7 +51,7 @@ std::vector<int32_t> all_positions(const ref::Cache &c, const kvp_model &m) {
 struct Ref {
     kvp_model m;
     uint32_t budget, beta, prompt;
-    const ref::Inputs &in;
+    const std::vector<ref::Inputs> &in;  // one set of rows per layer
 
     // The complex pairs of a raw row (RoPE's pairing) and the unrotated channels as real values.
     std::vector<std::complex<double>> units(const float *x) const {
@@ -72,57 +72,92 @@ struct Ref {
         const uint32_t rd = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim);
         return i < rd / 2;
     }
+    uint32_t G() const { return m.n_q_heads / m.n_kv_heads; }
 
-    // Score of token p's key for KV head h of layer l, with the queries of tokens [0, seen) and
-    // the next query at R.
-    double score(uint32_t h, uint32_t p, uint32_t seen, int64_t R) const {
-        const uint32_t G = m.n_q_heads / m.n_kv_heads;
-        const auto k = units(in.kt(p) + size_t(h) * m.head_dim);
-        double best = -INFINITY;
-        for (uint32_t g = 0; g < G; ++g) {
-            const uint32_t qh = h * G + g;
-            std::vector<std::complex<double>> mean(k.size());
-            std::vector<double> absmean(k.size(), 0.0);
-            for (uint32_t t = 0; t < seen; ++t) {
-                const auto q = units(in.qt(t) + size_t(qh) * m.head_dim);
-                for (size_t i = 0; i < k.size(); ++i) {
-                    mean[i] += q[i];
-                    absmean[i] += pair(uint32_t(i)) ? std::abs(q[i]) : fabs(q[i].real());
-                }
-            }
-            double s = 0.0;
+    // Score of token p's key in layer l for query head qh, with the layer's queries of tokens
+    // [0, seen) and the next query at R.
+    double score(uint32_t l, uint32_t qh, uint32_t p, uint32_t seen, int64_t R) const {
+        const auto k = units(in[l].kt(p) + size_t(qh / G()) * m.head_dim);
+        std::vector<std::complex<double>> mean(k.size());
+        std::vector<double> absmean(k.size(), 0.0);
+        for (uint32_t t = 0; t < seen; ++t) {
+            const auto q = units(in[l].qt(t) + size_t(qh) * m.head_dim);
             for (size_t i = 0; i < k.size(); ++i) {
-                const std::complex<double> mq = mean[i] / double(seen);
-                const double aq = absmean[i] / seen;
-                if (!pair(uint32_t(i))) {  // frequency 0, one channel
-                    s += mq.real() * k[i].real() + (aq - fabs(mq.real())) * fabs(k[i].real());
-                    continue;
-                }
-                const double amp = std::abs(mq) * std::abs(k[i]);
-                const std::complex<double> rel = mq * std::conj(k[i]);
-                const double phi = atan2(rel.imag(), rel.real());
-                double c = 0.0;
-                for (uint32_t d = 0; d < 17; ++d) c += cos((double(R - p) + double(1u << d)) * omega(uint32_t(i)) + phi);
-                s += amp * c / 17 + (aq - std::abs(mq)) * std::abs(k[i]);
+                mean[i] += q[i];
+                absmean[i] += pair(uint32_t(i)) ? std::abs(q[i]) : fabs(q[i].real());
             }
-            best = std::max(best, s);
         }
+        double s = 0.0;
+        for (size_t i = 0; i < k.size(); ++i) {
+            const std::complex<double> mq = mean[i] / double(seen);
+            const double aq = absmean[i] / seen;
+            if (!pair(uint32_t(i))) {  // frequency 0, one channel
+                s += mq.real() * k[i].real() + (aq - fabs(mq.real())) * fabs(k[i].real());
+                continue;
+            }
+            const double amp = std::abs(mq) * std::abs(k[i]);
+            const std::complex<double> rel = mq * std::conj(k[i]);
+            const double phi = atan2(rel.imag(), rel.real());
+            double c = 0.0;
+            for (uint32_t d = 0; d < 17; ++d) c += cos((double(R - p) + double(1u << d)) * omega(uint32_t(i)) + phi);
+            s += amp * c / 17 + (aq - std::abs(mq)) * std::abs(k[i]);
+        }
+        return s;
+    }
+    double group_max(uint32_t l, uint32_t h, uint32_t p, uint32_t t) const {
+        double best = -INFINITY;
+        for (uint32_t g = 0; g < G(); ++g) best = std::max(best, score(l, h * G() + g, p, t + 1, int64_t(t) + 1));
         return best;
     }
-
-    // The positions a head keeps after the prompt [0, prompt) and decodes up to token T-1.
-    std::vector<int32_t> kept(uint32_t h, uint32_t T) const {
+    // The `keep` best of gen by key (ties: the older goes first), ascending.
+    static std::vector<int32_t> best(const std::vector<int32_t> &gen, const std::vector<double> &key, size_t keep) {
+        std::vector<std::pair<double, int32_t>> sc;
+        for (size_t i = 0; i < gen.size(); ++i) sc.emplace_back(key[i], gen[i]);
+        std::sort(sc.begin(), sc.end());
+        std::vector<int32_t> r;
+        for (size_t i = sc.size() - keep; i < sc.size(); ++i) r.push_back(sc[i].second);
+        std::sort(r.begin(), r.end());
+        return r;
+    }
+    // The choice at step t for the stores the mode shares (l < 0: every layer; h < 0: every head).
+    std::vector<int32_t> choose(const std::vector<int32_t> &gen, uint32_t t, int32_t l0, int32_t h0, bool union_mode) const {
+        std::vector<double> key(gen.size(), union_mode ? -INFINITY : 0.0);
+        std::vector<bool> nominated(gen.size(), false);
+        uint32_t layers = 0;
+        for (uint32_t l = 0; l < m.n_layers; ++l) {
+            if (l0 >= 0 && l != uint32_t(l0)) continue;
+            ++layers;
+            for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
+                if (h0 >= 0 && h != uint32_t(h0)) continue;
+                if (!union_mode) {  // the group's max, summed over layers
+                    for (size_t i = 0; i < gen.size(); ++i) key[i] += group_max(l, h, uint32_t(gen[i]), t);
+                    continue;
+                }
+                for (uint32_t g = 0; g < G(); ++g) {  // each query head nominates its budget best
+                    std::vector<double> s(gen.size());
+                    for (size_t i = 0; i < gen.size(); ++i) {
+                        s[i] = score(l, h * G() + g, uint32_t(gen[i]), t + 1, int64_t(t) + 1);
+                        key[i] = std::max(key[i], s[i]);
+                    }
+                    for (int32_t p : best(gen, s, budget)) nominated[size_t(std::find(gen.begin(), gen.end(), p) - gen.begin())] = true;
+                }
+            }
+        }
+        for (size_t i = 0; i < gen.size(); ++i) {
+            if (!union_mode) key[i] /= layers;
+            else if (!nominated[i]) key[i] = -INFINITY;
+        }
+        return best(gen, key, budget);
+    }
+    // The positions (l, h) keeps after the prompt [0, prompt) and decodes up to token T-1.
+    std::vector<int32_t> kept(const char *mode, uint32_t l, uint32_t h, uint32_t T) const {
+        const bool uni = strcmp(mode, "union") == 0, per_head = strcmp(mode, "per_head") == 0;
         std::vector<int32_t> gen;
         for (uint32_t t = prompt; t < T; ++t) {
             gen.push_back(int32_t(t));
             if (gen.size() < size_t(budget) + beta) continue;
-            std::vector<std::pair<double, int32_t>> sc;
-            for (int32_t p : gen) sc.emplace_back(score(h, uint32_t(p), t + 1, int64_t(t) + 1), p);
-            std::sort(sc.begin(), sc.end());  // lowest first, ties the older first
-            std::vector<int32_t> keep;
-            for (size_t i = sc.size() - budget; i < sc.size(); ++i) keep.push_back(sc[i].second);
-            std::sort(keep.begin(), keep.end());
-            gen = keep;
+            gen = uni ? choose(gen, t, -1, -1, true) : per_head ? choose(gen, t, -1, int32_t(h), false)
+                                                               : choose(gen, t, int32_t(l), int32_t(h), false);
         }
         std::vector<int32_t> r;
         for (uint32_t t = 0; t < prompt; ++t) r.push_back(int32_t(t));
@@ -136,25 +171,63 @@ struct Geometry {
     kvp_model m;
 };
 
+// Each layer gets its own rows (seed + layer), so that the modes' aggregations over layers matter.
+void prefill_layers(ref::Cache &c, const std::vector<ref::Inputs> &in, uint32_t t0, uint32_t n) {
+    std::vector<float> out(size_t(n) * in[0].nq);
+    for (uint32_t l = 0; l < in.size(); ++l)
+        ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, in[l].qt(t0), in[l].kt(t0), in[l].vt(t0), out.data(), nullptr), KVP_OK)
+            << kvp_last_error(c.c);
+}
+void decode_layers(ref::Cache &c, const std::vector<ref::Inputs> &in, uint32_t t) {
+    std::vector<float> out(in[0].nq);
+    for (uint32_t l = 0; l < in.size(); ++l)
+        ASSERT_EQ(kvp_decode(c.c, l, in[l].qt(t), in[l].kt(t), in[l].vt(t), out.data()), KVP_OK) << kvp_last_error(c.c);
+}
+
 TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
     const Geometry geos[] = {
         {"gptj d8", ref::model(2, 4, 2, 8)},
-        {"neox d16 G1", ref::model(1, 2, 2, 16, KVP_ROPE_NEOX)},
+        {"neox d16 G1", ref::model(2, 2, 2, 16, KVP_ROPE_NEOX)},
         {"neox partial 8 of 12", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)},
-        {"no rope d5", ref::model(1, 2, 1, 5, KVP_ROPE_NONE)},
+        {"no rope d5", ref::model(3, 2, 1, 5, KVP_ROPE_NONE)},
     };
     for (const Geometry &g : geos) {
-        const ref::Inputs in(g.m, 90, 21, 1.0f);
-        for (const char *score : {"float", "fixed"}) {
-            ref::Cache c(g.m, std::string("policy=triattention budget=12 beta=5 score=") + score);
-            prefill(c, in, 0, 20);
-            for (uint32_t t = 20; t < 90; ++t) decode(c, in, t);
-            const Ref r{g.m, 12, 5, 20, in};
-            for (uint32_t l = 0; l < g.m.n_layers; ++l)
-                for (uint32_t h = 0; h < g.m.n_kv_heads; ++h)
-                    EXPECT_EQ(c.positions(l, h), r.kept(h, 90)) << g.name << " score=" << score << " layer " << l << " head " << h;
-        }
+        std::vector<ref::Inputs> in;
+        for (uint32_t l = 0; l < g.m.n_layers; ++l) in.emplace_back(g.m, 70, 21 + l, 1.0f);
+        const Ref r{g.m, 10, 5, 16, in};
+        for (const char *mode : {"union", "per_head", "per_layer_perhead"})
+            for (const char *score : {"float", "fixed"}) {
+                ref::Cache c(g.m, std::string("policy=triattention budget=10 beta=5 tri_mode=") + mode + " score=" + score);
+                prefill_layers(c, in, 0, 16);
+                for (uint32_t t = 16; t < 70; ++t) decode_layers(c, in, t);
+                for (uint32_t l = 0; l < g.m.n_layers; ++l)
+                    for (uint32_t h = 0; h < g.m.n_kv_heads; ++h)
+                        EXPECT_EQ(c.positions(l, h), r.kept(mode, l, h, 70))
+                            << g.name << " tri_mode=" << mode << " score=" << score << " layer " << l << " head " << h;
+            }
     }
+}
+
+// The modes differ: union keeps one set everywhere, per_head one per KV head, per_layer_perhead
+// one per store (on inputs where the heads and layers see different rows).
+TEST(TriAttention, ModesShareTheirChoiceAsNamed) {
+    const kvp_model m = ref::model(2, 4, 2, 8);
+    std::vector<ref::Inputs> in;
+    for (uint32_t l = 0; l < m.n_layers; ++l) in.emplace_back(m, 120, 40 + l, 1.0f);
+    std::vector<std::vector<int32_t>> sets[3];
+    const char *modes[] = {"union", "per_head", "per_layer_perhead"};
+    for (int i = 0; i < 3; ++i) {
+        ref::Cache c(m, std::string("policy=triattention budget=16 beta=8 tri_mode=") + modes[i]);
+        prefill_layers(c, in, 0, 24);
+        for (uint32_t t = 24; t < 120; ++t) decode_layers(c, in, t);
+        for (uint32_t l = 0; l < m.n_layers; ++l)
+            for (uint32_t h = 0; h < m.n_kv_heads; ++h) sets[i].push_back(c.positions(l, h));
+    }
+    for (const auto &s : sets[0]) EXPECT_EQ(s, sets[0][0]);          // union: (0,0) (0,1) (1,0) (1,1) alike
+    EXPECT_EQ(sets[1][0], sets[1][2]);                                // per_head: head 0 in both layers
+    EXPECT_EQ(sets[1][1], sets[1][3]);                                // head 1 in both layers
+    EXPECT_NE(sets[1][0], sets[1][1]);
+    EXPECT_NE(sets[2][0], sets[2][2]);                                // per_layer_perhead: layers differ
 }
 
 // The prompt stays; generated tokens never exceed budget + beta and fall to budget at each cut;

@@ -170,6 +170,17 @@ typedef enum { KVP_POOL_AVG = 0, KVP_POOL_MAX = 1, KVP_POOL_FORCE_INT32_ = 0x7ff
 /** Rotation of stored K and V (spec key `kv_rotate`, issue 23; docs/rotate.md). */
 typedef enum { KVP_ROTATE_NONE = 0, KVP_ROTATE_HADAMARD = 1, KVP_ROTATE_FORCE_INT32_ = 0x7fffffff } kvp_rotate;
 
+/** TriAttention's selection granularity (spec key `tri_mode`; the reference code's three modes). */
+typedef enum {
+    KVP_TRI_UNION = 0,              /**< one set of generated tokens for every layer and head: each (layer, query
+                                         head) nominates its `budget` best, the nominees with the highest score
+                                         over all of them are kept (the reference's default) */
+    KVP_TRI_PER_HEAD = 1,           /**< one set per KV head, shared by the layers: the mean over layers of the
+                                         group's maximum */
+    KVP_TRI_PER_LAYER_PERHEAD = 2,  /**< each (layer, KV head) by its own group's maximum */
+    KVP_TRI_FORCE_INT32_ = 0x7fffffff
+} kvp_tri_mode;
+
 /**
  * Cache configuration. A plain struct: fill it with kvp_config_default(), change
  * fields directly or through kvp_config_apply(). `struct_size` is first so fields can
@@ -305,6 +316,12 @@ typedef struct kvp_config {
                                     kvp_append are never evicted and the generated ones (kvp_decode) are cut
                                     back to `budget` at random; 0 = every token may go, the head keeps
                                     `budget` tokens */
+    /* appended in 0.3 (issue 32): TriAttention */
+    uint32_t tri_mode;           /* tri_mode=union|per_head|per_layer_perhead (kvp_tri_mode; triattention):
+                                    which stores share one choice of generated tokens. union and per_head
+                                    decide for every layer when the last layer that runs the policy (not a
+                                    sliding-window layer) decodes; per_layer_perhead decides in each layer's
+                                    own call. Default union (the reference's). */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */

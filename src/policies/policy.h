@@ -69,6 +69,8 @@ struct LayerPlan {
                             // (the sums are additive per key), so the prompt's end observes nothing
     bool reads_keys;          // the policy reads stored keys (PolicyCtx::key): with score=fixed the pool
                               // keeps the fixed-point key copy, which it reads (triattention)
+    bool phase_all_layers;    // layer_phase may evict from other layers' stores (ctx.at_layer): the core
+                              // accounts every layer after it (triattention's shared modes)
 };
 
 // The context of one operation.
@@ -100,6 +102,8 @@ struct PolicyCtx {
     HeadStore &store(uint32_t h) const;  // this layer's store of KV head h
     BlockPool &pool_of(uint32_t h) const;  // KV head h's pool
     PolicyCtx at_head(uint32_t h) const; // this context for KV head h (its pool; the same scratch)
+    PolicyCtx at_layer(uint32_t l) const; // this context for layer l (the same head, pool and scratch):
+                                          // only a layer_phase of a LayerPlan::phase_all_layers plan uses it
     uint32_t &evict_threshold() const;   // this layer's kvp_layer_stats.evict_threshold (Lethe)
     int32_t &lazy() const;               // this layer's laziness (SimLayerKV; -1 undecided)
     void *state() const;                 // the policy's state region (Policy::state_bytes)

@@ -14,6 +14,9 @@ namespace {
 
 constexpr float kGenerated = 1.0f;  // slot score of a generated token; prompt tokens 0
 constexpr uint32_t kOffsets = 17;   // d = 1, 2, 4, ..., 65536 (the reference's offset_max_length)
+// Scratch bytes per token of one selection (Work): score, sum, slots, order, cnt, pos, mask; plus
+// G doubles of per-query-head scores.
+constexpr size_t kPerToken = 2 * sizeof(double) + 3 * sizeof(uint32_t) + sizeof(int32_t) + 1;
 
 // A scoring unit: a RoPE pair (a, b) with frequency index u < pairs, or one unrotated channel a
 // (b < 0). Units 0..pairs-1 are the rotated pairs, then every channel past 2 * pairs.
@@ -89,8 +92,9 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     p->reads_keys = true;
     const Units u = units_of(cfg.model);
     const uint32_t G = cfg.model.n_q_heads / cfg.model.n_kv_heads;
-    p->scratch_bytes = (size_t(G) * u.n * 3 + u.hd + 3 * size_t(u.n)) * sizeof(double);
-    p->scratch_per_token = 2 * sizeof(uint32_t) + sizeof(double);  // candidate slot, order, score
+    p->scratch_per_token = kPerToken + G * sizeof(double);  // Work
+    p->scratch_bytes = (size_t(G) * u.n * 3 + u.hd + 3 * size_t(u.n)) * sizeof(double) + p->scratch_per_token + 64;
+    p->phase_all_layers = cfg.tri_mode != KVP_TRI_PER_LAYER_PERHEAD;
 }
 
 size_t state_bytes(const kvp_config &cfg, uint32_t) {
@@ -163,7 +167,8 @@ struct Scorer {
             }
         }
     }
-    double score(const PolicyCtx &ctx, uint32_t slot) {
+    // The key's score per query head into per_g[g * ld] (when not NULL); returns the group's maximum.
+    double score(const PolicyCtx &ctx, uint32_t slot, double *per_g = nullptr, size_t ld = 0) {
         ctx.key(slot, key);
         const size_t n = u.n;
         double *kr = key + u.hd, *ki = kr + n, *km = ki + n;
@@ -180,20 +185,25 @@ struct Scorer {
             const double *re = qt + size_t(g) * 3 * n, *im = re + n, *co = im + n;
             double s = 0.0;
             for (size_t i = 0; i < n; ++i) s += re[i] * kr[i] + im[i] * ki[i] + co[i] * km[i];
+            if (per_g) per_g[g * ld] = s;
             if (g == 0 || s > best) best = s;
         }
         return best;
     }
 };
 
+// The scratch of one selection over at most `cap` tokens (PolicyCtx::scratch; plan()).
 struct Work {
     Scorer sc;
-    uint32_t *slots, *order;
-    double *score;
+    double *score, *sum, *per_g;  // [cap], [cap], [G][cap]
+    uint32_t *slots, *order, *cnt;
+    int32_t *pos;
+    uint8_t *mask;
 };
 
-Work work_of(const PolicyCtx &ctx, uint32_t cap) {
+Work work_of(const PolicyCtx &ctx) {
     const Units u = units_of(ctx.cfg().model);
+    const size_t cap = size_t(ctx.plan().cap) + 1;
     Work w;
     w.sc.u = u;
     w.sc.G = ctx.group();
@@ -201,12 +211,18 @@ Work work_of(const PolicyCtx &ctx, uint32_t cap) {
     w.sc.qt = d;
     w.sc.key = d + size_t(w.sc.G) * u.n * 3;
     w.score = w.sc.key + u.hd + 3 * size_t(u.n);
-    w.slots = reinterpret_cast<uint32_t *>(w.score + cap);
+    w.sum = w.score + cap;
+    w.per_g = w.sum + cap;
+    w.slots = reinterpret_cast<uint32_t *>(w.per_g + size_t(w.sc.G) * cap);
     w.order = w.slots + cap;
+    w.cnt = w.order + cap;
+    w.pos = reinterpret_cast<int32_t *>(w.cnt + cap);
+    w.mask = reinterpret_cast<uint8_t *>(w.pos + cap);
     return w;
 }
 
-// The generated tokens (slots in logical order) and R, the position after the newest token.
+// The generated tokens (slots in logical order, so ascending positions) and R, the position
+// after the newest token.
 uint32_t candidates(const PolicyCtx &ctx, const HeadStore &hs, uint32_t *slots, int64_t *R) {
     const BlockPool &pool = *ctx.pool;
     uint32_t m = 0;
@@ -221,10 +237,18 @@ uint32_t candidates(const PolicyCtx &ctx, const HeadStore &hs, uint32_t *slots, 
     return m;
 }
 
-// Evicts the e lowest-scored generated tokens (ties: the older first).
+// Orders idx[0..m) by ascending key, ties by ascending position (the older is evicted first).
+void order_lowest(uint32_t *idx, uint32_t m, const double *key, const int32_t *pos) {
+    for (uint32_t i = 0; i < m; ++i) idx[i] = i;
+    std::sort(idx, idx + m, [&](uint32_t x, uint32_t y) {
+        if (key[x] != key[y]) return key[x] < key[y];
+        return pos[x] < pos[y];
+    });
+}
+
+// Evicts the e lowest-scored generated tokens of one store (ties: the older first).
 void evict_scored(PolicyCtx &ctx, HeadStore &hs, uint32_t e) {
-    const uint32_t cap = hs.len() + 1;
-    Work w = work_of(ctx, cap);
+    Work w = work_of(ctx);
     int64_t R;
     const uint32_t m = candidates(ctx, hs, w.slots, &R);
     hs.pword[0] = m;
@@ -233,16 +257,155 @@ void evict_scored(PolicyCtx &ctx, HeadStore &hs, uint32_t e) {
     w.sc.prepare(ctx, R);
     for (uint32_t i = 0; i < m; ++i) {
         w.score[i] = w.sc.score(ctx, w.slots[i]);
-        w.order[i] = i;
+        w.pos[i] = ctx.pool->pos[w.slots[i]];
     }
-    const BlockPool &pool = *ctx.pool;
-    std::sort(w.order, w.order + m, [&](uint32_t x, uint32_t y) {
-        if (w.score[x] != w.score[y]) return w.score[x] < w.score[y];
-        return pool.pos[w.slots[x]] < pool.pos[w.slots[y]];
-    });
+    order_lowest(w.order, m, w.score, w.pos);
     for (uint32_t i = 0; i < e; ++i) w.order[i] = w.slots[w.order[i]];  // the victims' slots
     store_evict(hs, *ctx.pool, ctx.layer, w.order, e);
     hs.pword[0] = m - e;
+}
+
+// ---- the shared modes: one choice for several stores, made at the last policy layer ----
+
+bool layer_runs_policy(const kvp_config &cfg, uint32_t l) {  // not a sliding-window layer (sliding.h)
+    if (!cfg.sliding_window) return true;
+    return cfg.sliding_pattern && (l + 1) % cfg.sliding_pattern == 0;
+}
+
+uint32_t last_policy_layer(const kvp_config &cfg) {
+    for (uint32_t l = cfg.model.n_layers; l-- > 0;)
+        if (layer_runs_policy(cfg, l)) return l;
+    return 0;
+}
+
+// The index of position p in the reference positions pos[0..m), or m.
+uint32_t index_of(const int32_t *pos, uint32_t m, int32_t p) {
+    const int32_t *it = std::lower_bound(pos, pos + m, p);
+    return it != pos + m && *it == p ? uint32_t(it - pos) : m;
+}
+
+// Whether store (l, h) holds other generated tokens than the reference positions w.pos[0..m).
+bool diverged(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m) {
+    PolicyCtx hc = ctx.at_layer(l).at_head(h);
+    int64_t R;
+    const uint32_t ms = candidates(hc, hc.store(h), w.order, &R);
+    if (ms != m) return true;
+    for (uint32_t i = 0; i < ms; ++i)
+        if (hc.pool->pos[w.order[i]] != w.pos[i]) return true;
+    return false;
+}
+
+// Scores every generated token of store (l, h) per query head and adds them, by the index of its
+// position among the reference positions w.pos[0..m), to: w.sum/w.cnt (the group's max: per_head),
+// or w.score (max over heads: union) and, when `nominate`, w.mask (a query head's `keep` best).
+void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, uint32_t keep, bool union_mode,
+                 bool nominate) {
+    PolicyCtx hc = ctx.at_layer(l).at_head(h);
+    HeadStore &hs = hc.store(h);
+    uint32_t *slots = w.order;  // this store's candidates (order is free until the choice)
+    int64_t R;
+    const uint32_t ms = candidates(hc, hs, slots, &R);
+    if (ms == 0) return;
+    w.sc.prepare(hc, R);
+    const size_t ld = size_t(hc.plan().cap) + 1;
+    for (uint32_t i = 0; i < ms; ++i) {
+        const uint32_t k = index_of(w.pos, m, hc.pool->pos[slots[i]]);
+        const double best = w.sc.score(hc, slots[i], nominate ? w.per_g + i : nullptr, ld);
+        if (k == m) continue;  // not a token of the reference store: it is evicted below
+        if (!union_mode) {
+            w.sum[k] += best;
+            ++w.cnt[k];
+        } else if (best > w.score[k] || w.cnt[k] == 0) {
+            w.score[k] = best;
+            w.cnt[k] = 1;
+        }
+    }
+    if (!nominate) return;
+    // union: each query head nominates its `keep` best of this store (ties: the newer)
+    for (uint32_t g = 0; g < w.sc.G; ++g) {
+        const double *sg = w.per_g + size_t(g) * ld;
+        int32_t *pos = reinterpret_cast<int32_t *>(w.sum);  // positions of this store's candidates
+        for (uint32_t i = 0; i < ms; ++i) pos[i] = hc.pool->pos[slots[i]];
+        uint32_t *idx = w.slots;
+        order_lowest(idx, ms, sg, pos);
+        for (uint32_t r = ms > keep ? ms - keep : 0; r < ms; ++r) {
+            const uint32_t k = index_of(w.pos, m, pos[idx[r]]);
+            if (k < m) w.mask[k] = 1;
+        }
+    }
+}
+
+// Keeps the generated tokens of store (l, h) whose positions are w.pos[k] with w.mask[k] == 2.
+void keep_chosen(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m) {
+    PolicyCtx hc = ctx.at_layer(l).at_head(h);
+    HeadStore &hs = hc.store(h);
+    int64_t R;
+    const uint32_t ms = candidates(hc, hs, w.order, &R);
+    uint32_t e = 0;
+    for (uint32_t i = 0; i < ms; ++i) {
+        const uint32_t k = index_of(w.pos, m, hc.pool->pos[w.order[i]]);
+        if (k == m || w.mask[k] != 2) w.order[e++] = w.order[i];
+    }
+    if (e) store_evict(hs, *hc.pool, l, w.order, e);
+    hs.pword[0] = ms - e;
+}
+
+// One choice for the stores of KV heads [h0, h1) of every policy layer (per_head: one head;
+// union: all), the reference positions those of (ctx.layer, h0).
+void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
+    const kvp_config &cfg = ctx.cfg();
+    Work w = work_of(ctx);
+    PolicyCtx rc = ctx.at_head(h0);
+    int64_t R;
+    const uint32_t m = candidates(rc, rc.store(h0), w.slots, &R);
+    const uint32_t keep = cfg.budget < m ? cfg.budget : m;
+    for (uint32_t i = 0; i < m; ++i) {
+        w.pos[i] = rc.pool->pos[w.slots[i]];
+        w.score[i] = w.sum[i] = 0.0;
+        w.cnt[i] = 0;
+        w.mask[i] = 0;
+    }
+    // The union's nominations matter only when some store holds other tokens than the reference:
+    // over the same tokens the `keep` best by the maximum are all nominated (a token outside its
+    // maximising query head's `keep` best would have `keep` tokens above it), so they are skipped.
+    bool nominate = false;
+    for (uint32_t l = 0; union_mode && !nominate && l < cfg.model.n_layers; ++l)
+        if (layer_runs_policy(cfg, l))
+            for (uint32_t h = h0; h < h1 && !nominate; ++h) nominate = diverged(ctx, l, h, w, m);
+    for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
+        if (layer_runs_policy(cfg, l))
+            for (uint32_t h = h0; h < h1; ++h) score_store(ctx, l, h, w, m, keep, union_mode, nominate);
+    // the choice: per_head the best mean over layers; union the nominees with the highest score
+    // (the others only when fewer than keep were nominated)
+    double *key = w.score;
+    if (!union_mode)
+        for (uint32_t k = 0; k < m; ++k) key[k] = w.cnt[k] ? w.sum[k] / w.cnt[k] : -HUGE_VAL;
+    uint32_t nominated = 0;
+    for (uint32_t k = 0; k < m; ++k) nominated += w.mask[k];
+    if (nominate)  // nominees first (all of them when fewer than keep), then by score
+        for (uint32_t k = 0; k < m; ++k)
+            if (nominated >= keep ? !w.mask[k] : w.mask[k]) key[k] = nominated >= keep ? -HUGE_VAL : HUGE_VAL;
+    order_lowest(w.order, m, key, w.pos);
+    for (uint32_t r = m - keep; r < m; ++r) w.mask[w.order[r]] = 2;
+    for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
+        if (layer_runs_policy(cfg, l))
+            for (uint32_t h = h0; h < h1; ++h) keep_chosen(ctx, l, h, w, m);
+}
+
+void layer_phase(PolicyCtx &ctx, StepMode mode) {
+    const kvp_config &cfg = ctx.cfg();
+    if (mode != StepMode::kDecode || cfg.tri_mode == KVP_TRI_PER_LAYER_PERHEAD || ctx.layer != last_policy_layer(cfg))
+        return;
+    const uint32_t H = cfg.model.n_kv_heads;
+    const uint64_t at = uint64_t(cfg.budget) + beta_of(cfg);
+    if (cfg.tri_mode == KVP_TRI_PER_HEAD) {
+        for (uint32_t h = 0; h < H; ++h)
+            if (ctx.store(h).pword[0] >= at) choose_shared(ctx, h, h + 1, false);
+        return;
+    }
+    bool due = false;
+    for (uint32_t h = 0; h < H; ++h) due = due || ctx.store(h).pword[0] >= at;
+    if (due) choose_shared(ctx, 0, H, true);
 }
 
 // The head's generated tokens: counted in HeadStore::pword[0] (saved with the state, cleared with
@@ -256,6 +419,7 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
     memcpy(ctx.pool->score + last, &kGenerated, sizeof kGenerated);
     const kvp_config &cfg = ctx.cfg();
     const uint32_t g = uint32_t(++hs.pword[0]);
+    if (cfg.tri_mode != KVP_TRI_PER_LAYER_PERHEAD) return;  // the last policy layer's phase cuts (layer_phase)
     if (uint64_t(g) >= uint64_t(cfg.budget) + beta_of(cfg)) evict_scored(ctx, hs, g - cfg.budget);
 }
 
@@ -269,7 +433,7 @@ bool keeps_prompt(const kvp_config &) { return true; }
 }  // namespace
 
 const Policy kTriAttentionPolicy = {"triattention", KVP_POS_ORIGINAL, &check,   &plan,      nullptr,
-                                    &prune,         nullptr,          &evictable, &self_prune, nullptr,
+                                    &prune,         &layer_phase,          &evictable, &self_prune, nullptr,
                                     &state_bytes,   nullptr,          nullptr,    nullptr,     &keeps_prompt,
                                     &observe_queries};
 

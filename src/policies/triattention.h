@@ -20,9 +20,21 @@
 // offsets 1, 2, 4, ..., 65536 (the reference's offset_max_length). kvprune holds the keys
 // rotated at p, so the first sum is a dot product of the stored key with E[q] times
 // W_f = mean_d e^(i d w_f), rotated to R: no RoPE inversion (the identity the reference's folded
-// path uses). Each KV head takes the maximum over its group's query heads (the reference's
-// per_layer_perhead mode with its default max aggregation) and evicts the lowest, ties the older
-// first (the reference breaks ties with seeded noise).
+// path uses). Ties are broken by position, the older evicted first (the reference adds seeded
+// noise).
+//
+// Modes (`tri_mode`, the reference's three):
+// - per_layer_perhead: each (layer, KV head) keeps its budget best by the maximum over its group's
+//   query heads (the reference's default aggregation), in its own call.
+// - per_head: one choice per KV head for every layer: the mean over layers of the group's maximum.
+// - union (default, the reference's default): one choice for every layer and head: every (layer,
+//   query head) nominates its budget best, and of the nominees those with the highest maximum over
+//   all (layer, query head) scores stay.
+// The shared modes decide in the layer phase of the last layer that runs the policy (the last
+// non-sliding layer), single-threaded, when its stores hold budget + beta generated tokens, and
+// evict from every layer there (LayerPlan::phase_all_layers); the earlier layers hold budget +
+// beta until then, so the bound holds. Stores are matched by position (a store a dry shared pool
+// made diverge loses the tokens the choice does not name).
 //
 // Interpretations (docs/DECISIONS.md "TriAttention"):
 // - budget counts generated tokens only (the rule); the reference's keep step counts the
@@ -34,8 +46,6 @@
 // - Dimensions RoPE does not rotate (partial rotary past rope_dim, or a model without RoPE) count
 //   as frequency-0 terms of one channel each: E[q_i] k_i + (E|q_i| - |E q_i|) |k_i|.
 // - The RoPE attention factor scales every term alike and is left out.
-// - Only per_layer_perhead: every (layer, KV head) of kvprune decides alone; the reference's
-//   union and per-head modes share one decision across layers.
 // Keys are read as stored (PolicyCtx::key): score=fixed reads the fixed-point key copy, so every
 // kv_dtype works and the scores are the same bits on every ISA and thread count; score=float needs
 // kv_dtype=f32. positions=realign is refused (the distances would be the cache's, not the text's).

@@ -138,7 +138,8 @@ void spec_random(Bytes &b, std::string &s) {
 // TriAttention (issue 32): the prompt is kept; generated tokens cut back to budget every beta.
 void spec_triattention(Bytes &b, std::string &s) {
     const uint32_t budget = 1 + b.pick(24), beta = 1 + b.pick(12);
-    s += kv("budget", budget) + kv("beta", beta);
+    static const char *modes[] = {"union", "per_head", "per_layer_perhead"};
+    s += kv("budget", budget) + kv("beta", beta) + " tri_mode=" + modes[b.pick(3)];
     if (b.pick(2)) s += kv("capacity", budget + beta + 17 + b.pick(64));
 }
 

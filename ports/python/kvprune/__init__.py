@@ -91,6 +91,7 @@ class _Config(ctypes.Structure):
         ("max_new", _u32),  # issue 28: the papers' defaults
         ("prompt_scores", _u32),
         ("seed", _u32), ("keep_prompt", _u32),  # issue 32: the random baseline
+        ("tri_mode", _enum),  # issue 32: TriAttention
     ]
 
 

@@ -191,8 +191,9 @@ class PromptTest(unittest.TestCase):
         # issue 32's random baseline: its keys sit after prompt_scores in the mirrored struct
         rnd = kvprune.Config(MODEL, "policy=random budget=6 seed=9 keep_prompt=0")
         self.assertEqual((rnd.get("seed"), rnd.get("keep_prompt"), rnd.get("budget")), (9, 0, 6))
-        tri = kvprune.Config(MODEL, "policy=triattention budget=6 beta=3")
-        self.assertEqual((tri.get("policy"), tri.get("beta"), tri.get("budget")), (kvprune.POLICY_TRIATTENTION, 3, 6))
+        tri = kvprune.Config(MODEL, "policy=triattention budget=6 beta=3 tri_mode=per_head")
+        self.assertEqual((tri.get("policy"), tri.get("beta"), tri.get("budget"), tri.get("tri_mode")),
+                         (kvprune.POLICY_TRIATTENTION, 3, 6, 1))
         prompt = toks(Rng(0x5EED0028), 40)
         one, chunked = kvprune.Cache(MODEL, spec), kvprune.Cache(MODEL, spec)
         prefill_all(one, prompt)

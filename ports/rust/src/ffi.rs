@@ -144,6 +144,8 @@ pub struct kvp_config {
     // appended for issue 32: the random baseline
     pub seed: u32,
     pub keep_prompt: u32,
+    // appended for issue 32: TriAttention
+    pub tri_mode: u32,
 }
 
 #[repr(C)]

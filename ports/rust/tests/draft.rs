@@ -183,8 +183,8 @@ fn chunked_prompt_with_max_prompt_keeps_what_one_call_keeps() {
     // issue 32's random baseline: its keys sit after prompt_scores in the mirrored struct
     let rnd = Config::from_spec(&model(), "policy=random budget=6 seed=9 keep_prompt=0").unwrap();
     assert_eq!((rnd.get("seed").unwrap(), rnd.get("keep_prompt").unwrap()), (9.0, 0.0));
-    let tri = Config::from_spec(&model(), "policy=triattention budget=6 beta=3").unwrap();
-    assert_eq!((tri.get("beta").unwrap(), tri.get("budget").unwrap()), (3.0, 6.0));
+    let tri = Config::from_spec(&model(), "policy=triattention budget=6 beta=3 tri_mode=per_head").unwrap();
+    assert_eq!((tri.get("beta").unwrap(), tri.get("budget").unwrap(), tri.get("tri_mode").unwrap()), (3.0, 6.0, 1.0));
     let mut r = Rng(0x5eed_0028);
     let prompt = tokens(&mut r, 40);
     let (mut one, mut chunked) = (Cache::new(&cfg).unwrap(), Cache::new(&cfg).unwrap());
