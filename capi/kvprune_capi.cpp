@@ -1,6 +1,7 @@
 // The extern "C" layer: validates every argument, writes error text, never lets an exception
 // out (the library is built with -fno-exceptions) and calls into src/ only with valid input.
 // Every check runs before anything is mutated, so a failed call leaves the cache unchanged.
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -737,6 +738,37 @@ kvp_status kvp_prompt_end(kvp_cache *h) {
     }
     kvp::prompt_finish_all(g.get());
     return KVP_OK;
+}
+
+kvp_status kvp_query_stats_set(kvp_cache *h, uint32_t layer, uint32_t q_head, const float *mean,
+                               const float *abs_mean, uint32_t n_units) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    kvp_cache *c = g.get();
+    char buf[192];
+    Msg m(buf, sizeof buf);
+    const kvp_model &md = c->cfg.model;
+    if (!mean || !abs_mean) {
+        m.s("kvp_query_stats_set: mean and abs_mean must not be NULL");
+        return fail(c, KVP_ERR_ARG, m);
+    }
+    if (layer >= md.n_layers || q_head >= md.n_q_heads) {
+        m.s("kvp_query_stats_set: layer ").u(layer).s(", q_head ").u(q_head).s(" out of range (n_layers=")
+            .u(md.n_layers).s(", n_q_heads=").u(md.n_q_heads).s(")");
+        return fail(c, KVP_ERR_LAYER, m);
+    }
+    if (!c->policy->set_query_stats) {
+        m.s("kvp_query_stats_set: policy=").s(c->policy->name).s(" scores without query statistics (triattention uses them)");
+        return fail(c, KVP_ERR_UNSUPPORTED, m);
+    }
+    for (uint32_t i = 0; i < md.head_dim; ++i)
+        if (!isfinite(mean[i])) {
+            m.s("kvp_query_stats_set: mean[").u(i).s("] is not finite");
+            return fail(c, KVP_ERR_NONFINITE, m);
+        }
+    const kvp::PolicyCtx ctx = kvp::policy_ctx(c, layer);
+    const kvp_status st = c->policy->set_query_stats(ctx, q_head, mean, abs_mean, n_units, m);
+    return st == KVP_OK ? st : fail(c, st, m);
 }
 
 kvp_status kvp_draft_commit(kvp_cache *h, uint32_t accepted) {

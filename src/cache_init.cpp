@@ -172,6 +172,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         rope_memo_init(*rm, reinterpret_cast<float *>(c->scratch + size_t(i) * plan.scratch_bytes),
                        uint32_t(plan.memo_floats / kRopeMemoEntries));
     }
+    if (c->pstate) memset(c->pstate, 0, plan.pstate_bytes);  // create: all of it (cache_reset may keep a part)
     cache_reset(c);
     c->par_work = kParallelWork;
     c->par_shift = c->par_skips = 0;
@@ -218,7 +219,10 @@ void cache_reset(kvp_cache *c) {
     c->live_bytes = c->peak_bytes = 0;
     // The policy's region starts as zeros, whatever the arena held or earlier calls left: a saved
     // state (state.cpp writes the whole region) then depends only on the calls made since.
-    if (c->pstate) memset(c->pstate, 0, c->plan.pstate_bytes);
+    if (c->pstate) {
+        const size_t kept = c->policy->state_kept ? c->policy->state_kept(c->cfg) : 0;  // policy.h
+        memset(static_cast<char *>(c->pstate) + kept, 0, c->plan.pstate_bytes - kept);
+    }
     if (c->policy->reset) c->policy->reset(policy_ctx(c, 0));
     draft_reset(c);
     prompt_reset(c);

@@ -22,6 +22,7 @@ constexpr const char *kChannelScoreNames[] = {"qk", "l1", "l2", nullptr};
 constexpr const char *kRotateNames[] = {"none", "hadamard", nullptr};
 constexpr const char *kPromptScoresNames[] = {"all", "window", nullptr};
 constexpr const char *kTriModeNames[] = {"union", "per_head", "per_layer_perhead", nullptr};
+constexpr const char *kTriStatsNames[] = {"online", "given", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 // Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
@@ -155,6 +156,8 @@ constexpr Key kKeys[] = {
             "random: 1 = prompt tokens (kvp_prefill/kvp_append) are kept and generated ones cut back to budget at random; 0 = any token may go, budget kept"),
     KVP_ENUM(tri_mode, KVP_TRI_UNION, kTriModeNames, kAllNames, "union|per_head|per_layer_perhead", P(TRIATTENTION),
              "triattention: one choice of generated tokens for every layer and head (union: each query head nominates its budget best, the highest nominees stay), per KV head over the layers (per_head: mean over layers of the group's max), or per layer and KV head (per_layer_perhead)"),
+    KVP_ENUM(tri_stats, 0, kTriStatsNames, kAllNames, "online|given", P(TRIATTENTION),
+             "triattention: online = query statistics are the means over the queries the cache sees; given = the caller's (kvp_query_stats_set: an offline calibration), kept across kvp_reset"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl/random/triattention), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),

@@ -60,7 +60,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 52u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 53u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -131,7 +131,7 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
           "max_prompt"}},
         {KVP_POLICY_THINK, {"key_channel_ratio", "value_channel_ratio", "channel_score", "obs_window", "token_policy", "max_prompt"}},
         {KVP_POLICY_RANDOM, {"budget", "seed", "keep_prompt", "max_prompt"}},
-        {KVP_POLICY_TRIATTENTION, {"budget", "beta", "tri_mode", "max_prompt"}},
+        {KVP_POLICY_TRIATTENTION, {"budget", "beta", "tri_mode", "tri_stats", "max_prompt"}},
     };
     const std::vector<kvp_key_info> ks = keys();
     for (const auto &p : own) {

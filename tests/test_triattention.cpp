@@ -52,6 +52,7 @@ struct Ref {
     kvp_model m;
     uint32_t budget, beta, prompt;
     const std::vector<ref::Inputs> &in;  // one set of rows per layer
+    const std::vector<ref::Inputs> *calib = nullptr;  // tri_stats=given: the means over these queries
 
     // The complex pairs of a raw row (RoPE's pairing) and the unrotated channels as real values.
     std::vector<std::complex<double>> units(const float *x) const {
@@ -80,8 +81,10 @@ struct Ref {
         const auto k = units(in[l].kt(p) + size_t(qh / G()) * m.head_dim);
         std::vector<std::complex<double>> mean(k.size());
         std::vector<double> absmean(k.size(), 0.0);
+        const ref::Inputs &qs = calib ? (*calib)[l] : in[l];
+        if (calib) seen = qs.T;
         for (uint32_t t = 0; t < seen; ++t) {
-            const auto q = units(in[l].qt(t) + size_t(qh) * m.head_dim);
+            const auto q = units(qs.qt(t) + size_t(qh) * m.head_dim);
             for (size_t i = 0; i < k.size(); ++i) {
                 mean[i] += q[i];
                 absmean[i] += pair(uint32_t(i)) ? std::abs(q[i]) : fabs(q[i].real());
@@ -206,6 +209,101 @@ TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
                             << g.name << " tri_mode=" << mode << " score=" << score << " layer " << l << " head " << h;
             }
     }
+}
+
+// The caller's statistics of every (layer, query head) from calibration rows, in the layout
+// kvp_query_stats_set takes: channel means and unit magnitude means.
+void set_calibration(ref::Cache &c, const Ref &r, const std::vector<ref::Inputs> &calib) {
+    const kvp_model &m = r.m;
+    for (uint32_t l = 0; l < m.n_layers; ++l)
+        for (uint32_t qh = 0; qh < m.n_q_heads; ++qh) {
+            std::vector<double> mean(m.head_dim, 0.0), am;
+            for (uint32_t t = 0; t < calib[l].T; ++t) {
+                const float *q = calib[l].qt(t) + size_t(qh) * m.head_dim;
+                const auto u = r.units(q);
+                if (am.empty()) am.assign(u.size(), 0.0);
+                for (uint32_t i = 0; i < m.head_dim; ++i) mean[i] += q[i];
+                for (size_t i = 0; i < u.size(); ++i) am[i] += r.pair(uint32_t(i)) ? std::abs(u[i]) : fabs(u[i].real());
+            }
+            std::vector<float> mf(m.head_dim), af(am.size());
+            for (uint32_t i = 0; i < m.head_dim; ++i) mf[i] = float(mean[i] / calib[l].T);
+            for (size_t i = 0; i < am.size(); ++i) af[i] = float(am[i] / calib[l].T);
+            ASSERT_EQ(kvp_query_stats_set(c.c, l, qh, mf.data(), af.data(), uint32_t(af.size())), KVP_OK) << kvp_last_error(c.c);
+        }
+}
+
+// tri_stats=given: the caller's statistics (an offline calibration on other rows) are scored, the
+// cache's own queries are not counted, and kvp_reset keeps them.
+TEST(TriAttention, GivenStatisticsAreScoredAndKeptAcrossReset) {
+    const Geometry geos[] = {{"gptj d8", ref::model(2, 4, 2, 8)}, {"neox partial 8 of 12", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)}};
+    for (const Geometry &g : geos) {
+        std::vector<ref::Inputs> in, calib;
+        for (uint32_t l = 0; l < g.m.n_layers; ++l) {
+            in.emplace_back(g.m, 70, 21 + l, 1.0f);
+            calib.emplace_back(g.m, 50, 900 + l, 1.0f);
+        }
+        for (uint32_t l = 0; l < g.m.n_layers; ++l)  // calibration queries with a bias: not the inputs' statistics
+            for (float &x : calib[l].q) x = 0.5f * x + 0.4f;
+        Ref r{g.m, 10, 5, 16, in};
+        r.calib = &calib;
+        for (const char *mode : {"union", "per_layer_perhead"}) {
+            ref::Cache c(g.m, std::string("policy=triattention budget=10 beta=5 tri_stats=given tri_mode=") + mode);
+            set_calibration(c, r, calib);
+            for (int pass = 0; pass < 2; ++pass) {  // the second after kvp_reset: the statistics stay
+                prefill_layers(c, in, 0, 16);
+                for (uint32_t t = 16; t < 70; ++t) decode_layers(c, in, t);
+                for (uint32_t l = 0; l < g.m.n_layers; ++l)
+                    for (uint32_t h = 0; h < g.m.n_kv_heads; ++h)
+                        EXPECT_EQ(c.positions(l, h), r.kept(mode, l, h, 70)) << g.name << " " << mode << " pass " << pass;
+                ASSERT_EQ(kvp_reset(c.c), KVP_OK);
+            }
+            // online statistics choose otherwise on these rows
+            ref::Cache o(g.m, std::string("policy=triattention budget=10 beta=5 tri_mode=") + mode);
+            prefill_layers(o, in, 0, 16);
+            for (uint32_t t = 16; t < 70; ++t) decode_layers(o, in, t);
+            EXPECT_NE(o.positions(0, 0), r.kept(mode, 0, 0, 70)) << g.name << " " << mode;
+        }
+    }
+}
+
+// kvp_query_stats_set refuses bad input with a clear status and changes nothing.
+TEST(TriAttention, QueryStatsSetRefusesBadInput) {
+    const kvp_model m = ref::model(2, 4, 2, 8);  // GPT-J over all 8 channels: 4 units
+    ref::Cache c(m, "policy=triattention budget=8 beta=4 tri_stats=given");
+    std::vector<float> mean(8, 0.25f), am(4, 1.0f);
+    ASSERT_EQ(kvp_query_stats_set(c.c, 1, 3, mean.data(), am.data(), 4), KVP_OK) << kvp_last_error(c.c);
+    std::vector<uint8_t> before(kvp_state_size(c.c)), after(before.size());
+    size_t n0 = 0, n1 = 0;
+    ASSERT_EQ(kvp_state_save(c.c, before.data(), before.size(), &n0), KVP_OK);
+    std::vector<float> nan_mean = mean, neg = am;
+    nan_mean[5] = NAN;
+    neg[2] = -1.0f;
+    struct Bad {
+        uint32_t layer, qh, n;
+        const float *mean, *am;
+        kvp_status st;
+        const char *says;
+    } bad[] = {
+        {0, 0, 4, nullptr, am.data(), KVP_ERR_ARG, "NULL"},
+        {0, 0, 4, mean.data(), nullptr, KVP_ERR_ARG, "NULL"},
+        {2, 0, 4, mean.data(), am.data(), KVP_ERR_LAYER, "out of range"},
+        {0, 4, 4, mean.data(), am.data(), KVP_ERR_LAYER, "out of range"},
+        {0, 0, 8, mean.data(), am.data(), KVP_ERR_ARG, "have 4"},
+        {0, 0, 4, nan_mean.data(), am.data(), KVP_ERR_NONFINITE, "mean[5]"},
+        {0, 0, 4, mean.data(), neg.data(), KVP_ERR_ARG, "negative"},
+    };
+    for (const Bad &b : bad) {
+        EXPECT_EQ(kvp_query_stats_set(c.c, b.layer, b.qh, b.mean, b.am, b.n), b.st) << b.says;
+        EXPECT_NE(strstr(kvp_last_error(c.c), b.says), nullptr) << kvp_last_error(c.c);
+    }
+    ASSERT_EQ(kvp_state_save(c.c, after.data(), after.size(), &n1), KVP_OK);
+    EXPECT_EQ(before, after);
+    ref::Cache online(m, "policy=triattention budget=8 beta=4");
+    EXPECT_EQ(kvp_query_stats_set(online.c, 0, 0, mean.data(), am.data(), 4), KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(kvp_last_error(online.c), "tri_stats=given"), nullptr) << kvp_last_error(online.c);
+    ref::Cache h2o(m, "policy=h2o budget=8");
+    EXPECT_EQ(kvp_query_stats_set(h2o.c, 0, 0, mean.data(), am.data(), 4), KVP_ERR_UNSUPPORTED);
+    EXPECT_EQ(kvp_query_stats_set(nullptr, 0, 0, mean.data(), am.data(), 4), KVP_ERR_ARG);
 }
 
 // The modes differ: union keeps one set everywhere, per_head one per KV head, per_layer_perhead

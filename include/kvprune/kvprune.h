@@ -181,6 +181,13 @@ typedef enum {
     KVP_TRI_FORCE_INT32_ = 0x7fffffff
 } kvp_tri_mode;
 
+/** Where TriAttention's query statistics come from (spec key `tri_stats`). */
+typedef enum {
+    KVP_TRI_STATS_ONLINE = 0,  /**< the means over every query the cache sees */
+    KVP_TRI_STATS_GIVEN = 1,   /**< the caller's (kvp_query_stats_set), e.g. an offline calibration */
+    KVP_TRI_STATS_FORCE_INT32_ = 0x7fffffff
+} kvp_tri_stats;
+
 /**
  * Cache configuration. A plain struct: fill it with kvp_config_default(), change
  * fields directly or through kvp_config_apply(). `struct_size` is first so fields can
@@ -322,6 +329,10 @@ typedef struct kvp_config {
                                     decide for every layer when the last layer that runs the policy (not a
                                     sliding-window layer) decodes; per_layer_perhead decides in each layer's
                                     own call. Default union (the reference's). */
+    uint32_t tri_stats;          /* tri_stats=online (0, default) | given (1) (triattention): online = the query
+                                    statistics are the means over every query the cache sees (kvp_prefill
+                                    with q, kvp_decode); given = the caller's (kvp_query_stats_set: the
+                                    paper's offline calibration), kept across kvp_reset, never updated */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -599,6 +610,25 @@ uint32_t kvp_prefill_room(const kvp_cache *c);
  * changes).
  */
 kvp_status kvp_prompt_end(kvp_cache *c);
+
+/**
+ * Sets the query statistics of (layer, q_head) that policy=triattention scores with, for
+ * tri_stats=given (the paper's calibration: means over the queries of other text, pre-RoPE).
+ * The units of a head: its RoPE pairs first (P = rope_dim/2, rope_dim 0 = head_dim; P = 0 without
+ * RoPE), pair i being channels (i, i + P) for NEOX and (2i, 2i + 1) for GPTJ, then one unit per
+ * channel past 2P; n_units = P + head_dim - 2P. mean[0..head_dim): the mean of each pre-RoPE query
+ * channel; abs_mean[0..n_units): the mean over queries of each unit's magnitude (sqrt(a^2 + b^2)
+ * of a pair, |x| of a channel), >= 0. The statistics are copied into the arena, saved with the
+ * state and kept across kvp_reset; until they are set a head's are 0 (every score 0: the newest
+ * generated tokens stay). Returns KVP_OK; KVP_ERR_ARG for NULL mean/abs_mean, n_units not the
+ * head's count (the message gives it) or a negative abs_mean; KVP_ERR_LAYER for layer or q_head out
+ * of range; KVP_ERR_NONFINITE for a NaN or Inf value; KVP_ERR_CONFIG when the cache's policy is
+ * triattention with tri_stats=online (it accumulates its own); KVP_ERR_UNSUPPORTED for a policy
+ * that scores without query statistics; KVP_ERR_ARG/KVP_ERR_STATE for a handle that is not a live
+ * cache. On failure nothing changes.
+ */
+kvp_status kvp_query_stats_set(kvp_cache *c, uint32_t layer, uint32_t q_head, const float *mean,
+                               const float *abs_mean, uint32_t n_units);
 
 /**
  * Writes the original positions kept by (layer, kv_head), ascending, into out[0..cap).

@@ -113,6 +113,11 @@ public:
     kvp_status reset() { return kvp_reset(handle_); }
     // Whole-prompt selection (config max_prompt): ends the prompt now (kvp_prompt_end).
     kvp_status prompt_end() { return kvp_prompt_end(handle_); }
+    // TriAttention's query statistics from the caller (tri_stats=given; kvp_query_stats_set).
+    kvp_status query_stats_set(uint32_t layer, uint32_t q_head, const float *mean, const float *abs_mean,
+                               uint32_t n_units) {
+        return kvp_query_stats_set(handle_, layer, q_head, mean, abs_mean, n_units);
+    }
     // Speculative decoding (kvp_draft_begin / kvp_draft_commit).
     kvp_status draft_begin() { return kvp_draft_begin(handle_); }
     kvp_status draft_commit(uint32_t accepted) { return kvp_draft_commit(handle_, accepted); }

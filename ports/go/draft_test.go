@@ -88,6 +88,30 @@ func statusOf(err error) Status {
 	return OK
 }
 
+// kvp_query_stats_set: 16 NeoX channels = 8 units; tri_stats=given only.
+func TestQueryStatsSet(t *testing.T) {
+	c, err := NewCache(testModel, "policy=triattention budget=6 beta=3 tri_stats=given")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	mean, abs := make([]float32, 16), make([]float32, 8)
+	if err := c.QueryStatsSet(1, 3, mean, abs); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.QueryStatsSet(0, 0, mean, abs[:7]); statusOf(err) != ErrArg {
+		t.Fatalf("7 units: %v", err)
+	}
+	o, err := NewCache(testModel, "policy=triattention")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer o.Close()
+	if err := o.QueryStatsSet(0, 0, mean, abs); statusOf(err) != ErrConfig {
+		t.Fatalf("online: %v", err)
+	}
+}
+
 func TestDraftConfigFields(t *testing.T) {
 	cfg, err := NewConfig(testModel, draftSpec)
 	if err != nil {

@@ -895,6 +895,30 @@ func (c *Cache) LastError() string {
 	return m
 }
 
+// QueryStatsSet sets TriAttention's query statistics of (layer, qHead) for tri_stats=given
+// (kvp_query_stats_set): mean is the mean of each pre-RoPE query channel (head_dim values),
+// absMean the mean magnitude of each unit (RoPE pairs, then each unrotated channel).
+func (c *Cache) QueryStatsSet(layer, qHead int, mean, absMean []float32) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	l, err := u32("layer", layer)
+	if err != nil {
+		return err
+	}
+	h, err := u32("qHead", qHead)
+	if err != nil {
+		return err
+	}
+	if len(mean) != int(c.model.HeadDim) || len(absMean) == 0 {
+		return argErr("mean has %d values (head_dim %d), absMean %d", len(mean), c.model.HeadDim, len(absMean))
+	}
+	s := C.kvp_query_stats_set(c.c, l, h, fptr(mean), fptr(absMean), C.uint32_t(len(absMean)))
+	runtime.KeepAlive(c)
+	return c.status(s)
+}
+
 // PromptEnd ends the prompt (kvp_prompt_end; config max_prompt > 0): every layer holding an open
 // prompt selects from the whole prompt now, as one prefill of it would. Without an open prompt
 // nothing happens; with a draft open it is ErrState.

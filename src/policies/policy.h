@@ -206,6 +206,14 @@ struct Policy {
     // tokens in order (a prompt's chunks one after another; the prompt's end hands nothing again).
     // May be NULL.
     void (*observe_queries)(PolicyCtx &ctx, const float *q, size_t ld, uint32_t n) = nullptr;
+    // kvp_query_stats_set for query head qh of ctx.layer (arguments checked for NULL, range and
+    // finiteness): validates the rest (Msg names the problem) and stores them. May be NULL (the
+    // policy has none: KVP_ERR_UNSUPPORTED).
+    kvp_status (*set_query_stats)(const PolicyCtx &ctx, uint32_t qh, const float *mean, const float *abs_mean,
+                                  uint32_t n, Msg &m) = nullptr;
+    // Bytes at the start of the state region that kvp_reset keeps (create zeroes the whole region).
+    // May be NULL (none).
+    size_t (*state_kept)(const kvp_config &cfg) = nullptr;
 };
 
 // The table of cfg.policy (valid config).

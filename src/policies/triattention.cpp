@@ -102,6 +102,7 @@ size_t state_bytes(const kvp_config &cfg, uint32_t) {
 }
 
 void observe_queries(PolicyCtx &ctx, const float *q, size_t ld, uint32_t n) {
+    if (ctx.cfg().tri_stats == KVP_TRI_STATS_GIVEN) return;  // the caller's (kvp_query_stats_set)
     const Units u = units_of(ctx.cfg().model);
     const uint32_t G = ctx.group();
     for (uint32_t t = 0; t < n; ++t) {
@@ -122,6 +123,47 @@ void observe_queries(PolicyCtx &ctx, const float *q, size_t ld, uint32_t n) {
         }
     }
 }
+
+// kvp_query_stats_set: the caller's means become the statistics of one query (count 1).
+kvp_status set_query_stats(const PolicyCtx &ctx, uint32_t qh, const float *mean, const float *abs_mean, uint32_t n,
+                           Msg &m) {
+    const kvp_config &cfg = ctx.cfg();
+    if (cfg.tri_stats != KVP_TRI_STATS_GIVEN) {
+        m.s("kvp_query_stats_set: triattention has tri_stats=online (it accumulates the queries it sees); create it with tri_stats=given");
+        return KVP_ERR_CONFIG;
+    }
+    const Units u = units_of(cfg.model);
+    if (n != u.n) {
+        m.s("kvp_query_stats_set: n_units=").u(n).s(" but this model's heads have ").u(u.n)
+            .s(" (rope pairs ").u(u.pairs).s(" + unrotated channels ").u(u.n - u.pairs).s(")");
+        return KVP_ERR_ARG;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+        if (!isfinite(abs_mean[i])) {
+            m.s("kvp_query_stats_set: abs_mean[").u(i).s("] is not finite");
+            return KVP_ERR_NONFINITE;
+        }
+        if (abs_mean[i] < 0.0f) {
+            m.s("kvp_query_stats_set: abs_mean[").u(i).s("] is negative (a mean of magnitudes)");
+            return KVP_ERR_ARG;
+        }
+    }
+    double *st = stats_of(ctx, u, qh);
+    st[0] = 1.0;
+    for (uint32_t i = 0; i < n; ++i) {
+        uint32_t a;
+        int32_t b;
+        u.at(i, &a, &b);
+        double *s = st + 1 + 3 * size_t(i);
+        s[0] = mean[a];
+        s[1] = b >= 0 ? double(mean[b]) : 0.0;
+        s[2] = abs_mean[i];
+    }
+    return KVP_OK;
+}
+
+// tri_stats=given: kvp_reset keeps the caller's statistics (the whole region).
+size_t state_kept(const kvp_config &cfg) { return cfg.tri_stats == KVP_TRI_STATS_GIVEN ? state_bytes(cfg, 0) : 0; }
 
 // The scoring of one head with the next query at R: per query head g the future query
 // E[q] * W * e^(i R w) (re, im per unit) and the magnitude coefficients E|q| - |E q|, each as one
@@ -435,6 +477,6 @@ bool keeps_prompt(const kvp_config &) { return true; }
 const Policy kTriAttentionPolicy = {"triattention", KVP_POS_ORIGINAL, &check,   &plan,      nullptr,
                                     &prune,         &layer_phase,          &evictable, &self_prune, nullptr,
                                     &state_bytes,   nullptr,          nullptr,    nullptr,     &keeps_prompt,
-                                    &observe_queries};
+                                    &observe_queries, &set_query_stats, &state_kept};
 
 }  // namespace kvp

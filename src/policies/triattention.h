@@ -39,10 +39,10 @@
 // Interpretations (docs/DECISIONS.md "TriAttention"):
 // - budget counts generated tokens only (the rule); the reference's keep step counts the
 //   prompt in the budget while its trigger does not.
-// - Statistics are accumulated online from the queries the cache sees (prefill with queries and
-//   decode; a draft's accepted tokens when committed), per (layer, query head), in double: the
-//   paper calibrates them offline on other text. Before any query, every score is 0: the newest
-//   tokens stay (ties, older first).
+// - Statistics (tri_stats): online (default) = accumulated from the queries the cache sees (prefill
+//   with queries and decode; a draft's accepted tokens when committed), per (layer, query head), in
+//   double; given = the caller's (kvp_query_stats_set: the paper calibrates offline on other
+//   text), kept across kvp_reset. Before any, every score is 0: the newest tokens stay.
 // - Dimensions RoPE does not rotate (partial rotary past rope_dim, or a model without RoPE) count
 //   as frequency-0 terms of one channel each: E[q_i] k_i + (E|q_i| - |E q_i|) |k_i|.
 // - The RoPE attention factor scales every term alike and is left out.

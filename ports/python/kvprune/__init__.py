@@ -91,7 +91,7 @@ class _Config(ctypes.Structure):
         ("max_new", _u32),  # issue 28: the papers' defaults
         ("prompt_scores", _u32),
         ("seed", _u32), ("keep_prompt", _u32),  # issue 32: the random baseline
-        ("tri_mode", _enum),  # issue 32: TriAttention
+        ("tri_mode", _enum), ("tri_stats", _enum),  # issue 32: TriAttention
     ]
 
 
@@ -164,6 +164,7 @@ def _declare(lib):
         "kvp_last_error": (ctypes.c_char_p, [_CP]),
         "kvp_draft_begin": (_u32, [_CP]),
         "kvp_prompt_end": (_u32, [_CP]),
+        "kvp_query_stats_set": (_u32, [_CP, _u32, _u32, _FP, _FP, _u32]),
         "kvp_draft_commit": (_u32, [_CP, _u32]),
         "kvp_state_size": (ctypes.c_size_t, [_CP]),
         "kvp_state_save": (_u32, [_CP, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
@@ -674,6 +675,7 @@ class Cache:
         rm = cfg._raw.model
         self._qw = rm.n_q_heads * rm.head_dim
         self._kw = rm.n_kv_heads * rm.head_dim
+        self._hd = rm.head_dim
 
     # -- life cycle --
     def close(self):
@@ -918,6 +920,19 @@ class Cache:
     def reset(self):
         with self._lock:
             self._check(self._lib.kvp_reset(self._h()))
+
+    def query_stats_set(self, layer, q_head, mean, abs_mean):
+        """kvp_query_stats_set: TriAttention's query statistics of (layer, q_head) for
+        tri_stats=given: ``mean`` the mean of each pre-RoPE query channel (head_dim floats),
+        ``abs_mean`` the mean magnitude of each unit (RoPE pairs, then each unrotated channel)."""
+        layer = _index(layer, "layer")
+        q_head = _index(q_head, "q_head")
+        ma, mk, mn = _as_floats(mean, "mean")
+        aa, ak, an = _as_floats(abs_mean, "abs_mean")
+        if mn != self._hd:
+            raise _arg_error("mean has %d floats, expected head_dim %d" % (mn, self._hd))
+        with self._lock:
+            self._check(self._lib.kvp_query_stats_set(self._h(), layer, q_head, _fp(ma), _fp(aa), an))
 
     # -- speculative decoding (issue 21) --
     def prompt_end(self):

@@ -194,6 +194,15 @@ class PromptTest(unittest.TestCase):
         tri = kvprune.Config(MODEL, "policy=triattention budget=6 beta=3 tri_mode=per_head")
         self.assertEqual((tri.get("policy"), tri.get("beta"), tri.get("budget"), tri.get("tri_mode")),
                          (kvprune.POLICY_TRIATTENTION, 3, 6, 1))
+        # kvp_query_stats_set: 16 NeoX channels = 8 units; tri_stats=given only
+        given = kvprune.Cache(MODEL, "policy=triattention budget=6 beta=3 tri_stats=given")
+        given.query_stats_set(1, 3, [0.1] * 16, [0.5] * 8)
+        with self.assertRaises(KvpError) as e:
+            given.query_stats_set(0, 0, [0.1] * 16, [0.5] * 7)
+        self.assertEqual(e.exception.status, kvprune.ERR_ARG)
+        with self.assertRaises(KvpError) as e:
+            kvprune.Cache(MODEL, "policy=triattention").query_stats_set(0, 0, [0.1] * 16, [0.5] * 8)
+        self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
         prompt = toks(Rng(0x5EED0028), 40)
         one, chunked = kvprune.Cache(MODEL, spec), kvprune.Cache(MODEL, spec)
         prefill_all(one, prompt)

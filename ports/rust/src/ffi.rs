@@ -146,6 +146,7 @@ pub struct kvp_config {
     pub keep_prompt: u32,
     // appended for issue 32: TriAttention
     pub tri_mode: u32,
+    pub tri_stats: u32,
 }
 
 #[repr(C)]
@@ -308,6 +309,14 @@ extern "C" {
     pub fn kvp_config_key(index: u32, info: *mut kvp_key_info) -> kvp_status;
     pub fn kvp_draft_begin(c: *mut kvp_cache) -> kvp_status;
     pub fn kvp_prompt_end(c: *mut kvp_cache) -> kvp_status;
+    pub fn kvp_query_stats_set(
+        c: *mut kvp_cache,
+        layer: u32,
+        q_head: u32,
+        mean: *const f32,
+        abs_mean: *const f32,
+        n_units: u32,
+    ) -> kvp_status;
     pub fn kvp_draft_commit(c: *mut kvp_cache, accepted: u32) -> kvp_status;
     pub fn kvp_state_size(c: *const kvp_cache) -> usize;
     pub fn kvp_state_save(c: *const kvp_cache, buf: *mut u8, size: usize, written: *mut usize) -> kvp_status;

@@ -913,6 +913,20 @@ impl<'a> Cache<'a> {
         self.check(s)
     }
 
+    /// `kvp_query_stats_set`: TriAttention's query statistics of (layer, q_head) for
+    /// `tri_stats=given`: `mean` the mean of each pre-RoPE query channel (head_dim values),
+    /// `abs_mean` the mean magnitude of each unit (RoPE pairs, then each unrotated channel).
+    pub fn query_stats_set(&mut self, layer: u32, q_head: u32, mean: &[f32], abs_mean: &[f32]) -> Result<()> {
+        let n = u32::try_from(abs_mean.len()).map_err(|_| arg_error("abs_mean is too long".to_string()))?;
+        if mean.len() != self.model.head_dim as usize {
+            return Err(arg_error(format!("mean has {} floats, expected head_dim {}", mean.len(), self.model.head_dim)));
+        }
+        let s = unsafe {
+            ffi::kvp_query_stats_set(self.handle.as_ptr(), layer, q_head, mean.as_ptr(), abs_mean.as_ptr(), n)
+        };
+        self.check(s)
+    }
+
     /// `kvp_prompt_end`: ends the prompt (config `max_prompt` > 0): every layer holding an open
     /// prompt selects from the whole prompt now, as one prefill of it would. Without an open
     /// prompt nothing happens; with a draft open it is [`Status::State`].

@@ -185,6 +185,13 @@ fn chunked_prompt_with_max_prompt_keeps_what_one_call_keeps() {
     assert_eq!((rnd.get("seed").unwrap(), rnd.get("keep_prompt").unwrap()), (9.0, 0.0));
     let tri = Config::from_spec(&model(), "policy=triattention budget=6 beta=3 tri_mode=per_head").unwrap();
     assert_eq!((tri.get("beta").unwrap(), tri.get("budget").unwrap(), tri.get("tri_mode").unwrap()), (3.0, 6.0, 1.0));
+    // kvp_query_stats_set: 16 NeoX channels = 8 units; tri_stats=given only
+    let given = Config::from_spec(&model(), "policy=triattention budget=6 beta=3 tri_stats=given").unwrap();
+    let mut g = Cache::new(&given).unwrap();
+    g.query_stats_set(1, 3, &[0.1; HD], &[0.5; 8]).unwrap();
+    assert_eq!(g.query_stats_set(0, 0, &[0.1; HD], &[0.5; 7]).unwrap_err().status, Status::Arg);
+    let online = Config::from_spec(&model(), "policy=triattention").unwrap();
+    assert_eq!(Cache::new(&online).unwrap().query_stats_set(0, 0, &[0.1; HD], &[0.5; 8]).unwrap_err().status, Status::Config);
     let mut r = Rng(0x5eed_0028);
     let prompt = tokens(&mut r, 40);
     let (mut one, mut chunked) = (Cache::new(&cfg).unwrap(), Cache::new(&cfg).unwrap());
