@@ -27,7 +27,11 @@
 #      requests (a 150-byte prompt twice, then its first 100 bytes: the server's prompt cache reuses
 #      or reprocesses them) give llama.cpp's texts under --kvp "policy=full" (drafts: the server
 #      reprocesses) and "policy=full max_draft=0" (it restores its checkpoints: llama_state_seq_*),
-#      and run under "policy=h2o budget=64".
+#      and run under "policy=h2o budget=64";
+#   9. (the same) llama-server --parallel 2 (one kvprune cache per sequence): two different prompts
+#      sent at once get the answers each gets alone from a --parallel 1 server, under policy=full
+#      (also llama.cpp's own cache's answers) and policy=h2o budget=64, and their batches did carry
+#      both sequences.
 # The vocabulary is byte-level (one token per byte), so equal text is equal tokens.
 set -euo pipefail
 
@@ -290,6 +294,76 @@ PYEOF
         echo "FAIL server-full-ckpt: no checkpoint was restored"
         fail=1
     fi
+
+    # 9. llama-server --parallel 2: one kvprune cache per sequence. Two different prompts sent at
+    # once (their batches carry both sequences, split per sequence into the two caches) get the
+    # answers each gets alone from a --parallel 1 server, under policy=full and h2o (scored).
+    head -c 100 "$T/prompt.txt" > "$T/server-pa.txt"
+    tail -c +151 "$T/prompt.txt" | head -c 100 > "$T/server-pb.txt"
+    cat > "$T/server-par.py" <<'PYEOF'
+import json, sys, threading, urllib.request
+port, out, mode, paths = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+res = [None] * len(paths)
+def ask(i):
+    body = json.dumps({"prompt": open(paths[i]).read(), "n_predict": 120, "temperature": 0, "top_k": 1,
+                       "cache_prompt": False}).encode()
+    req = urllib.request.Request("http://127.0.0.1:%s/completion" % port, body, {"Content-Type": "application/json"})
+    res[i] = json.loads(urllib.request.urlopen(req, timeout=300).read())["content"]
+if mode == "together":
+    ts = [threading.Thread(target=ask, args=(i,)) for i in range(len(paths))]
+    for t in ts: t.start()
+    for t in ts: t.join()
+else:
+    for i in range(len(paths)): ask(i)
+with open(out, "w") as f:
+    for r in res: f.write(r + "\n")
+PYEOF
+    # server_par NAME NP MODE [ARGS...]: a server with -np NP; MODE together (both requests at once) or alone
+    server_par() {
+        local name=$1 np=$2 mode=$3 port pid i ok=0
+        shift 3
+        port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        "$DIR/bin/llama-server" -m "$T/enbytes-1m.gguf" -c $((256 * np)) -t 2 -np "$np" --host 127.0.0.1 --port "$port" -v "$@" \
+            >"$T/$name.out" 2>"$T/$name.log" &
+        pid=$!
+        for i in $(seq 1 120); do
+            if python3 -c "import urllib.request, sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=2)" 2>/dev/null; then
+                ok=1
+                break
+            fi
+            kill -0 $pid 2>/dev/null || break
+            sleep 0.5
+        done
+        if [ $ok = 1 ] && python3 "$T/server-par.py" "$port" "$T/$name.txt" "$mode" "$T/server-pa.txt" "$T/server-pb.txt" 2>"$T/$name.err"; then
+            echo "ok   $name: 2 requests answered ($mode, --parallel $np)"
+        else
+            echo "FAIL $name: llama-server did not answer (see $T/$name.log, $T/$name.err)"
+            grep -v ' D ' "$T/$name.log" | tail -3
+            fail=1
+        fi
+        kill $pid 2>/dev/null || true
+        wait $pid 2>/dev/null || true
+    }
+    for p in "full:policy=full" "h2o:policy=h2o budget=64"; do
+        n=${p%%:*} spec=${p#*:}
+        server_par server-par1-$n 1 alone --kvp "$spec"
+        # (on a loaded machine one request may be answered before the other arrives: run it again)
+        for try in 1 2 3 4 5; do
+            server_par server-par2-$n 2 together --kvp "$spec"
+            m=$(sed -n 's/.*kvprune: 2 sequences, \([0-9]*\) batches carried tokens of several sequences.*/\1/p' "$T/server-par2-$n.log" | tail -1)
+            [ "${m:-0}" -eq 0 ] || break
+            echo "note server-par2-$n: the two requests did not overlap (try $try), running it again"
+        done
+        same server-par1-$n server-par2-$n "llama-server --parallel 2, --kvp '$spec': two requests at once = each alone with --parallel 1"
+        if [ "${m:-0}" -gt 0 ]; then
+            echo "ok   server-par2-$n: $m batches carried tokens of both sequences (two kvprune caches)"
+        else
+            echo "FAIL server-par2-$n: no batch carried both sequences ('${m:-}'): the requests did not overlap in 5 tries"
+            fail=1
+        fi
+    done
+    server_par server-par2-plain 2 together
+    same server-par1-full server-par2-plain "llama-server --parallel 2 without --kvp = --kvp policy=full"
 else
     echo "skip llama-server checks: $DIR/bin/llama-server was not built (LLAMA_TARGETS=\"llama-completion llama-speculative-simple llama-server\")"
 fi

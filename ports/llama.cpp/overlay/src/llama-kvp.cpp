@@ -1,4 +1,4 @@
-// kvprune port: llama.cpp memory backed by one kvprune cache (see llama-kvp.h and
+// kvprune port: llama.cpp memory backed by one kvprune cache per sequence (see llama-kvp.h and
 // ports/llama.cpp/README.md in the kvprune repository).
 
 #include "llama-kvp.h"
@@ -35,8 +35,8 @@ llama_kvp_context::llama_kvp_context(llama_memory_status status) : status(status
 
 llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem) : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS) {}
 
-llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches, bool draft)
-    : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS), ubatches(std::move(ubatches)), draft(draft) {}
+llama_kvp_context::llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches, std::vector<bool> drafts)
+    : mem(mem), status(LLAMA_MEMORY_STATUS_SUCCESS), ubatches(std::move(ubatches)), drafts(std::move(drafts)) {}
 
 bool llama_kvp_context::next() {
     return ++i_next < ubatches.size();
@@ -46,7 +46,7 @@ bool llama_kvp_context::apply() {
     if (ubatches.empty()) {
         return true; // the reserve context: nothing to apply
     }
-    return mem->begin_ubatch(ubatches[i_next], draft);
+    return mem->begin_ubatch(ubatches[i_next], drafts[i_next]);
 }
 
 const llama_ubatch & llama_kvp_context::get_ubatch() const {
@@ -83,9 +83,6 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
     if (model.arch != LLM_ARCH_LLAMA && model.arch != LLM_ARCH_QWEN2 && model.arch != LLM_ARCH_QWEN3) {
         throw std::runtime_error(format("kvprune: architecture '%s' is not supported by this port yet "
                     "(llama, qwen2, qwen3)", llm_arch_name(model.arch)));
-    }
-    if (cparams.n_seq_max != 1) {
-        throw std::runtime_error(format("kvprune: one sequence per context only (n_seq_max = %u)", cparams.n_seq_max));
     }
     if (hp.swa_type != LLAMA_SWA_TYPE_NONE || !cparams.causal_attn || cparams.embeddings) {
         throw std::runtime_error("kvprune: only causal decoder models without sliding-window layers, no embeddings");
@@ -134,7 +131,9 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
             }
         }
     }
-    const std::string n_ctx = std::to_string(cparams.n_ctx);
+    // each sequence has its own cache, sized for one sequence's context (n_ctx_seq: n_ctx / n_seq_max,
+    // or n_ctx with a unified KV cache, as llama.cpp's own cache gives each sequence)
+    const std::string n_ctx = std::to_string(cparams.n_ctx_seq);
     std::string spec = user_spec;
     if (policy == "full" && !keys.count("capacity")) {
         spec += " capacity=" + n_ctx; // full keeps the whole context
@@ -161,8 +160,14 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
     draft_mode = max_draft > 0 ? DRAFT_FIRST : DRAFT_OFF;
 
     arena_bytes = kvp_arena_size(&cfg);
-    if (kvp_create_ex(&cfg, nullptr, arena_bytes, &cache, err, sizeof(err)) != KVP_OK) {
-        throw std::runtime_error(format("kvprune: create: %s", err));
+    seqs.resize(cparams.n_seq_max);
+    for (auto & s : seqs) {
+        if (kvp_create_ex(&cfg, nullptr, arena_bytes, &s.cache, err, sizeof(err)) != KVP_OK) {
+            for (auto & t : seqs) {
+                kvp_destroy(t.cache); // (null for the ones not created)
+            }
+            throw std::runtime_error(format("kvprune: create: %s", err));
+        }
     }
 
     ops.resize(n_layer);
@@ -170,29 +175,44 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
         ops[il] = { this, (int) il };
     }
 
-    LLAMA_LOG_INFO("%s: kvprune cache '%s': %u layers, %u/%u heads, head_dim %u, arena %.2f MiB\n", __func__,
-            spec.c_str(), n_layer, n_head, n_head_kv, head_dim, arena_bytes / 1024.0 / 1024.0);
+    LLAMA_LOG_INFO("%s: kvprune cache '%s': %u layers, %u/%u heads, head_dim %u, arena %.2f MiB x %zu sequence(s)\n", __func__,
+            spec.c_str(), n_layer, n_head, n_head_kv, head_dim, arena_bytes / 1024.0 / 1024.0, seqs.size());
 }
 
 llama_kvp_memory::~llama_kvp_memory() {
-    kvp_stats st = {};
-    st.struct_size = sizeof(st);
-    if (kvp_get_stats(cache, &st) == KVP_OK) {
-        LLAMA_LOG_INFO("%s: kvprune: %llu tokens seen, %llu evicted (summed over layers and KV heads), "
-                "live %.2f KiB (peak %.2f KiB) of an arena of %.2f KiB\n", __func__,
-                (unsigned long long) st.tokens_seen, (unsigned long long) st.tokens_evicted,
-                st.live_bytes / 1024.0, st.peak_live_bytes / 1024.0, arena_bytes / 1024.0);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        kvp_stats st = {};
+        st.struct_size = sizeof(st);
+        if (kvp_get_stats(seqs[i].cache, &st) == KVP_OK && (i == 0 || st.tokens_seen > 0)) {
+            LLAMA_LOG_INFO("%s: kvprune: %llu tokens seen, %llu evicted (summed over layers and KV heads), "
+                    "live %.2f KiB (peak %.2f KiB) of an arena of %.2f KiB (sequence %zu)\n", __func__,
+                    (unsigned long long) st.tokens_seen, (unsigned long long) st.tokens_evicted,
+                    st.live_bytes / 1024.0, st.peak_live_bytes / 1024.0, arena_bytes / 1024.0, i);
+        }
+        kvp_destroy(seqs[i].cache);
     }
-    kvp_destroy(cache);
+    if (seqs.size() > 1) {
+        LLAMA_LOG_INFO("%s: kvprune: %zu sequences, %llu batches carried tokens of several sequences\n", __func__,
+                seqs.size(), (unsigned long long) n_batch_multi_seq);
+    }
+}
+
+llama_kvp_memory::seq_t & llama_kvp_memory::seq_at(llama_seq_id seq_id, const char * what) {
+    if (seq_id < 0 || (size_t) seq_id >= seqs.size()) {
+        throw std::runtime_error(format("kvprune: %s: sequence %d, the context has %zu (n_seq_max)", what, seq_id, seqs.size()));
+    }
+    return seqs[seq_id];
 }
 
 llama_memory_context_ptr llama_kvp_memory::init_batch(llama_batch_allocr & balloc, uint32_t n_ubatch, bool embd_all) {
     GGML_UNUSED(embd_all);
 
+    // each sequence has its own cache: with more than one, every ubatch holds the tokens of one
+    // sequence set (split_seq), and a token of several sequences (a shared prompt) is refused
     balloc.split_reset();
     std::vector<llama_ubatch> ubatches;
     while (true) {
-        auto ubatch = balloc.split_simple(n_ubatch);
+        auto ubatch = seqs.size() == 1 ? balloc.split_simple(n_ubatch) : balloc.split_seq(n_ubatch);
         if (ubatch.n_tokens == 0) {
             break;
         }
@@ -201,11 +221,29 @@ llama_memory_context_ptr llama_kvp_memory::init_batch(llama_batch_allocr & ballo
     if (balloc.get_n_used() < balloc.get_n_tokens()) {
         return std::make_unique<llama_kvp_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE);
     }
-    // a batch of at most max_draft tokens is a draft (all its ubatches) once the context removed a
-    // suffix, and before that when it starts the sequence (README "Drafts")
-    const bool draft = draft_mode != DRAFT_OFF && balloc.get_n_tokens() <= max_draft &&
-        (draft_mode == DRAFT_ALL || pos_next == 0);
-    return std::make_unique<llama_kvp_context>(this, std::move(ubatches), draft);
+    std::vector<uint32_t> n_seq_tokens(seqs.size(), 0); // this batch's tokens per sequence
+    for (const auto & ub : ubatches) {
+        for (uint32_t i = 0; i < ub.n_tokens; ++i) {
+            if (ub.n_seq_id[i] != 1 || ub.seq_id[i][0] < 0 || (size_t) ub.seq_id[i][0] >= seqs.size()) {
+                LLAMA_LOG_ERROR("%s: kvprune: a token belongs to %d sequences (first %d): each token must belong to one "
+                        "sequence in [0, %zu), one kvprune cache each\n", __func__, ub.n_seq_id[i], ub.seq_id[i][0], seqs.size());
+                return std::make_unique<llama_kvp_context>(LLAMA_MEMORY_STATUS_FAILED_PREPARE);
+            }
+        }
+        n_seq_tokens[ub.seq_id[0][0]] += ub.n_tokens;
+    }
+    if (std::count_if(n_seq_tokens.begin(), n_seq_tokens.end(), [](uint32_t n) { return n > 0; }) > 1) {
+        n_batch_multi_seq++;
+    }
+    // a sequence's tokens of at most max_draft are a draft (all its ubatches) once the context
+    // removed a suffix, and before that when they start the sequence (README "Drafts")
+    std::vector<bool> drafts;
+    for (const auto & ub : ubatches) {
+        const llama_seq_id s = ub.seq_id[0][0];
+        drafts.push_back(draft_mode != DRAFT_OFF && n_seq_tokens[s] <= max_draft &&
+                (draft_mode == DRAFT_ALL || seqs[s].pos_next == 0));
+    }
+    return std::make_unique<llama_kvp_context>(this, std::move(ubatches), std::move(drafts));
 }
 
 llama_memory_context_ptr llama_kvp_memory::init_full() {
@@ -218,33 +256,55 @@ llama_memory_context_ptr llama_kvp_memory::init_update(llama_context * lctx, boo
     return std::make_unique<llama_kvp_context>(LLAMA_MEMORY_STATUS_NO_UPDATE);
 }
 
-void llama_kvp_memory::clear(bool data) {
-    GGML_UNUSED(data);
-    if (kvp_reset(cache) != KVP_OK) {
-        GGML_ABORT("kvprune: reset: %s", kvp_last_error(cache));
+void llama_kvp_memory::clear_seq(seq_t & s) {
+    if (kvp_reset(s.cache) != KVP_OK) {
+        GGML_ABORT("kvprune: reset: %s", kvp_last_error(s.cache));
     }
-    pos_next   = 0;
-    draft_open = false; // kvp_reset closed it
-    draft_n    = 0;
+    s.pos_next   = 0;
+    s.draft_open = false; // kvp_reset closed it
+    s.draft_n    = 0;
 }
 
-bool llama_kvp_memory::draft_commit(uint32_t accepted, const char * why) {
-    GGML_ASSERT(draft_open && accepted <= draft_n);
-    if (kvp_draft_commit(cache, accepted) != KVP_OK) {
+void llama_kvp_memory::clear(bool data) {
+    GGML_UNUSED(data);
+    for (auto & s : seqs) {
+        clear_seq(s);
+    }
+}
+
+bool llama_kvp_memory::draft_commit(seq_t & s, uint32_t accepted, const char * why) {
+    GGML_ASSERT(s.draft_open && accepted <= s.draft_n);
+    if (kvp_draft_commit(s.cache, accepted) != KVP_OK) {
         LLAMA_LOG_ERROR("%s: kvprune: commit of %u of the %u draft tokens at position %d (%s): %s\n", __func__,
-                accepted, draft_n, draft_pos0, why, kvp_last_error(cache));
+                accepted, s.draft_n, s.draft_pos0, why, kvp_last_error(s.cache));
         return false;
     }
     LLAMA_LOG_DEBUG("%s: kvprune: committed %u of %u draft tokens at position %d (%s)\n", __func__,
-            accepted, draft_n, draft_pos0, why);
-    draft_open = false;
-    pos_next   = draft_pos0 + (llama_pos) accepted;
-    draft_n    = 0;
+            accepted, s.draft_n, s.draft_pos0, why);
+    s.draft_open = false;
+    s.pos_next   = s.draft_pos0 + (llama_pos) accepted;
+    s.draft_n    = 0;
     return true;
 }
 
 bool llama_kvp_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
-    GGML_ASSERT(seq_id <= 0);
+    if (seq_id < 0) { // every sequence
+        bool ok = true;
+        for (size_t i = 0; i < seqs.size(); ++i) {
+            ok = seq_rm_one((llama_seq_id) i, p0, p1) && ok;
+        }
+        return ok;
+    }
+    if ((size_t) seq_id >= seqs.size()) {
+        LLAMA_LOG_ERROR("%s: kvprune: sequence %d, the context has %zu (n_seq_max)\n", __func__, seq_id, seqs.size());
+        return false;
+    }
+    return seq_rm_one(seq_id, p0, p1);
+}
+
+bool llama_kvp_memory::seq_rm_one(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
+    seq_t & s = seqs[seq_id];
+    llama_pos & pos_next = s.pos_next;
     if (p0 < 0) {
         p0 = 0;
     }
@@ -254,11 +314,11 @@ bool llama_kvp_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
     if (p0 >= p1) {
         return true;
     }
-    if (draft_open && p1 >= pos_next && p0 >= draft_pos0) {
+    if (s.draft_open && p1 >= pos_next && p0 >= s.draft_pos0) {
         // a suffix inside the open draft (speculative decoding's rejected tokens, or nothing when
         // p0 >= pos_next): keep the draft's tokens before p0, drop the rest
         const bool removes = p0 < pos_next;
-        if (!draft_commit((uint32_t) (std::min(p0, pos_next) - draft_pos0), "seq_rm")) {
+        if (!draft_commit(s, (uint32_t) (std::min(p0, pos_next) - s.draft_pos0), "seq_rm")) {
             return false;
         }
         if (removes && draft_mode == DRAFT_FIRST) {
@@ -273,27 +333,32 @@ bool llama_kvp_memory::seq_rm(llama_seq_id seq_id, llama_pos p0, llama_pos p1) {
         return true; // nothing stored there
     }
     if (p0 == 0 && p1 >= pos_next) {
-        clear(true);
+        clear_seq(s);
         return true;
     }
     if (p1 >= pos_next && draft_mode != DRAFT_OFF) {
-        LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d: only the tokens of the open "
+        LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of sequence %d of %d tokens: only the tokens of the open "
                 "draft can be removed (%s; max_draft=%u: speculative decoding needs max_draft >= the draft tokens of a step + 1, "
-                "e.g. --spec-draft-n-max + 1)\n", __func__, p0, p1, pos_next,
-                draft_open ? format("it starts at position %d", draft_pos0).c_str() : "none is open", max_draft);
+                "e.g. --spec-draft-n-max + 1)\n", __func__, p0, p1, seq_id, pos_next,
+                s.draft_open ? format("it starts at position %d", s.draft_pos0).c_str() : "none is open", max_draft);
     } else {
-        LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of a sequence of %d (only the whole sequence%s)\n",
-                __func__, p0, p1, pos_next, draft_mode == DRAFT_OFF ? ": max_draft=0" : ", or a suffix inside the open draft");
+        LLAMA_LOG_ERROR("%s: kvprune: cannot remove positions [%d, %d) of sequence %d of %d tokens (only the whole sequence%s)\n",
+                __func__, p0, p1, seq_id, pos_next, draft_mode == DRAFT_OFF ? ": max_draft=0" : ", or a suffix inside the open draft");
     }
     return false;
 }
 
 void llama_kvp_memory::seq_cp(llama_seq_id, llama_seq_id, llama_pos, llama_pos) {
-    GGML_ABORT("kvprune: seq_cp is not supported (one sequence per context)");
+    GGML_ABORT("kvprune: seq_cp is not supported (each sequence has its own kvprune cache; a cache is not copied, "
+            "e.g. llama-server's n_cmpl > 1 or a shared prompt)");
 }
 
 void llama_kvp_memory::seq_keep(llama_seq_id seq_id) {
-    GGML_ASSERT(seq_id == 0 && "kvprune: one sequence per context");
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        if ((llama_seq_id) i != seq_id) {
+            clear_seq(seqs[i]);
+        }
+    }
 }
 
 void llama_kvp_memory::seq_add(llama_seq_id, llama_pos, llama_pos, llama_pos) {
@@ -305,58 +370,70 @@ void llama_kvp_memory::seq_div(llama_seq_id, llama_pos, llama_pos, int) {
 }
 
 llama_pos llama_kvp_memory::seq_pos_min(llama_seq_id seq_id) const {
-    GGML_UNUSED(seq_id);
-    if (pos_next == 0) {
+    if (seq_id < 0 || (size_t) seq_id >= seqs.size() || seqs[seq_id].pos_next == 0) {
         return -1;
     }
     // kvprune prunes, and cuts the sequence back only inside the open draft: report, as a recurrent
     // memory does, the first position llama.cpp may resume from: the open draft's first position,
     // else the last one. (llama-server then restores a checkpoint or reprocesses a prompt instead
     // of removing a suffix it cannot; llama.cpp's batch checks use seq_pos_max only.)
-    return draft_open ? draft_pos0 : pos_next - 1;
+    const seq_t & s = seqs[seq_id];
+    return s.draft_open ? s.draft_pos0 : s.pos_next - 1;
 }
 
 llama_pos llama_kvp_memory::seq_pos_max(llama_seq_id seq_id) const {
-    GGML_UNUSED(seq_id);
-    return pos_next - 1;
+    // (llama.cpp's batch checks ask for every sequence id a unified context allows)
+    if (seq_id < 0 || (size_t) seq_id >= seqs.size()) {
+        return -1;
+    }
+    return seqs[seq_id].pos_next - 1;
 }
 
 std::map<ggml_backend_buffer_type_t, size_t> llama_kvp_memory::memory_breakdown() const {
-    return { { ggml_backend_cpu_buffer_type(), arena_bytes } };
+    return { { ggml_backend_cpu_buffer_type(), arena_bytes * seqs.size() } }; // every sequence's arena
 }
 
-void llama_kvp_memory::state_prepare() {
+void llama_kvp_memory::state_prepare(seq_t & s) {
     // the sequence llama.cpp saves holds every token given so far: the open draft's too
-    if (draft_open && !draft_commit(draft_n, "state save")) {
-        throw std::runtime_error(format("kvprune: state save: commit of the open draft: %s", kvp_last_error(cache)));
+    if (s.draft_open && !draft_commit(s, s.draft_n, "state save")) {
+        throw std::runtime_error(format("kvprune: state save: commit of the open draft: %s", kvp_last_error(s.cache)));
     }
     // kvp_state_save refuses an open prompt: end it here (its selection runs now, as it would at
     // the next generated token)
-    if (kvp_prompt_end(cache) != KVP_OK) {
-        throw std::runtime_error(format("kvprune: state save: kvp_prompt_end: %s", kvp_last_error(cache)));
+    if (kvp_prompt_end(s.cache) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: state save: kvp_prompt_end: %s", kvp_last_error(s.cache)));
     }
 }
 
-// Whole state and sequence state (seq_id 0; one sequence per context) are the same: the kvprune
-// cache. LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (the part a memory cannot seq_rm: a checkpoint) is the
+// A sequence's state is its kvprune cache: a header and kvp_state_save's bytes. The whole state
+// (seq_id -1) is every sequence's, in order (with one sequence: the same bytes as sequence 0's).
+// LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY (the part a memory cannot seq_rm: a checkpoint) is the
 // whole cache too, as nothing of it outside a draft can be removed.
 void llama_kvp_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) const {
     GGML_UNUSED(flags);
-    if (seq_id > 0) {
-        throw std::runtime_error(format("kvprune: state of sequence %d: one sequence (0) per context", seq_id));
+    auto * self = const_cast<llama_kvp_memory *>(this);
+    if (seq_id < 0) {
+        for (auto & s : self->seqs) {
+            self->state_write_seq(io, s);
+        }
+    } else {
+        self->state_write_seq(io, self->seq_at(seq_id, "state save"));
     }
-    const_cast<llama_kvp_memory *>(this)->state_prepare();
+}
 
-    const size_t n = kvp_state_size(cache);
+void llama_kvp_memory::state_write_seq(llama_io_write_i & io, seq_t & s) {
+    state_prepare(s);
+
+    const size_t n = kvp_state_size(s.cache);
     if (n == 0) {
-        throw std::runtime_error(format("kvprune: kvp_state_size: %s", kvp_last_error(cache)));
+        throw std::runtime_error(format("kvprune: kvp_state_size: %s", kvp_last_error(s.cache)));
     }
     std::vector<uint8_t> buf(n);
     size_t written = 0;
-    if (kvp_state_save(cache, buf.data(), n, &written) != KVP_OK || written != n) {
-        throw std::runtime_error(format("kvprune: kvp_state_save: %s", kvp_last_error(cache)));
+    if (kvp_state_save(s.cache, buf.data(), n, &written) != KVP_OK || written != n) {
+        throw std::runtime_error(format("kvprune: kvp_state_save: %s", kvp_last_error(s.cache)));
     }
-    const int32_t  pos  = pos_next;
+    const int32_t  pos  = s.pos_next;
     const uint64_t size = n;
     io.write(&kvp_state_magic,   sizeof(kvp_state_magic));
     io.write(&kvp_state_version, sizeof(kvp_state_version));
@@ -367,9 +444,16 @@ void llama_kvp_memory::state_write(llama_io_write_i & io, llama_seq_id seq_id, l
 
 void llama_kvp_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, llama_state_seq_flags flags) {
     GGML_UNUSED(flags);
-    if (seq_id > 0) {
-        throw std::runtime_error(format("kvprune: state of sequence %d: one sequence (0) per context", seq_id));
+    if (seq_id < 0) {
+        for (auto & s : seqs) {
+            state_read_seq(io, s);
+        }
+    } else {
+        state_read_seq(io, seq_at(seq_id, "state load"));
     }
+}
+
+void llama_kvp_memory::state_read_seq(llama_io_read_i & io, seq_t & s) {
     uint32_t magic = 0, version = 0;
     int32_t  pos   = 0;
     uint64_t size  = 0;
@@ -391,52 +475,56 @@ void llama_kvp_memory::state_read(llama_io_read_i & io, llama_seq_id seq_id, lla
     io.read(buf.data(), size);
 
     // kvp_state_load refuses an open draft and an open prompt; the load replaces everything anyway
-    if (draft_open && !draft_commit(0, "state load")) {
-        throw std::runtime_error(format("kvprune: state load: closing the open draft: %s", kvp_last_error(cache)));
+    if (s.draft_open && !draft_commit(s, 0, "state load")) {
+        throw std::runtime_error(format("kvprune: state load: closing the open draft: %s", kvp_last_error(s.cache)));
     }
-    if (kvp_prompt_end(cache) != KVP_OK) {
-        throw std::runtime_error(format("kvprune: state load: kvp_prompt_end: %s", kvp_last_error(cache)));
+    if (kvp_prompt_end(s.cache) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: state load: kvp_prompt_end: %s", kvp_last_error(s.cache)));
     }
-    if (kvp_state_load(cache, buf.data(), size) != KVP_OK) {
-        throw std::runtime_error(format("kvprune: kvp_state_load: %s", kvp_last_error(cache)));
+    if (kvp_state_load(s.cache, buf.data(), size) != KVP_OK) {
+        throw std::runtime_error(format("kvprune: kvp_state_load: %s", kvp_last_error(s.cache)));
     }
-    pos_next = pos;
+    s.pos_next = pos;
 }
 
 bool llama_kvp_memory::begin_ubatch(const llama_ubatch & ub, bool draft) {
+    // init_batch checked that every token belongs to one sequence; split_seq puts one in a ubatch
+    const llama_seq_id seq_id = ub.seq_id[0][0];
+    seq_t & s = seqs[seq_id];
     for (uint32_t i = 0; i < ub.n_tokens; ++i) {
-        if (ub.n_seq_id[i] != 1 || ub.seq_id[i][0] != 0) {
-            LLAMA_LOG_ERROR("%s: kvprune: only sequence 0 is supported\n", __func__);
+        if (ub.n_seq_id[i] != 1 || ub.seq_id[i][0] != seq_id) {
+            LLAMA_LOG_ERROR("%s: kvprune: a ubatch holds tokens of several sequences\n", __func__);
             return false;
         }
-        if (ub.pos[i] != pos_next + (llama_pos) i) {
-            LLAMA_LOG_ERROR("%s: kvprune: token %u has position %d, the cache expects %d (positions must continue the sequence)\n",
-                    __func__, i, ub.pos[i], pos_next + (llama_pos) i);
+        if (ub.pos[i] != s.pos_next + (llama_pos) i) {
+            LLAMA_LOG_ERROR("%s: kvprune: sequence %d: token %u has position %d, the cache expects %d (positions must continue the sequence)\n",
+                    __func__, seq_id, i, ub.pos[i], s.pos_next + (llama_pos) i);
             return false;
         }
     }
     // an open draft stays open while draft batches fit in it; anything else first commits it whole
-    if (draft_open && (!draft || draft_n + ub.n_tokens > max_draft) && !draft_commit(draft_n, "next batch")) {
+    if (s.draft_open && (!draft || s.draft_n + ub.n_tokens > max_draft) && !draft_commit(s, s.draft_n, "next batch")) {
         return false;
     }
-    if (draft && !draft_open) {
-        if (kvp_draft_begin(cache) != KVP_OK) {
-            LLAMA_LOG_ERROR("%s: kvprune: kvp_draft_begin: %s\n", __func__, kvp_last_error(cache));
+    if (draft && !s.draft_open) {
+        if (kvp_draft_begin(s.cache) != KVP_OK) {
+            LLAMA_LOG_ERROR("%s: kvprune: kvp_draft_begin: %s\n", __func__, kvp_last_error(s.cache));
             return false;
         }
-        draft_open = true;
-        draft_pos0 = pos_next;
-        draft_n    = 0;
+        s.draft_open = true;
+        s.draft_pos0 = s.pos_next;
+        s.draft_n    = 0;
     }
+    cur = &s;
     cur_pos.assign(ub.pos, ub.pos + ub.n_tokens);
     cur_draft = draft;
     // outside a draft, one token after the sequence began is a generated token (kvp_decode, which
     // ends an open prompt); anything else is prompt (kvp_prefill, whole-prompt selection with max_prompt)
-    cur_decode = !draft && ub.n_tokens == 1 && pos_next > 0;
+    cur_decode = !draft && ub.n_tokens == 1 && s.pos_next > 0;
     if (draft) {
-        draft_n += ub.n_tokens;
+        s.draft_n += ub.n_tokens;
     }
-    pos_next += ub.n_tokens;
+    s.pos_next += ub.n_tokens;
     return true;
 }
 
@@ -446,7 +534,8 @@ void llama_kvp_memory::compute(int il, ggml_tensor * dst) {
     const ggml_tensor * v = dst->src[2];
 
     const uint32_t n_tokens = (uint32_t) q->ne[2];
-    GGML_ASSERT(n_tokens == cur_pos.size());
+    GGML_ASSERT(cur && n_tokens == cur_pos.size());
+    kvp_cache * cache = cur->cache;
 
     const float * qd = (const float *) q->data;
     const float * kd = (const float *) k->data;

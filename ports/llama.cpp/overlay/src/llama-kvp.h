@@ -27,8 +27,8 @@ public:
     explicit llama_kvp_context(llama_memory_status status);
     // the worst-case context used to reserve the compute graphs (no ubatch)
     explicit llama_kvp_context(llama_kvp_memory * mem);
-    // draft: the batch's ubatches go into a kvprune draft (see llama_kvp_memory::init_batch)
-    llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches, bool draft);
+    // drafts[i]: ubatch i goes into its sequence's kvprune draft (see llama_kvp_memory::init_batch)
+    llama_kvp_context(llama_kvp_memory * mem, std::vector<llama_ubatch> ubatches, std::vector<bool> drafts);
 
     bool next()  override;
     bool apply() override;
@@ -42,7 +42,7 @@ private:
     llama_memory_status status;
     std::vector<llama_ubatch> ubatches;
     size_t i_next = 0;
-    bool draft = false;
+    std::vector<bool> drafts;
 };
 
 class llama_kvp_memory : public llama_memory_i {
@@ -73,8 +73,8 @@ public:
     void state_write(llama_io_write_i & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) const override;
     void state_read (llama_io_read_i  & io, llama_seq_id seq_id = -1, llama_state_seq_flags flags = 0) override;
 
-    // llama_kvp_context::apply(): the ubatch whose graph is computed next (draft: it goes into
-    // the open kvprune draft, opened if none is)
+    // llama_kvp_context::apply(): the ubatch whose graph is computed next, all of one sequence
+    // (draft: it goes into the sequence's open kvprune draft, opened if none is)
     bool begin_ubatch(const llama_ubatch & ubatch, bool draft);
 
     // the custom op of layer il: attention of dst->src[0..2] (q, k, v) into dst
@@ -90,36 +90,51 @@ public:
     };
 
 private:
-    kvp_cache * cache = nullptr;
-    size_t arena_bytes = 0;
+    size_t arena_bytes = 0;      // of one sequence's cache (each has its own arena)
     float attn_scale = 0.0f;
     uint32_t n_layer = 0;
 
     std::vector<layer_op> ops;   // userdata of the custom ops, one per layer (stable addresses)
 
-    llama_pos pos_next = 0;      // position of the next token (positions stored: 0 .. pos_next-1,
-                                 // the open draft's included)
-
     // speculative decoding (README "Drafts"): llama.cpp removes a rejected suffix with seq_rm;
     // kvprune can take back only the tokens of an open draft (kvp_draft_begin/kvp_draft_commit)
     enum draft_mode_t {
         DRAFT_OFF,    // max_draft=0: no drafts, a suffix cannot be removed
-        DRAFT_FIRST,  // a batch of <= max_draft tokens that starts the sequence is a draft
-        DRAFT_ALL,    // after a suffix was removed: every batch of <= max_draft tokens is a draft
+        DRAFT_FIRST,  // a batch of <= max_draft tokens of a sequence that starts it is a draft
+        DRAFT_ALL,    // after a suffix was removed (any sequence): every batch of <= max_draft tokens
+                      // of a sequence is a draft
     };
     uint32_t     max_draft  = 0;
     draft_mode_t draft_mode = DRAFT_OFF;
-    bool         draft_open = false;
-    llama_pos    draft_pos0 = 0;  // position of the open draft's first token
-    uint32_t     draft_n    = 0;  // tokens in the open draft (every layer holds them all)
 
-    // keeps the first `accepted` tokens of the open draft (kvp_draft_commit), drops the rest
-    bool draft_commit(uint32_t accepted, const char * why);
+    // one kvprune cache per sequence (llama.cpp's seq_id = the index; n_seq_max of them)
+    struct seq_t {
+        kvp_cache * cache = nullptr;
+        llama_pos pos_next   = 0;     // position of the next token (positions stored: 0 .. pos_next-1,
+                                      // the open draft's included)
+        bool      draft_open = false;
+        llama_pos draft_pos0 = 0;     // position of the open draft's first token
+        uint32_t  draft_n    = 0;     // tokens in the open draft (every layer holds them all)
+    };
+    std::vector<seq_t> seqs;
+    uint64_t n_batch_multi_seq = 0; // batches that carried tokens of more than one sequence
+
+    // the sequence of seq_id; throws for an id outside [0, n_seq_max)
+    seq_t & seq_at(llama_seq_id seq_id, const char * what);
+
+    void clear_seq(seq_t & s);
+    bool seq_rm_one(llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+
+    // keeps the first `accepted` tokens of the sequence's open draft (kvp_draft_commit), drops the rest
+    bool draft_commit(seq_t & s, uint32_t accepted, const char * why);
 
     // state_write: commits an open draft (whole) and ends an open prompt, which kvp_state_save needs
-    void state_prepare();
+    void state_prepare(seq_t & s);
+    void state_write_seq(llama_io_write_i & io, seq_t & s);
+    void state_read_seq (llama_io_read_i  & io, seq_t & s);
 
     // the ubatch being computed (set by begin_ubatch)
+    seq_t * cur = nullptr;
     std::vector<int32_t> cur_pos;
     bool cur_decode = false;
     bool cur_draft  = false;
