@@ -108,9 +108,13 @@ const char *kUsageRun =
 const char *kUsageEval =
     "kvprune eval [--model M] [--text FILE] [--tokens N] [--prefill P] [--policy SPEC]...\n"
     "             [--json FILE] [--csv FILE] [--no-progress] [--progress-every SECONDS] [--random-lazy SEED]\n"
+    "             [--tri-calibrate FILE]\n"
     "    Teacher-forced NLL of tokens P..N-1 (P by kvp_prefill, the rest by kvp_decode) per policy,\n"
     "    top-1 agreement with full KV, live/peak/arena bytes, KV ratio to full, tokens/s; after the\n"
     "    table one line per policy: prefill time, simlayerkv's lazy layers, asl's selection layer.\n"
+    "    --tri-calibrate FILE: TriAttention's offline calibration: the query statistics of a full-KV\n"
+    "    pass over FILE's first min(context, 4096) tokens, given to every policy with\n"
+    "    tri_stats=given (kvp_query_stats_set); also with --task.\n"
     "    --random-lazy SEED: for each simlayerkv policy, one more row trimming as many layers chosen\n"
     "    at random (splitmix64 from SEED) via lazy_force: the SimLayerKV paper's baseline.\n"
     "    Defaults: N 1024, P N/4; policies full KV and streaming 4+60. A failing policy is reported\n"
@@ -701,6 +705,26 @@ int default_threads() {
     return (int)std::max(1u, std::min(n, 8u));
 }
 
+// --tri-calibrate FILE: TriAttention's offline calibration (the paper's): the query statistics of
+// a full-KV pass over the first min(context, 4096) tokens of FILE, given to every triattention
+// policy with tri_stats=given (kvp_query_stats_set).
+bool setup_tri_calibration(const Args &a, const Checkpoint &ck, std::string *err) {
+    static std::vector<float> stats;
+    if (!a.has("tri-calibrate")) return true;
+    std::vector<int32_t> toks;
+    if (!model_tokens(ck, a.get("tri-calibrate"), &toks, err)) return false;
+    const size_t n = std::min<size_t>(toks.size(), (size_t)std::min(ck.cfg.seq_len > 0 ? ck.cfg.seq_len : 4096, 4096));
+    if (n < 2) {
+        *err = "--tri-calibrate: the text has fewer than 2 tokens";
+        return false;
+    }
+    toks.resize(n);
+    uint32_t units = 0;
+    if (!calibrate_query_stats(ck, toks, &stats, &units, err)) return false;
+    Session::set_given_query_stats(&stats);
+    return true;
+}
+
 int cmd_task(const Args &a) {
     for (const char *k : {"tokens", "prefill", "preset", "random-lazy"})
         if (a.has(k)) return usage_error("eval", std::string("--") + k + " does not apply to --task", kUsageTask);
@@ -751,6 +775,7 @@ int cmd_task(const Args &a) {
     std::string err;
     Checkpoint ck;
     if (!load_checkpoint(a.get("model", bundled(kDefaultTaskModel)), &ck, &err)) return error("eval", err);
+    if (!setup_tri_calibration(a, ck, &err)) return error("eval", err);
     std::string text;
     if (!read_text_file(a.get("text", bundled(kDefaultText)), &text, &err)) return error("eval", err);
     // The full-KV baseline runs with any --policy list (issue 29); the defaults are every policy.
@@ -838,7 +863,8 @@ int cmd_eval(int argc, char **argv) {
     Args a;
     if (!parse_args(argc, argv, 2,
                     {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy",
-                     "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads", "replay-every"},
+                     "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads", "replay-every",
+                     "tri-calibrate"},
                     {"no-progress", "answers"}, &a))
         return usage_error("eval", a.err, kUsageEval);
     if (a.help) return help(kUsageEval);
@@ -864,6 +890,7 @@ int cmd_eval(int argc, char **argv) {
     if (!load_checkpoint(a.get("model", bundled(kDefaultModel)), &ck, &err)) return error("eval", err);
     std::vector<int32_t> toks;
     if (!model_tokens(ck, a.get("text", bundled(kDefaultText)), &toks, &err)) return error("eval", err);
+    if (!setup_tri_calibration(a, ck, &err)) return error("eval", err);
     ProgressBar bar;
     bar.every = every;
     bar.mode = a.has("no-progress") ? ProgressBar::kOff : (isatty(2) ? ProgressBar::kBar : ProgressBar::kLines);

@@ -166,6 +166,68 @@ Session::~Session() {
     std::free(arena_);
 }
 
+namespace {
+const std::vector<float> *g_given_stats = nullptr;  // Session::set_given_query_stats
+
+// kvp_query_stats_set's units of a head: RoPE pair i = channels (a, b), then one per channel.
+struct StatUnits {
+    uint32_t pairs, n;
+    kvp_rope_style style;
+    uint32_t hd;
+    void at(uint32_t u, uint32_t *a, int *b) const {
+        if (u < pairs) {
+            *a = style == KVP_ROPE_GPTJ ? 2 * u : u;
+            *b = (int)(style == KVP_ROPE_GPTJ ? 2 * u + 1 : u + pairs);
+        } else {
+            *a = 2 * pairs + (u - pairs);
+            *b = -1;
+        }
+    }
+};
+StatUnits stat_units(const kvp_model &m) {
+    StatUnits s;
+    s.style = m.rope;
+    s.hd = m.head_dim;
+    s.pairs = m.rope == KVP_ROPE_NONE ? 0 : (m.rope_dim ? m.rope_dim : m.head_dim) / 2;
+    s.n = s.pairs + (m.head_dim - 2 * s.pairs);
+    return s;
+}
+}  // namespace
+
+void Session::set_given_query_stats(const std::vector<float> *stats) { g_given_stats = stats; }
+
+bool calibrate_query_stats(const Checkpoint &ck, const std::vector<int32_t> &tokens, std::vector<float> *stats,
+                           uint32_t *units, std::string *err) {
+    Session s;
+    if (!s.init(ck, "policy=full capacity=" + std::to_string(tokens.size() + 16), err)) return false;
+    const kvp_model &m = s.config().model;
+    const StatUnits u = stat_units(m);
+    const size_t per = (size_t)m.head_dim + u.n, L = m.n_layers, H = m.n_q_heads;
+    std::vector<double> sum(L * H * per, 0.0);
+    int64_t rows = 0;
+    s.set_query_observer([&](int l, const float *q, int n) {
+        if (l == 0) rows += n;
+        for (int t = 0; t < n; t++)
+            for (size_t h = 0; h < H; h++) {
+                const float *r = q + ((size_t)t * H + h) * m.head_dim;
+                double *o = &sum[((size_t)l * H + h) * per];
+                for (uint32_t i = 0; i < m.head_dim; i++) o[i] += r[i];
+                for (uint32_t i = 0; i < u.n; i++) {
+                    uint32_t a;
+                    int b;
+                    u.at(i, &a, &b);
+                    o[m.head_dim + i] += b >= 0 ? std::sqrt((double)r[a] * r[a] + (double)r[b] * r[b]) : std::fabs((double)r[a]);
+                }
+            }
+    });
+    std::vector<float> logits((size_t)ck.cfg.vocab);
+    if (!s.prefill(tokens.data(), (int)tokens.size(), logits.data(), false, err)) return false;
+    stats->assign(sum.size(), 0.0f);
+    for (size_t i = 0; i < sum.size(); i++) (*stats)[i] = (float)(sum[i] / (double)(rows ? rows : 1));
+    *units = u.n;
+    return true;
+}
+
 bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *err) {
     kvp_destroy(cache_);
     cache_ = nullptr;
@@ -200,6 +262,23 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
         return false;
     }
     ensure_rows(1);
+    if (g_given_stats && cfg_.policy == KVP_POLICY_TRIATTENTION && cfg_.tri_stats == KVP_TRI_STATS_GIVEN) {
+        const kvp_model &m = cfg_.model;
+        const uint32_t nu = stat_units(m).n;
+        const size_t per = (size_t)m.head_dim + nu;
+        if (g_given_stats->size() != (size_t)m.n_layers * m.n_q_heads * per) {
+            *err = "--tri-calibrate statistics do not fit this model";
+            return false;
+        }
+        for (uint32_t l = 0; l < m.n_layers; l++)
+            for (uint32_t h = 0; h < m.n_q_heads; h++) {
+                const float *p = g_given_stats->data() + ((size_t)l * m.n_q_heads + h) * per;
+                if (kvp_query_stats_set(cache_, l, h, p, p + m.head_dim, nu) != KVP_OK) {
+                    *err = std::string("kvp_query_stats_set: ") + kvp_last_error(cache_);
+                    return false;
+                }
+            }
+    }
     return true;
 }
 
@@ -357,6 +436,7 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
             rmsnorm(q_.data(), q_.data(), w.q_norm + (size_t)l * hd, cur * c.n_heads, hd, eps);
             rmsnorm(k_.data(), k_.data(), w.k_norm + (size_t)l * hd, cur * c.n_kv_heads, hd, eps);
         }
+        if (q_obs_) q_obs_(l, q_.data(), cur);
         kvp_status st;
         if (use_decode) {
             st = kvp_decode(cache_, (uint32_t)l, q_.data(), k_.data(), v_.data(), att_.data());

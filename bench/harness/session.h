@@ -10,6 +10,7 @@
 // results depend only on kvprune's output, never on the thread count.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,13 @@ public:
     int64_t tokens_fed() const { return fed_; }
     // Largest prefill chunk used so far (for tests and docs).
     int max_chunk_used() const { return max_chunk_used_; }
+    // Sees every layer's pre-RoPE q rows ([rows][n_q_heads * head_dim]) as they go to kvprune.
+    void set_query_observer(std::function<void(int layer, const float *q, int rows)> f) { q_obs_ = std::move(f); }
+    // TriAttention's offline calibration (kvprune eval --tri-calibrate): every Session created
+    // after this call whose policy is triattention with tri_stats=given gets these statistics
+    // (calibrate_query_stats' layout) through kvp_query_stats_set. nullptr: none.
+    static void set_given_query_stats(const std::vector<float> *stats);
+
     // ASL: the layer whose kvp_prefill made the selection in this sequence (-1: none).
     int selection_layer() const { return sel_layer_; }
     // SimLayerKV: the layers whose kvp_layer_stats.lazy is 1.
@@ -91,6 +99,13 @@ private:
     // scratch, [rows][...]
     std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_;
     std::vector<int32_t> pos_, sel_idx_;
+    std::function<void(int, const float *, int)> q_obs_;
 };
+
+// TriAttention's query statistics of a model measured on `tokens` (a full-KV pass, prefill in
+// chunks): per layer and query head, head_dim channel means then n_units unit magnitude means
+// (kvp_query_stats_set's units: RoPE pairs, then each unrotated channel); *units receives n_units.
+bool calibrate_query_stats(const Checkpoint &ck, const std::vector<int32_t> &tokens, std::vector<float> *stats,
+                           uint32_t *units, std::string *err);
 
 }  // namespace kvh

@@ -638,3 +638,43 @@ TEST(HarnessLayers, AslSelectionAndSimLayerKvLazyLayers) {
         EXPECT_EQ(random_lazy_mask(6, count, 7), m);  // deterministic
     }
 }
+
+namespace {
+
+// TriAttention's offline calibration (kvprune eval --tri-calibrate): per layer and query head,
+// head_dim channel means then one magnitude mean per unit (enbytes-1m: GPT-J over 32 channels,
+// 16 units); every magnitude mean is at least the modulus of its pair's mean (E|q| >= |E q|),
+// and a tri_stats=given run scores with the statistics it was given: two calibrations, two results.
+TEST(HarnessTriAttention, CalibrationFeedsGivenStatistics) {
+    const Checkpoint &ck = model("enbytes-1m");
+    ASSERT_FALSE(ck.data.empty());
+    std::vector<int32_t> toks = eval_text_tokens();
+    std::string err;
+    std::vector<float> a, b;
+    uint32_t units = 0;
+    ASSERT_TRUE(calibrate_query_stats(ck, std::vector<int32_t>(toks.begin(), toks.begin() + 128), &a, &units, &err)) << err;
+    const size_t L = 6, H = 4, hd = 32;
+    ASSERT_EQ(units, 16u);
+    ASSERT_EQ(a.size(), L * H * (hd + units));
+    for (size_t lh = 0; lh < L * H; ++lh) {
+        const float *p = &a[lh * (hd + units)];
+        for (uint32_t u = 0; u < units; ++u) {
+            ASSERT_TRUE(std::isfinite(p[hd + u]));
+            EXPECT_GE(p[hd + u] * (1 + 1e-5f), std::hypot(p[2 * u], p[2 * u + 1])) << "layer/head " << lh << " unit " << u;
+        }
+    }
+    ASSERT_TRUE(calibrate_query_stats(ck, std::vector<int32_t>(toks.begin() + 128, toks.begin() + 256), &b, &units, &err)) << err;
+    EXPECT_NE(a, b);
+    const std::string spec = "policy=triattention budget=16 beta=8 capacity=96 tri_stats=given";
+    EvalResult ra, rb, ra2;
+    Session::set_given_query_stats(&a);
+    ASSERT_TRUE(run_policy(ck, spec, toks, 160, 64, &ra, nullptr, &err)) << err;
+    ASSERT_TRUE(run_policy(ck, spec, toks, 160, 64, &ra2, nullptr, &err)) << err;
+    Session::set_given_query_stats(&b);
+    ASSERT_TRUE(run_policy(ck, spec, toks, 160, 64, &rb, nullptr, &err)) << err;
+    Session::set_given_query_stats(nullptr);
+    EXPECT_EQ(ra.nll, ra2.nll);
+    EXPECT_NE(ra.nll, rb.nll);
+}
+
+}  // namespace
