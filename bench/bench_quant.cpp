@@ -342,7 +342,8 @@ int main(int argc, char **argv) {
                         .c_str(),
                     BM_DecodeQ, std::string(dt), n, t)
                     ->UseRealTime();
-    const kvp::kern::AttnQ *vars[] = {kvp::kern::attn_q_simde(), kvp::kern::attn_q_avx2(), kvp::kern::attn_q_avx512()};
+    const kvp::kern::AttnQ *vars[] = {kvp::kern::attn_q_simde(), kvp::kern::attn_q_avx2(), kvp::kern::attn_q_avx512(),
+                                      kvp::kern::attn_q_avx512z()};
     for (const kvp::kern::AttnQ *var : vars) {
         if (!var) continue;
         for (const char *dt : {"f16", "q8", "q4"})

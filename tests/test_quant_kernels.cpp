@@ -20,12 +20,32 @@
 using kvp::kern::AttnQ;
 using ref::Rng;
 
+#if defined(KVP_TEST_ZEMU)
+namespace kvp {
+namespace kern {
+const AttnQ *attn_q_zemu_table();  // tests/attn_q_zemu.cpp
+}  // namespace kern
+}  // namespace kvp
+#endif
+
 namespace {
+
+// The FMA variants: avx2, avx512, avx512z where the CPU runs them, and (x86 builds with AVX2)
+// avx512z's source emulated at AVX2 ("zemu"), so that its 512-bit passes are checked here too.
+std::vector<const AttnQ *> fma_variants() {
+    std::vector<const AttnQ *> v;
+    if (kvp::kern::attn_q_avx2()) v.push_back(kvp::kern::attn_q_avx2());
+    if (kvp::kern::attn_q_avx512()) v.push_back(kvp::kern::attn_q_avx512());
+    if (kvp::kern::attn_q_avx512z()) v.push_back(kvp::kern::attn_q_avx512z());
+#if defined(KVP_TEST_ZEMU)
+    if (kvp::kern::attn_q_avx2()) v.push_back(kvp::kern::attn_q_zemu_table());
+#endif
+    return v;
+}
 
 std::vector<const AttnQ *> simd_variants() {
     std::vector<const AttnQ *> v{kvp::kern::attn_q_simde()};
-    if (kvp::kern::attn_q_avx2()) v.push_back(kvp::kern::attn_q_avx2());
-    if (kvp::kern::attn_q_avx512()) v.push_back(kvp::kern::attn_q_avx512());
+    for (const AttnQ *a : fma_variants()) v.push_back(a);
     return v;
 }
 
@@ -274,10 +294,11 @@ TEST(QuantKernels, PvMatchesReference) {
 }
 
 TEST(QuantKernels, Avx512IsBitIdenticalToAvx2) {
-    const AttnQ *a2 = kvp::kern::attn_q_avx2(), *a5 = kvp::kern::attn_q_avx512();
-    if (!a2 || !a5) GTEST_SKIP() << "needs AVX2 and AVX-512 VL/BW/VNNI";
+    const AttnQ *a2 = kvp::kern::attn_q_avx2();
+    if (!a2 || !kvp::kern::attn_q_avx512()) GTEST_SKIP() << "needs AVX2 and AVX-512 VL/BW/VNNI";
+    for (const AttnQ *a5 : {kvp::kern::attn_q_avx512(), kvp::kern::attn_q_avx512z()})
     for (Kind kind : {kF16, kQ8, kQ4}) {
-        for (uint32_t w : {16u, 32u, 64u, 96u, 128u}) {
+        for (uint32_t w : {16u, 32u, 64u, 96u, 128u, 160u, 256u}) {
             for (uint32_t n : {1u, 9u, 130u}) {
                 Rng g(w + n + kind);
                 const Rows r = rows(kind, n, w, g);
@@ -295,7 +316,7 @@ TEST(QuantKernels, Avx512IsBitIdenticalToAvx2) {
                 auto pv5 = kind == kF16 ? a5->pv_f16 : kind == kQ8 ? a5->pv_q8 : a5->pv_q4;
                 pv2(p.data(), n, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, o2.data(), w, z2.data(), G);
                 pv5(p.data(), n, rows_n, r.k.data(), r.ld, r.sz.data(), r.ldsz, n, w, o5.data(), w, z5.data(), G);
-                ASSERT_EQ(memcmp(o2.data(), o5.data(), o2.size() * 4), 0) << kKindName[kind] << " w=" << w;
+                ASSERT_EQ(memcmp(o2.data(), o5.data(), o2.size() * 4), 0) << a5->name << " " << kKindName[kind] << " w=" << w;
                 ASSERT_EQ(memcmp(z2.data(), z5.data(), z2.size() * 4), 0);
             }
         }
@@ -311,9 +332,7 @@ TEST(QuantKernels, Avx512IsBitIdenticalToAvx2) {
 // avx2 = avx512 on a machine without AVX-512, where Avx512IsBitIdenticalToAvx2 is skipped, and
 // any change of either variant's order fails here whatever the machine.
 TEST(QuantKernels, FmaVariantsFollowThePinnedOrder) {
-    std::vector<const AttnQ *> fma;
-    if (kvp::kern::attn_q_avx2()) fma.push_back(kvp::kern::attn_q_avx2());
-    if (kvp::kern::attn_q_avx512()) fma.push_back(kvp::kern::attn_q_avx512());
+    const std::vector<const AttnQ *> fma = fma_variants();
     if (fma.empty()) GTEST_SKIP() << "no FMA variant on this machine";
     each_pv_case([&](Kind kind, uint32_t w, uint32_t G, uint32_t rows_n, uint32_t n) {
         Rng g(w * 11 + n * 5 + rows_n + kind * 7919);

@@ -87,12 +87,20 @@ const AttnQ *attn_q_scalar();
 const AttnQ *attn_q_simde();
 const AttnQ *attn_q_avx2();    // nullptr where not compiled in or the CPU lacks AVX2/FMA/F16C
 const AttnQ *attn_q_avx512();  // the same source with AVX-512 VL/BW/VNNI (32 registers, dpbusd); same bits
-const AttnQ *attn_q_best();    // avx512, else avx2, else simde
+const AttnQ *attn_q_avx512z(); // avx512 with 512-bit value passes (pv: 64 channels per pass); same bits
+// avx512, else avx2, else simde. avx512z is not the default anywhere yet: its 512-bit value
+// pass measured slower on Zen 4 (two 256-bit halves per operation, DECISIONS "The pv pass is at
+// the FMA floor") and has not been timed on a core with full-width units (DECISIONS "512-bit
+// value passes: avx512z"). Every choice gives the same bits. KVP_KERNEL_Q=scalar|simde|avx2|
+// avx512|avx512z overrides it where that variant runs on this CPU (benchmarks, A/B runs; an
+// unknown or unavailable name is ignored).
+const AttnQ *attn_q_best();
 
 // Internal tables of attn_q_simd.inc (no CPU check; use the functions above).
 const AttnQ *attn_q_simde_table();
 const AttnQ *attn_q_avx2_table();
 const AttnQ *attn_q_avx512_table();
+const AttnQ *attn_q_avx512z_table();
 
 }  // namespace kern
 }  // namespace kvp

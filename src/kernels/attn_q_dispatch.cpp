@@ -1,6 +1,9 @@
 // Variant selection for the stored-format attention kernels (compiled at the baseline ISA).
 #include "kernels/attn_q.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
 #include <cpuid.h>
 #endif
@@ -39,7 +42,21 @@ const AttnQ *attn_q_avx512() {
     return nullptr;
 }
 
+const AttnQ *attn_q_avx512z() {
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
+    if (attn_q_avx512()) return attn_q_avx512z_table();
+#endif
+    return nullptr;
+}
+
 const AttnQ *attn_q_best() {
+#if !defined(KVP_NO_HEAP)
+    if (const char *want = getenv("KVP_KERNEL_Q")) {
+        const AttnQ *cand[] = {attn_q_scalar(), attn_q_simde(), attn_q_avx2(), attn_q_avx512(), attn_q_avx512z()};
+        for (const AttnQ *q : cand)
+            if (q && strcmp(q->name, want) == 0) return q;
+    }
+#endif
     const AttnQ *a = attn_q_avx512();
     if (!a) a = attn_q_avx2();
     return a ? a : attn_q_simde();
