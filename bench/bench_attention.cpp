@@ -28,6 +28,7 @@
 // the 2-thread runs wait for time slices (milliseconds per step); OMP_WAIT_POLICY=passive
 // gives stable figures there.
 #include "kernels/attn_f32.h"
+#include "kernels/attn_q.h"
 #include "isa.h"
 // KVP_BENCH_POOL: the library has its worker pool (src/threads.h) and the work estimate
 // (cache.h step_work). Without it (e.g. this file built against an older library to measure a
@@ -1119,13 +1120,23 @@ int run_crossover(int argc, char **argv) {
 // ---- roofline mode --------------------------------------------------------------------------
 //
 // bench_attention --roofline [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2]
-//                            [--no-parts] [--label L] [--csv PATH]
+//                            [--dtypes f32,f16,q8,q4] [--no-parts] [--label L] [--csv PATH]
 //
-// Issue 23 item 4: f32 decode (32 q / 8 kv heads, head_dim 128, policy=window window=N) against
-// roof = min(read bandwidth of a buffer of the same bytes, FMA peak / 2 flops per byte), N =
-// nmin..nmax in powers of 2, each thread count. Every repetition measures, back to back and with
-// the row's thread count (each for --time seconds after a warm-up):
-//   fma     the FMA peak: the register-only loop of isa.h at the kernel's ISA
+// Issue 23 item 4, issue 31 item 3: decode (32 q / 8 kv heads, head_dim 128, policy=window
+// window=N) of each storage type (--dtypes, default f32,f16,q8,q4) against its roof, N =
+// nmin..nmax in powers of 2, each thread count. A step must read its bytes (the layer's live
+// bytes, kvp_get_stats, after the warm-up steps: codes, grids, scales and the f32 residual) and
+// do its arithmetic: f32 and f16 one FMA per stored element per query row in qk and in pv; q8 and
+// q4 one integer product per key element per query row (qk) and one FMA per value element per
+// query row (pv). Its roof time is the larger of bytes / read and the arithmetic at the measured
+// peaks (integer products / idot + FMAs / fma: they share the vector pipes), and
+// f_roof = roof time / step time (1 = at the roof; `lim` says which side bounds it). Every
+// repetition measures, back to back and with the row's thread count (each for --time seconds
+// after a warm-up):
+//   fma     the FMA peak: the register-only loop of isa.h at the f32 kernel's ISA (16 lanes on
+//           AVX-512)
+//   idot    (q8, q4) the integer-dot peak of the q kernels' ISA: vpdpbusd where they run their
+//           avx512 variant (VNNI; the better of 8 and 16 lanes), vpmaddwd otherwise (isa.h)
 //   read    a plain read of the same bytes, split in contiguous parts over the threads, each
 //           thread looping over its part inside one parallel region (sustained bandwidth: the
 //           sweep's read woke the threads for every pass, which at 2 MB costs as much as the
@@ -1133,12 +1144,14 @@ int run_crossover(int argc, char **argv) {
 //           `pf16k` (four accumulators, each line prefetched into L2 4 KiB / 16 KiB ahead; qk
 //           prefetches 32 K rows = 16 KiB ahead): read = the best of the three in that repetition
 //   decode  kvp_decode of one token, ms per step
-// then roof = min(read, fma / (flops / bytes)) and f_roof = (bytes / step) / roof; the table gives
-// medians over repetitions (f_roof: median of the per-repetition ratios, with min and max).
+// then f_roof as above (the table gives medians over repetitions; f_roof: median of the
+// per-repetition ratios, with min and max) and roof in GB/s = bytes / roof time.
 // "Where the rest goes" (unless --no-parts): the decode's kernels called directly (the library's
-// best variant) on buffers of the same layout (8 heads x N rows x 128 floats each for K and V),
-// one thread, per repetition: qk (4 query rows per head), softmax (max + expsum of the 32 rows)
-// and pv; rest = decode ms - (qk + softmax + pv) / threads: the API's own work (RoPE of the new
+// best variant) on buffers of the same layout (8 heads x N rows; f32: 128 floats each for K and
+// V; f16/q8/q4: the stored rows, with q8/q4 keys prepared per 32-token block as the store's key
+// grids require and their values' scales per row), one thread, per repetition: qk (4 query rows
+// per head), softmax (max + expsum of the 32 rows) and pv; rest = decode ms - (qk + softmax +
+// pv) / threads: the API's own work (RoPE of the new
 // row, append, the per-head driver and merge) and, with 2 threads, the wake-up, imbalance and
 // join of the worker pool. `used`: the threads the library's rule gives the step on a quiet
 // machine (below kParallelWork = 4 Mi units of work, N < 1024 here, the caller runs alone).
@@ -1195,12 +1208,68 @@ double read_bw_fn(float (*fn)(const float *, size_t, size_t), const float *x, si
     return (double)(passes.load() * part * sizeof(float)) / (t1 - t0);
 }
 
+// Integer products per second (1e9) of the q kernels' dot product at their ISA, `threads` running
+// the loop at once; *what names the instruction.
+double idot_peak_gops(int threads, double secs, std::string *what) {
+    const std::string isa = kvp::kern::attn_q_best()->name;
+    std::function<float(uint64_t, uint64_t *)> fn = [](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_simde(it, p); };
+    *what = "vpmaddwd (simde)";
+#ifdef KVP_BENCH_AVX2
+    if (isa == "avx2") {
+        fn = [](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_avx2(it, p); };
+        *what = "vpmaddwd ymm";
+    }
+#endif
+    double best = 0.0;
+    for (int wide = 0; wide < 2; ++wide) {
+#ifdef KVP_BENCH_VNNI
+        if (isa == "avx512") {
+            fn = [wide](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_vnni(it, p, wide); };
+            *what = "vpdpbusd ymm/zmm";
+        } else if (wide) {
+            break;
+        }
+#else
+        if (wide) break;
+#endif
+        const uint64_t iters = 1u << 20;
+        const double t_end = now_s() + secs / 2;
+        do {
+            uint64_t prods = 0;
+            const double t0 = now_s();
+            float sink = 0.0f;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+#endif
+            {
+                uint64_t p = 0;
+                sink += fn(iters, &p);
+#ifdef _OPENMP
+#pragma omp master
+#endif
+                prods = p;
+            }
+            const double t = now_s() - t0;
+            benchmark::DoNotOptimize(sink);
+#ifdef _OPENMP
+            const double g = (double)threads * (double)prods / t / 1e9;
+#else
+            const double g = (double)prods / t / 1e9;
+#endif
+            if (g > best) best = g;
+        } while (now_s() < t_end);
+    }
+    return best;
+}
+
 struct RoofRow {
+    std::string dtype;
     uint32_t n;
     int threads;
     double bytes, ms, gbps;
-    double fma, read_plain, read_pf16k, read_pf4k, read, roof, f_roof, f_lo, f_hi, f_read;
-    const char *limit;                        // "fma" or "read": the smaller side of the roof
+    double fma, idot, read_plain, read_pf16k, read_pf4k, read, roof, f_roof, f_lo, f_hi, f_read;
+    double t_read_ms, t_comp_ms;              // the roof's two sides for this step
+    const char *limit;                        // "comp" or "read": the larger time of the two
     int used;                                 // threads the library's rule gives this step (quiet machine)
     double qk_ms, sm_ms, pv_ms, rest_ms;      // parts (0 with --no-parts)
 };
@@ -1220,61 +1289,136 @@ double time_per_call(F &&f, double secs) {
     return (t1 - t0) / (double)reps;
 }
 
-bool roofline_row(uint32_t n, int threads, int reps, double secs, bool parts, RoofRow *row, std::string *err) {
+// The decode's kernels of one storage type called directly on buffers of the decode's layout
+// (kvp::kern, the library's best variants), for "where the rest goes".
+struct KernelParts {
+    std::string dtype;
+    uint32_t nkv, rows, d, nk;
+    size_t ldl, rb;
+    const kvp::kern::AttnF32 *K;
+    const kvp::kern::AttnQ *Q;
+    std::unique_ptr<AlignedBuf> kf, vf, lg, po, zacc, qs, qsc, bias;
+    std::vector<uint8_t> kq, vq;
+    std::vector<uint16_t> sz;
+    std::vector<int8_t> ge, qi;
+    std::vector<int16_t> gz;
+    std::vector<float> q;
+    KernelParts(const std::string &dt, uint32_t n, uint32_t nq, uint32_t nkv_, uint32_t d_)
+        : dtype(dt), nkv(nkv_), rows(nq / nkv_), d(d_), nk(n + 1), ldl((n + 1 + 15) / 16 * 16),
+          rb(dt == "f32" ? 0 : dt == "f16" ? 2 * d_ : dt == "q8" ? d_ : d_ / 2), K(kvp::kern::attn_f32_best()),
+          Q(kvp::kern::attn_q_best()), q((size_t)nq * d_) {
+        fill_random(q.data(), q.size(), 7);
+        lg.reset(new AlignedBuf((size_t)nq * ldl));
+        po.reset(new AlignedBuf((size_t)nq * d));
+        if (dtype == "f32") {
+            kf.reset(new AlignedBuf((size_t)nkv * nk * d));
+            vf.reset(new AlignedBuf((size_t)nkv * nk * d));
+            fill_random(kf->p, kf->n, 21);
+            fill_random(vf->p, vf->n, 22);
+            return;
+        }
+        kq.resize((size_t)nkv * nk * rb);
+        vq.resize(kq.size());
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        for (size_t i = 0; i < kq.size(); ++i) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            kq[i] = (uint8_t)x;
+            vq[i] = (uint8_t)(x >> 8);
+        }
+        if (dtype == "f16")  // finite halves
+            for (size_t i = 1; i < kq.size(); i += 2) kq[i] &= 0x3b, vq[i] &= 0x3b;
+        const uint32_t G = d / 32;
+        sz.assign((size_t)nkv * nk * 2 * G, 0x2000);
+        ge.assign(d, -3);
+        gz.assign(d, 5);
+        qi.resize((size_t)rows * d);
+        qs.reset(new AlignedBuf((size_t)rows * d));
+        qsc.reset(new AlignedBuf(16));
+        bias.reset(new AlignedBuf(16));
+        zacc.reset(new AlignedBuf((size_t)nq * G + 16));
+    }
+    void qk(float scale) {
+        for (uint32_t h = 0; h < nkv; ++h) {
+            const float *qh = q.data() + (size_t)h * rows * d;
+            float *l = lg->p + (size_t)h * rows * ldl;
+            if (dtype == "f32") {
+                K->qk(qh, d, rows, kf->p + (size_t)h * nk * d, d, nk, d, scale, l, ldl);
+            } else if (dtype == "f16") {
+                Q->qk_f16(qh, d, rows, nullptr, kq.data() + (size_t)h * nk * rb, rb, nk, d, scale, l, ldl);
+            } else {  // one key grid per 32-token block: prep per block, as the store does
+                const bool q8 = dtype == "q8";
+                for (uint32_t t = 0; t < nk; t += 32) {
+                    const uint32_t m = nk - t < 32 ? nk - t : 32;
+                    (q8 ? Q->prep8 : Q->prep4)(qh, d, rows, ge.data(), gz.data(), d, qs->p, d, qi.data(), d, qsc->p,
+                                               bias->p);
+                    (q8 ? Q->qk_q8 : Q->qk_q4)(qi.data(), d, rows, qsc->p, bias->p,
+                                               kq.data() + ((size_t)h * nk + t) * rb, rb, m, d, scale, l + t, ldl);
+                }
+            }
+        }
+    }
+    void softmax() {
+        float s = 0.0f;
+        for (uint32_t r = 0; r < nkv * rows; ++r) {
+            float *l = lg->p + (size_t)r * ldl;
+            s += K->expsum(l, nk, K->max(l, nk), nullptr);
+        }
+        benchmark::DoNotOptimize(s);
+    }
+    void pv() {
+        std::memset(po->p, 0, po->n * sizeof(float));
+        const uint32_t G = d / 32;
+        for (uint32_t h = 0; h < nkv; ++h) {
+            const float *p = lg->p + (size_t)h * rows * ldl;
+            float *o = po->p + (size_t)h * rows * d;
+            if (dtype == "f32") {
+                K->pv(p, ldl, rows, vf->p + (size_t)h * nk * d, d, nk, d, o, d);
+            } else {
+                const kvp::kern::q_pv_fn f = dtype == "f16" ? Q->pv_f16 : dtype == "q8" ? Q->pv_q8 : Q->pv_q4;
+                f(p, ldl, rows, vq.data() + (size_t)h * nk * rb, rb, sz.data() + (size_t)h * nk * 2 * G, 2 * G, nk, d,
+                  o, d, zacc->p + (size_t)h * rows * G, G);
+            }
+        }
+        benchmark::DoNotOptimize(po->p[0]);
+    }
+};
+
+bool roofline_row(const std::string &dtype, uint32_t n, int threads, int reps, double secs, bool parts, RoofRow *row,
+                  std::string *err) {
     const SweepGeo &g = kMainGeo;
     void *arena = nullptr;
     kvp_cache *c = make_cache("policy=window window=" + std::to_string(n) + " threads=" + std::to_string(threads) +
-                                  " kv_dtype=f32",
+                                  " kv_dtype=" + dtype,
                               &arena, err, g);
     if (!c) return false;
     bool ok = append_random(c, n, err, g);
-    const size_t bytes = g.bytes(n);
-    const size_t nf = (bytes / sizeof(float) + kReadChunk - 1) / kReadChunk * kReadChunk;
-    AlignedBuf buf(nf);
-    for (size_t i = 0; i < nf; ++i) buf.p[i] = 1.0f;
     std::vector<float> q((size_t)g.nq * g.hd), k((size_t)g.nkv * g.hd), v((size_t)g.nkv * g.hd),
         out((size_t)g.nq * g.hd);
     fill_random(q.data(), q.size(), 7);
     fill_random(k.data(), k.size(), 8);
     fill_random(v.data(), v.size(), 9);
-    // the kernels alone, on the decode's layout (n + 1 keys: the cached ones and the new one)
-    const kvp::kern::AttnF32 *K = kvp::kern::attn_f32_best();
-    const uint32_t nk = n + 1, rows = g.nq / g.nkv, d = g.hd;
-    const size_t ldl = (nk + 15) / 16 * 16;
-    std::unique_ptr<AlignedBuf> pk, pvb, lg, po;
-    if (parts) {
-        pk.reset(new AlignedBuf((size_t)g.nkv * nk * d));
-        pvb.reset(new AlignedBuf((size_t)g.nkv * nk * d));
-        lg.reset(new AlignedBuf((size_t)g.nq * ldl));
-        po.reset(new AlignedBuf((size_t)g.nq * d));
-        fill_random(pk->p, pk->n, 21);
-        fill_random(pvb->p, pvb->n, 22);
-    }
-    const float scale = 1.0f / std::sqrt((float)d);
-    auto qk_all = [&]() {
-        for (uint32_t h = 0; h < g.nkv; ++h)
-            K->qk(q.data() + (size_t)h * rows * d, d, rows, pk->p + (size_t)h * nk * d, d, nk, d, scale,
-                  lg->p + (size_t)h * rows * ldl, ldl);
-    };
-    auto sm_all = [&]() {
-        float s = 0.0f;
-        for (uint32_t r = 0; r < g.nq; ++r) {
-            float *l = lg->p + (size_t)r * ldl;
-            s += K->expsum(l, nk, K->max(l, nk), nullptr);
-        }
-        benchmark::DoNotOptimize(s);
-    };
-    auto pv_all = [&]() {
-        std::memset(po->p, 0, po->n * sizeof(float));
-        for (uint32_t h = 0; h < g.nkv; ++h)
-            K->pv(lg->p + (size_t)h * rows * ldl, ldl, rows, pvb->p + (size_t)h * nk * d, d, nk, d,
-                  po->p + (size_t)h * rows * d, d);
-        benchmark::DoNotOptimize(po->p[0]);
-    };
+    for (int w = 0; w < 2 && ok; ++w) ok = kvp_decode(c, 0, q.data(), k.data(), v.data(), out.data()) == KVP_OK;
+    kvp_stats st;
+    std::memset(&st, 0, sizeof st);
+    st.struct_size = sizeof st;
+    if (ok) ok = kvp_get_stats(c, &st) == KVP_OK;
+    const size_t bytes = (size_t)st.live_bytes;
+    const size_t nf = (bytes / sizeof(float) + kReadChunk - 1) / kReadChunk * kReadChunk;
+    AlignedBuf buf(nf ? nf : kReadChunk);
+    for (size_t i = 0; i < buf.n; ++i) buf.p[i] = 1.0f;
+    // the step's arithmetic: element-row products of qk and pv (N+1 keys, every query row)
+    const double elems = (double)g.hd * g.nq * g.layers * (double)(n + 1);
+    const bool integer_keys = dtype == "q8" || dtype == "q4";
+    const double fma_flops = integer_keys ? 2.0 * elems : 4.0 * elems, int_prods = integer_keys ? elems : 0.0;
+    std::unique_ptr<KernelParts> kp;
+    if (parts) kp.reset(new KernelParts(dtype, n, g.nq, g.nkv, g.hd));
+    const float scale = 1.0f / std::sqrt((float)g.hd);
     float (*pf_fn)(const float *, size_t, size_t) = read_pf_fn();
-    std::vector<double> ms, fma, rp, r1, r4, rd, fr, frd, qk_ms, sm_ms, pv_ms;
+    std::string idot_what;
+    std::vector<double> ms, fma, idot, rp, r1, r4, rd, fr, frd, qk_ms, sm_ms, pv_ms, trd, tcp;
     for (int r = 0; ok && r < reps; ++r) {
         fma.push_back(fma_peak_gflops(threads, 0.03));
+        idot.push_back(integer_keys ? idot_peak_gops(threads, 0.03, &idot_what) : 0.0);
         rp.push_back(read_bw_fn(&read_plain_fn, buf.p, nf, threads, 0, secs * 0.5));
         r1.push_back(read_bw_fn(pf_fn, buf.p, nf, threads, 16384, secs * 0.5));
         r4.push_back(read_bw_fn(pf_fn, buf.p, nf, threads, 4096, secs * 0.5));
@@ -1293,15 +1437,18 @@ bool roofline_row(uint32_t n, int threads, int reps, double secs, bool parts, Ro
         }
         const double step_s = (t1 - t0) / (double)steps;
         ms.push_back(step_s * 1e3);
-        const double roof = std::min(best, fma.back() * 1e9 / (g.flops(n) / (double)bytes));
-        fr.push_back((double)bytes / step_s / roof);
-        frd.push_back((double)bytes / step_s / best);
+        const double t_read = (double)bytes / best;
+        const double t_comp = fma_flops / (fma.back() * 1e9) + (integer_keys ? int_prods / (idot.back() * 1e9) : 0.0);
+        trd.push_back(t_read * 1e3);
+        tcp.push_back(t_comp * 1e3);
+        fr.push_back(std::max(t_read, t_comp) / step_s);
+        frd.push_back(t_read / step_s);
         if (parts) {
-            qk_ms.push_back(time_per_call(qk_all, secs / 3) * 1e3);
+            qk_ms.push_back(time_per_call([&]() { kp->qk(scale); }, secs / 3) * 1e3);
             // in place: after the first call the rows hold weights in (0, 1], and exp of those
             // costs what exp of the logits costs (no special cases in the kernels' exp)
-            sm_ms.push_back(time_per_call(sm_all, secs / 3) * 1e3);
-            pv_ms.push_back(time_per_call(pv_all, secs / 3) * 1e3);
+            sm_ms.push_back(time_per_call([&]() { kp->softmax(); }, secs / 3) * 1e3);
+            pv_ms.push_back(time_per_call([&]() { kp->pv(); }, secs / 3) * 1e3);
         }
     }
     if (!ok && err->empty()) *err = std::string("kvp_decode: ") + kvp_last_error(c);
@@ -1319,19 +1466,22 @@ bool roofline_row(uint32_t n, int threads, int reps, double secs, bool parts, Ro
     kvp_destroy(c);
     std::free(arena);
     if (!ok) return false;
+    row->dtype = dtype;
     row->n = n;
     row->threads = threads;
     row->bytes = (double)bytes;
     row->ms = median(ms);
     row->gbps = (double)bytes / (row->ms * 1e-3) / 1e9;
     row->fma = median(fma);
+    row->idot = integer_keys ? median(idot) : 0.0;
     row->read_plain = median(rp) / 1e9;
     row->read_pf16k = median(r1) / 1e9;
     row->read_pf4k = median(r4) / 1e9;
     row->read = median(rd) / 1e9;
-    const double fma_gbps = row->fma / (g.flops(n) / (double)bytes);
-    row->roof = std::min(row->read, fma_gbps);
-    row->limit = fma_gbps < row->read ? "fma" : "read";
+    row->t_read_ms = median(trd);
+    row->t_comp_ms = median(tcp);
+    row->limit = row->t_comp_ms > row->t_read_ms ? "comp" : "read";
+    row->roof = (double)bytes / (std::max(row->t_read_ms, row->t_comp_ms) * 1e-3) / 1e9;
     row->f_roof = median(fr);
     row->f_lo = *std::min_element(fr.begin(), fr.end());
     row->f_hi = *std::max_element(fr.begin(), fr.end());
@@ -1348,6 +1498,7 @@ int run_roofline(int argc, char **argv) {
     double secs = 0.12;
     uint32_t nmin = 256, nmax = 65536;
     std::vector<int> threads{1, 2};
+    std::vector<std::string> dtypes{"f32", "f16", "q8", "q4"};
     bool parts = true;
     std::string label = "run", csv;
     for (int i = 1; i < argc; ++i) {
@@ -1367,18 +1518,25 @@ int run_roofline(int argc, char **argv) {
         else if (a == "--threads") {
             threads.clear();
             for (const std::string &t : split(next(), ',')) threads.push_back(std::atoi(t.c_str()));
+        } else if (a == "--dtypes") {
+            dtypes = split(next(), ',');
         } else if (a == "--no-parts") parts = false;
         else if (a == "--label") label = next();
         else if (a == "--csv") csv = next();
         else {
             std::fprintf(stderr,
                          "usage: %s --roofline [--reps R] [--time S] [--nmin N] [--nmax N] [--threads 1,2] "
-                         "[--no-parts] [--label L] [--csv PATH]\n",
+                         "[--dtypes f32,f16,q8,q4] [--no-parts] [--label L] [--csv PATH]\n",
                          argv[0]);
             return 2;
         }
     }
-    if (reps < 1 || nmin < 1 || nmax < nmin || threads.empty() || secs <= 0.0) {
+    for (const std::string &d : dtypes)
+        if (d != "f32" && d != "f16" && d != "q8" && d != "q4") {
+            std::fprintf(stderr, "--dtypes: %s is not f32, f16, q8 or q4\n", d.c_str());
+            return 2;
+        }
+    if (reps < 1 || nmin < 1 || nmax < nmin || threads.empty() || dtypes.empty() || secs <= 0.0) {
         std::fprintf(stderr, "bad roofline options\n");
         return 2;
     }
@@ -1389,42 +1547,47 @@ int run_roofline(int argc, char **argv) {
     header.push_back("label: " + label);
     header.push_back("cpu: " + cpu_model());
     header.push_back(std::string("date: ") + date);
-    header.push_back(std::string("kernel: ") + kvp::kern::attn_f32_best()->name);
+    header.push_back(std::string("kernel: ") + kvp::kern::attn_f32_best()->name + " (f32), " +
+                     kvp::kern::attn_q_best()->name + " (f16, q8, q4)");
     const char *wait = std::getenv("OMP_WAIT_POLICY");
     header.push_back(std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"));
-    header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128, f32; policy=window window=N");
+    header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128; policy=window window=N kv_dtype=D");
     header.push_back("reps: " + std::to_string(reps) + ", seconds per measurement: " + std::to_string(secs));
-    header.push_back("target: f_roof >= 0.85, roof = min(read GB/s, FMA GFLOPS / 2 flops per byte)");
+    header.push_back("f_roof = max(t_read, t_comp) / step: t_read = bytes / read, t_comp = FMAs / fma + integer "
+                     "products / idot (GFLOPS, G products/s); targets (issue 31): f_roof >= 0.75 at N >= 16384, "
+                     "f32 2 threads f_read >= 0.8");
     header.push_back("loadavg before: " + load_average());
     for (const std::string &h : header) std::printf("# %s\n", h.c_str());
-    std::printf("%6s %3s %4s %8s %8s %7s %7s %7s %7s %7s %7s %7s %4s %6s %13s %6s %7s %7s %7s %7s\n", "N", "thr", "used", "MB",
-                "ms/step", "GB/s", "FMA", "plain", "pf4k", "pf16k", "read", "roof", "lim", "f_roof", "[min,max]",
-                "f_read", "qk_ms", "sm_ms", "pv_ms", "rest_ms");
+    std::printf("%-4s %6s %3s %4s %8s %8s %7s %7s %7s %7s %7s %7s %7s %7s %7s %7s %4s %6s %13s %6s %7s %7s %7s %7s\n",
+                "type", "N", "thr", "used", "MB", "ms/step", "GB/s", "FMA", "idot", "plain", "pf4k", "pf16k", "read",
+                "t_read", "t_comp", "roof", "lim", "f_roof", "[min,max]", "f_read", "qk_ms", "sm_ms", "pv_ms", "rest_ms");
     std::fflush(stdout);
     std::vector<RoofRow> rows;
     for (uint32_t n = nmin; n <= nmax; n *= 2) {
-        for (int t : threads) {
-            RoofRow r;
-            std::string err;
-            if (!roofline_row(n, t, reps, secs, parts, &r, &err)) {
-                std::fprintf(stderr, "N=%u threads=%d: %s\n", n, t, err.c_str());
-                return 1;
+        for (int t : threads)
+            for (const std::string &dt : dtypes) {
+                RoofRow r;
+                std::string err;
+                if (!roofline_row(dt, n, t, reps, secs, parts, &r, &err)) {
+                    std::fprintf(stderr, "%s N=%u threads=%d: %s\n", dt.c_str(), n, t, err.c_str());
+                    return 1;
+                }
+                std::printf("%-4s %6u %3d %4d %8.1f %8.3f %7.2f %7.1f %7.1f %7.2f %7.2f %7.2f %7.2f %7.3f %7.3f %7.2f %4s %6.3f "
+                            "[%5.3f,%5.3f] %6.3f %7.3f %7.3f %7.3f %7.3f\n",
+                            r.dtype.c_str(), r.n, r.threads, r.used, r.bytes / 1e6, r.ms, r.gbps, r.fma, r.idot,
+                            r.read_plain, r.read_pf4k, r.read_pf16k, r.read, r.t_read_ms, r.t_comp_ms, r.roof, r.limit,
+                            r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms, r.rest_ms);
+                std::fflush(stdout);
+                rows.push_back(r);
             }
-            std::printf("%6u %3d %4d %8.1f %8.3f %7.2f %7.1f %7.2f %7.2f %7.2f %7.2f %7.2f %4s %6.3f [%5.3f,%5.3f] %6.3f "
-                        "%7.3f %7.3f %7.3f %7.3f\n",
-                        r.n, r.threads, r.used, r.bytes / 1e6, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf4k, r.read_pf16k,
-                        r.read, r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms,
-                        r.rest_ms);
-            std::fflush(stdout);
-            rows.push_back(r);
-        }
         if (n > 0x7fffffffu) break;
     }
     header.push_back("loadavg after: " + load_average());
     std::printf("# %s\n", header.back().c_str());
-    int below = 0;
-    for (const RoofRow &r : rows) below += r.f_roof < 0.85;
-    std::printf("# rows below f_roof 0.85: %d of %zu\n", below, rows.size());
+    int below = 0, big = 0;
+    for (const RoofRow &r : rows)
+        if (r.n >= 16384) ++big, below += r.f_roof < 0.75;
+    std::printf("# rows at N >= 16384 below f_roof 0.75: %d of %d\n", below, big);
     if (!csv.empty()) {
         std::FILE *f = std::fopen(csv.c_str(), "w");
         if (!f) {
@@ -1432,14 +1595,15 @@ int run_roofline(int argc, char **argv) {
             return 1;
         }
         for (const std::string &h : header) std::fprintf(f, "# %s\n", h.c_str());
-        std::fprintf(f, "N,threads,threads_used,bytes,ms_per_step,GBps,fma_GFLOPS,read_plain_GBps,read_pf4k_GBps,read_pf16k_GBps,"
-                        "read_GBps,roof_GBps,limit,frac_roof,frac_roof_min,frac_roof_max,frac_read,qk_ms,softmax_ms,"
-                        "pv_ms,rest_ms\n");
+        std::fprintf(f, "dtype,N,threads,threads_used,bytes,ms_per_step,GBps,fma_GFLOPS,idot_Gops,read_plain_GBps,"
+                        "read_pf4k_GBps,read_pf16k_GBps,read_GBps,t_read_ms,t_comp_ms,roof_GBps,limit,frac_roof,"
+                        "frac_roof_min,frac_roof_max,frac_read,qk_ms,softmax_ms,pv_ms,rest_ms\n");
         for (const RoofRow &r : rows)
-            std::fprintf(f, "%u,%d,%d,%.0f,%.4f,%.3f,%.2f,%.3f,%.3f,%.3f,%.3f,%.3f,%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f,"
-                            "%.4f\n",
-                         r.n, r.threads, r.used, r.bytes, r.ms, r.gbps, r.fma, r.read_plain, r.read_pf4k, r.read_pf16k, r.read,
-                         r.roof, r.limit, r.f_roof, r.f_lo, r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms, r.rest_ms);
+            std::fprintf(f, "%s,%u,%d,%d,%.0f,%.4f,%.3f,%.2f,%.2f,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3f,%s,%.4f,%.4f,%.4f,"
+                            "%.4f,%.4f,%.4f,%.4f,%.4f\n",
+                         r.dtype.c_str(), r.n, r.threads, r.used, r.bytes, r.ms, r.gbps, r.fma, r.idot, r.read_plain,
+                         r.read_pf4k, r.read_pf16k, r.read, r.t_read_ms, r.t_comp_ms, r.roof, r.limit, r.f_roof, r.f_lo,
+                         r.f_hi, r.f_read, r.qk_ms, r.sm_ms, r.pv_ms, r.rest_ms);
         std::fclose(f);
         std::printf("# wrote %s\n", csv.c_str());
     }

@@ -9,6 +9,12 @@
 //   (simde_mm256_fmadd_ps, the instruction the kernels use; 12 chains hide the FMA latency on
 //   any core with latency x pipes <= 12). Returns a value that depends on all of them. Flops per
 //   call: iters * kFmaFlopsPerIter.
+// idot_peak_<isa>(iters, products) (simde, avx2): `iters` rounds of 12 independent vpmaddwd
+//   (int16 x int16 pairs into int32 lanes: the integer product the q8/q4 key kernels use without
+//   VNNI); *products = the products done (16 per 8-lane op).
+// idot_peak_vnni(iters, products, wide) (x86-64 with AVX-512 VNNI; call only where
+//   attn_q_avx512() is available): 12 chains of vpdpbusd (u8 x s8, four products per int32 lane,
+//   accumulated), 8 lanes (wide = 0: what the kernels use) or 16 (wide = 1).
 // read_<isa>(x, n): sum of x[0..n), n a multiple of 32, x 32-byte aligned: four independent
 //   8-lane accumulators of aligned loads (the plain read that decode attention is measured
 //   against). At the baseline ISA this loop is add-latency bound at cache-resident sizes (about
@@ -28,10 +34,12 @@ const uint64_t kFmaChains = 12;
 const uint64_t kFmaFlopsPerIter = kFmaChains * 16;
 
 float fma_peak_simde(uint64_t iters);
+float idot_peak_simde(uint64_t iters, uint64_t *products);
 float read_simde(const float *x, size_t n);
 float read_pf_simde(const float *x, size_t n, size_t pf);
 #ifdef KVP_BENCH_AVX2
 float fma_peak_avx2(uint64_t iters);
+float idot_peak_avx2(uint64_t iters, uint64_t *products);
 float read_avx2(const float *x, size_t n);
 float read_pf_avx2(const float *x, size_t n, size_t pf);
 #endif
@@ -39,6 +47,9 @@ float read_pf_avx2(const float *x, size_t n, size_t pf);
 float fma_peak_avx512(uint64_t iters);
 float read_avx512(const float *x, size_t n);
 float read_pf_avx512(const float *x, size_t n, size_t pf);
+#endif
+#ifdef KVP_BENCH_VNNI
+float idot_peak_vnni(uint64_t iters, uint64_t *products, int wide);
 #endif
 
 }  // namespace kvpbench
