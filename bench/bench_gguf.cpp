@@ -9,6 +9,8 @@
 //              [--keep] [--reuse]
 // --vocab 256 makes a byte-level model (no tokenizer needed) that `kvprune eval --task` accepts: the
 // 0.5B shape's cost per task cell (docs/harness.md "Task grids on real models").
+// The file says it has no tokenizer (tokenizer.ggml.model "none", llama.cpp's convention), so
+// llama.cpp's llama-bench loads it too (the llama.cpp port's speed targets, issue 30).
 // --keep leaves the file; --reuse loads an existing file without writing it (so the peak RSS is
 // the harness's alone: the writer holds the whole file in memory while it writes).
 #include <sys/resource.h>
@@ -141,6 +143,10 @@ int main(int argc, char **argv) {
         w.u32("qwen2.context_length", 32768);
         w.f32("qwen2.rope.freq_base", 1000000.0f);
         w.f32("qwen2.attention.layer_norm_rms_epsilon", 1e-6f);
+        // no tokenizer, in llama.cpp's words ("none": LLAMA_VOCAB_TYPE_NONE with vocab_size dummy
+        // tokens), so that llama.cpp's programs (llama-bench) load the same file
+        w.str("tokenizer.ggml.model", "none");
+        w.u32("qwen2.vocab_size", (uint32_t)V);
         std::vector<float> ones(F, 1.0f), zeros(F, 0.0f);
         w.tensor("token_embd.weight", {D, V}, type, blocks(type, V, D));
         w.tensor_f32("output_norm.weight", {D}, ones.data(), D);

@@ -753,6 +753,7 @@ bool Tokenizer::from_gguf(const GgufFile &f, int vocab, std::shared_ptr<const To
         *err = "tokenizer.ggml.model is not a string";
         return false;
     }
+    if (model == "none" || model == "no_vocab") return true;  // llama.cpp's "no tokenizer" (LLAMA_VOCAB_TYPE_NONE)
     Kind kind;
     if (model == "llama") {
         kind = kSpm;

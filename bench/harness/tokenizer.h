@@ -40,7 +40,8 @@ public:
     Tokenizer &operator=(const Tokenizer &) = delete;
     enum Kind { kSpm, kBpe };
     // Builds the tokenizer of `f` (vocab = rows of the embedding; 0 for a vocabulary-only file, no
-    // limit). No tokenizer.ggml.model: true with *out null (byte / id vocabulary). Unsupported
+    // limit). No tokenizer.ggml.model, or llama.cpp's "none" / "no_vocab": true with *out null
+    // (byte / id vocabulary). Unsupported
     // model or pre-tokenizer, or a vocabulary inconsistent with the embedding: false with a message.
     static bool from_gguf(const GgufFile &f, int vocab, std::shared_ptr<const Tokenizer> *out, std::string *err);
     // Builds from parts (tests): pieces, scores (SPM), token types, merges ("a b", BPE).

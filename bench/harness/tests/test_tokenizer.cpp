@@ -461,3 +461,30 @@ TEST(Tokenizer, VocabularyOnlyFilesAndBosDefaults) {
         EXPECT_EQ(t->encode("hi", true), (Ids{c.bos, 'h', 'i'}));
     }
 }
+
+// llama.cpp's "no tokenizer" (tokenizer.ggml.model "none" or "no_vocab": LLAMA_VOCAB_TYPE_NONE, as
+// bench_gguf writes so that llama-bench loads its files): no tokenizer, like a file without the
+// key; another unknown name is still refused.
+TEST(Tokenizer, NoVocabularyModelMeansNoTokenizer) {
+    for (const char *model : {"none", "no_vocab", "bert"}) {
+        gguftest::Writer w;
+        w.align = 1;
+        w.str("general.architecture", "qwen2");
+        w.str("tokenizer.ggml.model", model);
+        w.u32("qwen2.vocab_size", 256);
+        const std::string path = testing::TempDir() + "/no-vocab.gguf";
+        ASSERT_TRUE(w.write(path));
+        GgufFile f;
+        std::string err;
+        ASSERT_TRUE(f.open(path, &err)) << err;
+        std::shared_ptr<const Tokenizer> t;
+        const bool ok = Tokenizer::from_gguf(f, 256, &t, &err);
+        if (std::string(model) == "bert") {
+            EXPECT_FALSE(ok);
+            EXPECT_NE(err.find("'bert' is not supported"), std::string::npos) << err;
+        } else {
+            EXPECT_TRUE(ok) << model << ": " << err;
+            EXPECT_FALSE(t) << model;
+        }
+    }
+}
