@@ -29,6 +29,7 @@
 // gives stable figures there.
 #include "kernels/attn_f32.h"
 #include "kernels/attn_q.h"
+#include "bench_util.h"
 #include "isa.h"
 // KVP_BENCH_POOL: the library has its worker pool (src/threads.h) and the work estimate
 // (cache.h step_work). Without it (e.g. this file built against an older library to measure a
@@ -69,69 +70,17 @@
 
 namespace {
 
-// ---- helpers ------------------------------------------------------------------------------
+// ---- helpers (bench_util.h) ------------------------------------------------------------------
 
-struct Rng {  // splitmix64
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    float uni() {  // [-1, 1)
-        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        return (float)((z >> 40) * (2.0 / 16777216.0) - 1.0);
-    }
-};
-
-struct AlignedBuf {
-    float *p = nullptr;
-    size_t n = 0;
-    explicit AlignedBuf(size_t floats) : n(floats) {
-        p = static_cast<float *>(std::aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64));
-        if (!p) std::abort();
-    }
-    ~AlignedBuf() { std::free(p); }
-    AlignedBuf(const AlignedBuf &) = delete;
-    AlignedBuf &operator=(const AlignedBuf &) = delete;
-};
-
-void fill_random(float *x, size_t n, uint64_t seed) {
-    Rng g(seed);
-    for (size_t i = 0; i < n; ++i) x[i] = g.uni();
-}
-
-double now_s() {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using kvpbench::AlignedBuf;
+using kvpbench::fill_random;
+using kvpbench::kReadChunk;
+using kvpbench::now_s;
+using kvpbench::read_all;
+using kvpbench::read_block;
+using kvpbench::Rng;
 
 // ---- read bandwidth -------------------------------------------------------------------------
-
-// Sum of x[0..n), n a multiple of 32: four independent 8-lane accumulators, compiled for the
-// ISA of the best attention kernel (isa.h: at the baseline ISA the loop is add-bound far below
-// the cache's bandwidth).
-float read_block(const float *x, size_t n) {
-    static const std::string isa = kvp::kern::attn_f32_best()->name;
-#ifdef KVP_BENCH_AVX512
-    if (isa == "avx512") return kvpbench::read_avx512(x, n);
-#endif
-#ifdef KVP_BENCH_AVX2
-    if (isa == "avx2") return kvpbench::read_avx2(x, n);
-#endif
-    return kvpbench::read_simde(x, n);
-}
-
-const size_t kReadChunk = 16384;  // floats (64 KiB) per OpenMP work item
-
-float read_all(const float *x, size_t n, int threads) {
-    const long chunks = (long)(n / kReadChunk);
-    float total = 0.0f;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
-#endif
-    for (long c = 0; c < chunks; ++c) total += read_block(x + (size_t)c * kReadChunk, kReadChunk);
-    (void)threads;
-    return total + read_block(x + (size_t)chunks * kReadChunk, n - (size_t)chunks * kReadChunk);
-}
 
 // Sum of x[0..n) split into `threads` equal contiguous parts, one per thread (n a multiple of
 // 32 * threads); threads == 1 runs without entering OpenMP, as the library does.

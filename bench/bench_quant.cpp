@@ -1,8 +1,9 @@
 // Decode attention over quantized storage (kv_dtype = f32 / f16 / q8 / q4) against the machine's
 // read bandwidth, all in one run (DESIGN.md "Performance model"; issue 10's benchmark):
 //
-//   BM_ReadBandwidth/<bytes>/threads:<T>   plain read of a buffer of that many bytes (SIMD loads,
-//                                          OpenMP parallel for over T threads)
+//   BM_ReadBandwidth/<bytes>/threads:<T>   plain read of a buffer of that many bytes (SIMD loads at
+//                                          the f32 kernel's ISA, OpenMP parallel for over T threads:
+//                                          bench_util.h)
 //   BM_DecodeQ/<dtype>/N:<N>/threads:<T>   kvp_decode on a 32 q-head / 8 kv-head / d = 128 layer
 //                                          holding N tokens (policy=window window=N) stored as dtype
 //   BM_KernelQ/<dtype>/<variant>/N:<N>     qk + pv of one GQA group (4 rows) over N stored rows,
@@ -19,6 +20,7 @@
 //   build/bench/bench_quant --benchmark_repetitions=5 --benchmark_filter='threads:2'
 //
 // On a shared machine run with OMP_WAIT_POLICY=passive (see bench_attention.cpp).
+#include "bench_util.h"
 #include "kernels/attn_f32.h"
 #include "kernels/attn_q.h"
 #include "kvprune/kvprune.h"
@@ -44,60 +46,11 @@
 
 namespace {
 
-struct Rng {  // splitmix64
-    uint64_t s;
-    explicit Rng(uint64_t seed) : s(seed) {}
-    uint64_t next() {
-        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        return z ^ (z >> 31);
-    }
-    float uni() { return (float)((next() >> 40) * (2.0 / 16777216.0) - 1.0); }  // [-1, 1)
-};
-
-void fill_random(float *x, size_t n, uint64_t seed) {
-    Rng g(seed);
-    for (size_t i = 0; i < n; ++i) x[i] = g.uni();
-}
-
-double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-// CPU time of the whole process (every thread): on a machine shared with other jobs the wall
-// time of a step includes waiting for a core; the CPU time is the work, stalls on memory included.
-double cpu_s() {
-    timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
-}
-
-// ---- read bandwidth (as bench_attention.cpp) ----------------------------------------------------
-
-float read_block(const float *x, size_t n) {
-    simde__m256 a0 = simde_mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 32) {
-        a0 = simde_mm256_add_ps(a0, simde_mm256_load_ps(x + i));
-        a1 = simde_mm256_add_ps(a1, simde_mm256_load_ps(x + i + 8));
-        a2 = simde_mm256_add_ps(a2, simde_mm256_load_ps(x + i + 16));
-        a3 = simde_mm256_add_ps(a3, simde_mm256_load_ps(x + i + 24));
-    }
-    float b[8];
-    simde_mm256_storeu_ps(b, simde_mm256_add_ps(simde_mm256_add_ps(a0, a1), simde_mm256_add_ps(a2, a3)));
-    return ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
-}
-
-const size_t kReadChunk = 16384;
-
-float read_all(const float *x, size_t n, int threads) {
-    const long chunks = (long)(n / kReadChunk);
-    float total = 0.0f;
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
-#endif
-    for (long c = 0; c < chunks; ++c) total += read_block(x + (size_t)c * kReadChunk, kReadChunk);
-    (void)threads;
-    return total + read_block(x + (size_t)chunks * kReadChunk, n - (size_t)chunks * kReadChunk);
-}
+using kvpbench::cpu_s;
+using kvpbench::fill_random;
+using kvpbench::now_s;
+using kvpbench::read_all;
+using kvpbench::Rng;
 
 struct BwEntry {
     size_t bytes;

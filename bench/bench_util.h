@@ -1,0 +1,93 @@
+// Helpers shared by bench_attention and bench_quant: a seeded generator, aligned buffers, clocks,
+// and the plain read of a buffer at the ISA of the library's best f32 attention kernel (isa.h:
+// at the baseline ISA the read loop is add-latency bound far below the caches' bandwidth, so a
+// decode step would be compared with a weaker read than the machine can do), split over OpenMP
+// threads. Header-only; the ISA bodies are in isa_<isa>.cpp (the kvp_bench_isa library).
+#pragma once
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+
+#include "isa.h"
+#include "kernels/attn_f32.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace kvpbench {
+
+struct Rng {  // splitmix64
+    uint64_t s;
+    explicit Rng(uint64_t seed) : s(seed) {}
+    uint64_t next() {
+        uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        return z ^ (z >> 31);
+    }
+    float uni() { return (float)((next() >> 40) * (2.0 / 16777216.0) - 1.0); }  // [-1, 1)
+};
+
+inline void fill_random(float *x, size_t n, uint64_t seed) {
+    Rng g(seed);
+    for (size_t i = 0; i < n; ++i) x[i] = g.uni();
+}
+
+struct AlignedBuf {  // 64-byte aligned floats, freed with the object
+    float *p = nullptr;
+    size_t n = 0;
+    explicit AlignedBuf(size_t floats) : n(floats) {
+        p = static_cast<float *>(std::aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64));
+        if (!p) std::abort();
+    }
+    ~AlignedBuf() { std::free(p); }
+    AlignedBuf(const AlignedBuf &) = delete;
+    AlignedBuf &operator=(const AlignedBuf &) = delete;
+};
+
+inline double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of the whole process (every thread): on a machine shared with other jobs the wall
+// time of a step includes waiting for a core; the CPU time is the work, stalls on memory included.
+inline double cpu_s() {
+    timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
+// Sum of x[0..n), n a multiple of 32, x 32-byte aligned: four independent accumulators at the
+// ISA of the best f32 attention kernel.
+inline float read_block(const float *x, size_t n) {
+    static const std::string isa = kvp::kern::attn_f32_best()->name;
+#ifdef KVP_BENCH_AVX512
+    if (isa == "avx512") return read_avx512(x, n);
+#endif
+#ifdef KVP_BENCH_AVX2
+    if (isa == "avx2") return read_avx2(x, n);
+#endif
+    return read_simde(x, n);
+}
+
+const size_t kReadChunk = 16384;  // floats (64 KiB) per OpenMP work item
+
+// read_block over x[0..n) in kReadChunk pieces shared by `threads` OpenMP threads (one parallel
+// region per call).
+inline float read_all(const float *x, size_t n, int threads) {
+    const long chunks = (long)(n / kReadChunk);
+    float total = 0.0f;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
+#endif
+    for (long c = 0; c < chunks; ++c) total += read_block(x + (size_t)c * kReadChunk, kReadChunk);
+    (void)threads;
+    return total + read_block(x + (size_t)chunks * kReadChunk, n - (size_t)chunks * kReadChunk);
+}
+
+}  // namespace kvpbench
