@@ -339,6 +339,22 @@ kvp_status kvp_create_ex(const kvp_config *cfg, void *arena, size_t arena_len, k
 
 kvp_status kvp_create_rope(const kvp_config *cfg, const double *inv_freq, uint32_t n, void *arena, size_t arena_len,
                            kvp_cache **out, char *err, size_t err_len) {
+    return kvp_create_heads(cfg, inv_freq, n, nullptr, 0, arena, arena_len, out, err, err_len);
+}
+
+size_t kvp_arena_size_heads(const kvp_config *cfg, const uint8_t *roles, uint32_t n_roles) {
+    Msg m(nullptr, 0);
+    kvp_config full;
+    bool stream = false;
+    if (!cfg || kvp::config_load(cfg, &full, m) != KVP_OK || kvp::config_check(full, m) != KVP_OK ||
+        kvp::roles_check(full, roles, n_roles, &stream, m) != KVP_OK)
+        return 0;
+    kvp::ArenaPlan p;
+    return kvp::arena_plan(full, &p, nullptr, stream ? roles : nullptr) ? p.total : 0;
+}
+
+kvp_status kvp_create_heads(const kvp_config *cfg, const double *inv_freq, uint32_t n, const uint8_t *roles,
+                            uint32_t n_roles, void *arena, size_t arena_len, kvp_cache **out, char *err, size_t err_len) {
     char buf[320];
     Msg m(buf, sizeof buf);
     if (!cfg || !out) {
@@ -349,9 +365,12 @@ kvp_status kvp_create_rope(const kvp_config *cfg, const double *inv_freq, uint32
     kvp_status st = kvp::config_load(cfg, &full, m);
     if (st == KVP_OK) st = kvp::config_check(full, m);
     if (st == KVP_OK) st = kvp::rope_table_check(full, inv_freq, n, m);  // issue 21
+    bool stream = false;  // issue 32 item 2: a DuoAttention role table with a streaming head
+    if (st == KVP_OK) st = kvp::roles_check(full, roles, n_roles, &stream, m);
     if (st != KVP_OK) return report(st, m.c_str(), err, err_len);
+    if (!stream) roles = nullptr;  // no table, or every head retrieval: exactly kvp_create_rope
     kvp::ArenaPlan p;
-    if (!kvp::arena_plan(full, &p)) {
+    if (!kvp::arena_plan(full, &p, nullptr, roles)) {
         m.s("the arena size of this configuration overflows size_t");
         return report(KVP_ERR_CONFIG, m.c_str(), err, err_len);
     }
@@ -386,7 +405,7 @@ kvp_status kvp_create_rope(const kvp_config *cfg, const double *inv_freq, uint32
         return report(KVP_ERR_STATE, m.c_str(), err, err_len);
     }
     int terr = 0;
-    kvp_cache *c = kvp::cache_init(full, p, arena, &terr, inv_freq);
+    kvp_cache *c = kvp::cache_init(full, p, arena, &terr, inv_freq, roles);
     if (!c) {
 #if !KVP_NO_HEAP
         free(owned);

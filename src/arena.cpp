@@ -35,7 +35,21 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     if (local) g->min_blocks = g->max_blocks;  // a local layer never self-prunes: it always gets its window
 }
 
-bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
+void stream_geom(const kvp_config &cfg, LayerGeom *g) {
+    // duo_sink pinned; a ring of the duo_window - 1 tokens kept before a call plus the call's at
+    // most duo_window (cache_append.cpp head_append): 2W - 1, and block - 1 for its front block
+    const uint32_t block = config_block(cfg), S = cfg.duo_sink, W = cfg.duo_window;
+    g->lp = LayerPlan{};
+    g->lp.cap = S + 2 * W - 1;
+    g->lp.pin_cap = S;
+    g->lp.front_evict = true;
+    g->pin_blk_cap = ceil_div(S, block);
+    g->blk_cap = ceil_div(uint64_t(2) * W - 1 + block - 1, block);
+    g->max_blocks = g->pin_blk_cap + g->blk_cap;
+    g->min_blocks = g->max_blocks;  // never self-prunes: its sinks and window are always there
+}
+
+bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uint8_t *roles) {
     Sz z;
     const kvp_model &m = cfg.model;
     const uint32_t L = m.n_layers, H = m.n_kv_heads, G = m.n_q_heads / m.n_kv_heads;
@@ -50,13 +64,33 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     const uint32_t prompt_w = prompt_window(cfg);  // max_prompt: queries stashed per layer (prompt.h)
     bool any_obs = false, any_colsum = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
     p->decode_scores = false;
+    LayerGeom sg;  // a streaming head's store (DuoAttention role table)
+    stream_geom(cfg, &sg);
+    if (roles) {
+        if (sg.lp.cap > max_cap) max_cap = sg.lp.cap;
+        if (sg.pin_blk_cap) any_pinned = true;
+        const size_t runs = store_max_runs(sg.lp.cap, sg.pin_blk_cap, sg.blk_cap);
+        if (runs > max_runs) max_runs = runs;
+        // each pool's need; the largest sets nblocks (every pool the same size: state.h ids)
+        for (uint32_t h = 0; h < H; ++h) {
+            uint64_t need = 0;
+            for (uint32_t l = 0; l < L; ++l) {
+                LayerGeom g;
+                layer_geom(cfg, l, &g);
+                need += store_geom(g, sg, roles, H, l, h).max_blocks;
+            }
+            if (need > sum_blocks) sum_blocks = need;
+        }
+    }
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
-        sum_blocks += g.max_blocks;
+        if (!roles) sum_blocks += g.max_blocks;
         sum_min += g.min_blocks;
         sum_cap += g.lp.cap;
-        tables += uint64_t(g.max_blocks) * H;
+        if (!roles) tables += uint64_t(g.max_blocks) * H;
+        else
+            for (uint32_t h = 0; h < H; ++h) tables += store_geom(g, sg, roles, H, l, h).max_blocks;
         // a layer's store holds up to cap + its prompt room (prompt.h): every size that follows
         // the longest store (logits, runs, RoPE tables, formatted rows) takes that
         const uint32_t scap = g.lp.cap + layer_prompt_room(cfg, l);
@@ -122,9 +156,10 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why) {
     p->off_tables = off;
     off = z.add(off, z.al(z.mul(sizeof(uint32_t), z.fit(tables))));
     p->off_home = off;
-    off = z.add(off, z.al(z.mul(sizeof(uint32_t), size_t(L) + 1)));
+    const size_t homes = roles ? H : 1;  // a role table: one set of home ranges per pool
+    off = z.add(off, z.al(z.mul(z.mul(sizeof(uint32_t), size_t(L) + 1), homes)));
     p->off_minb = off;
-    off = z.add(off, z.al(z.mul(sizeof(uint32_t), L)));
+    off = z.add(off, z.al(z.mul(z.mul(sizeof(uint32_t), L), homes)));
     p->off_pools = off;
     off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
     p->off_pool_meta = off;

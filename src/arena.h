@@ -96,6 +96,24 @@ struct LayerGeom {
 };
 void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g);
 
+// DuoAttention (issue 32 item 2, DECISIONS "DuoAttention heads"): the geometry of a streaming
+// head's store, the core's like a local layer's (sliding.h): duo_sink pinned tokens and a ring
+// (front eviction) of the duo_window - 1 newest plus a call's at most duo_window tokens, every
+// block reserved (min_blocks = max_blocks).
+void stream_geom(const kvp_config &cfg, LayerGeom *g);
+// A role table with a streaming head (NULL: none, or every head retrieval).
+inline bool roles_stream(const uint8_t *roles, uint32_t n) {
+    if (!roles) return false;
+    for (uint32_t i = 0; i < n; ++i)
+        if (roles[i] == KVP_HEAD_STREAMING) return true;
+    return false;
+}
+// The geometry of store (layer, h): stream_geom for a streaming head, else the layer's.
+inline const LayerGeom &store_geom(const LayerGeom &layer, const LayerGeom &stream, const uint8_t *roles, uint32_t H,
+                                   uint32_t l, uint32_t h) {
+    return roles && roles[size_t(l) * H + h] == KVP_HEAD_STREAMING ? stream : layer;
+}
+
 struct ArenaPlan {
     uint32_t stride;         // floats per K/V row
     uint32_t block;          // slots per block
@@ -155,7 +173,10 @@ inline size_t draft_layer_bytes(const kvp_config &cfg, Sz &z) {
 
 // Plans the arena of a config that passed the range and policy checks; false when a size
 // overflows size_t (or the pool is smaller than the layers' reservations: *why is set then).
-bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why = nullptr);
+// roles: a DuoAttention role table with a streaming head (checked: roles_stream), or NULL. With
+// one, each pool has its own home ranges and reservations (H x (L+1) and H x L words at
+// off_home / off_minb), and nblocks is the largest pool's sum over layers of its stores' needs.
+bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why = nullptr, const uint8_t *roles = nullptr);
 
 // Decode split-K (decode_granule): the chunks over L logical keys, and the key after chunk ci's
 // last (chunk ci covers [ci * granule, decode_chunk_end)).

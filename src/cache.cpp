@@ -202,6 +202,11 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         local_evict(c, hs, pool, j.layer, j.pos.at(j.n - 1) + 1 - int64_t(c->cfg.sliding_window), 0);
         return;
     }
+    if (head_streaming(hs)) {  // DuoAttention: sinks + the duo_window newest, never the policy's selection
+        const uint32_t W = c->cfg.duo_window;
+        if (hs.body_len() > W) store_evict_front(hs, pool, j.layer, hs.body_len() - W, c->positions == KVP_POS_REALIGN);
+        return;
+    }
     if (pol.prune) pol.prune(ctx, hs, j.mode);
     if (ctx.staged) stage_commit(ctx, hs, nullptr, 0);  // a policy that selected nothing keeps what fits
     if (c->fmt && ap.staged) {
@@ -560,6 +565,7 @@ void cache_prompt_select(kvp_cache *c, uint32_t layer, uint32_t w, const int32_t
 void cache_make_room(kvp_cache *c, uint32_t layer, uint32_t limit) {
     for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) {
         HeadStore &hs = head_of(c, layer, h);
+        if (head_streaming(hs)) continue;  // DuoAttention: the core's ring, never the policy's ranking
         PolicyCtx ctx{c, layer, h, &c->pools[h], scratch_of(c, 0).policy, 0, 0};
         while (hs.len() > limit && c->policy->evictable(ctx, hs) > 0) {
             if (hs.holes) store_compact(hs, c->pools[h], layer);

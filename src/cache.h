@@ -66,6 +66,7 @@ struct kvp_cache {
     uint32_t par_skips;        // calls run alone since the last back-off or probe
     float par_late;            // running average of the callers' join-wait share of parallel calls
     uint32_t rope_fp;          // fingerprint of the caller's RoPE table (rope.h; 0: theta), checked by kvp_state_load (fills padding)
+    uint32_t roles_fp;         // fingerprint of the DuoAttention role table (kvp_create_heads; 0: none), checked likewise
     void *owned;               // internal allocation freed by kvp_destroy (NULL-arena path)
     kvp::FmtCache *fmt;        // formatted storage (quant/store_fmt.h); NULL for plain f32
     kvp_cache *owned_next;     // capi: list of live library-owned caches (NULL-arena path)
@@ -133,8 +134,12 @@ double step_work(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, 
 // pthread_create error; nothing is left running).
 // caller_freqs: the caller's RoPE inverse frequencies (kvp_create_rope; rope_table_check passed),
 // copied into the arena; NULL = theta's.
+// roles: a DuoAttention role table with a streaming head (arena_plan's), copied into the stores
+// (HeadStore::role); NULL otherwise.
 kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err,
-                      const double *caller_freqs = nullptr);
+                      const double *caller_freqs = nullptr, const uint8_t *roles = nullptr);
+// A streaming head of a DuoAttention role table (storage.h HeadStore::role).
+inline bool head_streaming(const HeadStore &hs) { return hs.role == KVP_HEAD_STREAMING; }
 // Stops the worker threads (kvp_destroy): joins them; no call may follow.
 void cache_stop(kvp_cache *c);
 void cache_reset(kvp_cache *c);

@@ -131,9 +131,18 @@ Appended head_append(kvp_cache *c, uint32_t layer, uint32_t h, uint32_t n, const
         const uint32_t over = hs.len() + n > hs.cap ? hs.len() + n - hs.cap : 0;
         local_evict(c, hs, pool, layer, pos.at(0) - int64_t(c->cfg.sliding_window), over);
     }
+    // A streaming head (DuoAttention role table; arena.h stream_geom) keeps its sinks and the
+    // duo_window - 1 newest tokens before the call's n (n <= duo_window: cache_room_check), so
+    // every query of the call sees its sinks and at least its duo_window newest tokens (a decode
+    // exactly those); its blocks are reserved, the policy never runs on it.
+    const bool stream = head_streaming(hs);
+    if (stream) {
+        const uint32_t keep = c->cfg.duo_window - 1;
+        if (hs.body_len() > keep) store_evict_front(hs, pool, layer, hs.body_len() - keep, c->positions == KVP_POS_REALIGN);
+    }
     // Room first: dead slots are compacted away, then a dry pool makes the policy evict by its
     // own ranking (cache_room_check said that suffices). A local layer's blocks are reserved.
-    while (!staged && !local && store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
+    while (!staged && !local && !stream && store_blocks_needed(hs, pool.block, n) > pool.allowed(layer)) {
         if (hs.holes) {
             store_compact(hs, pool, layer);
             continue;
@@ -250,6 +259,14 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool
     if (layer_local(c->cfg, layer)) return KVP_OK;  // sliding.h: pieces, evictions, reserved blocks
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
+        if (head_streaming(hs)) {  // DuoAttention: a call adds at most duo_window tokens (head_append)
+            if (n > c->cfg.duo_window) {
+                m.s("layer ").u(layer).s(" KV head ").u(h).s(" is a streaming head (kvp_create_heads) that takes at most duo_window=")
+                    .u(c->cfg.duo_window).s(" tokens per call; ").u(n).s(" do not fit: chunk the prompt by kvp_prefill_room");
+                return KVP_ERR_FULL;
+            }
+            continue;
+        }
         if (uint64_t(hs.len()) + n > hs.cap) {
             m.s("layer ").u(layer).s(" holds ").u(hs.len()).s(" tokens and can take ").u(hs.cap > hs.len() ? hs.cap - hs.len() : 0)
                 .s(" more (capacity ").u(hs.cap).s("); ").u(n).s(" do not fit: ");
@@ -319,7 +336,8 @@ uint32_t cache_prefill_room(const kvp_cache *c) {
         if (layer_local(c->cfg, l)) continue;  // takes any chunk in pieces (sliding.h)
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             const uint32_t len = head_of(c, l, h).len(), cap = c->layers[l].geom.lp.cap;
-            const uint32_t room = cap > len ? cap - len : 0;
+            // a streaming head (DuoAttention) takes up to duo_window tokens per call, whatever it holds
+            const uint32_t room = head_streaming(head_of(c, l, h)) ? c->cfg.duo_window : cap > len ? cap - len : 0;
             if (room < hi) hi = room;
         }
     }

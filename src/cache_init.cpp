@@ -22,7 +22,8 @@
 
 namespace kvp {
 
-kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err, const double *caller_freqs) {
+kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena, int *thread_err, const double *caller_freqs,
+                      const uint8_t *roles) {
     char *base = static_cast<char *>(arena);
     kvp_cache *c = new (base) kvp_cache;
     memset(c, 0, sizeof *c);
@@ -99,14 +100,18 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         layer_geom(cfg, l, &ls->geom);
         sum_max += ls->geom.max_blocks;
     }
+    LayerGeom sg;  // a streaming head's store (DuoAttention)
+    stream_geom(cfg, &sg);
+    if (roles) c->roles_fp = 2166136261u;
     uint64_t acc = 0;
     size_t t = 0;
     for (uint32_t l = 0; l < L; ++l) {
-        const LayerGeom &g = c->layers[l].geom;
+        const LayerGeom &lg = c->layers[l].geom;
         home_lo[l] = plan.shared ? uint32_t(acc * plan.nblocks / (sum_max ? sum_max : 1)) : uint32_t(acc);
-        acc += g.max_blocks;
-        min_blocks[l] = g.min_blocks;
+        acc += lg.max_blocks;
+        min_blocks[l] = lg.min_blocks;
         for (uint32_t h = 0; h < H; ++h) {
+            const LayerGeom &g = store_geom(lg, sg, roles, H, l, h);
             HeadStore *hs = new (&head_of(c, l, h)) HeadStore;
             memset(hs, 0, sizeof *hs);
             hs->pin_blk = tables + t;
@@ -117,9 +122,25 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
             hs->pin_blk_cap = g.pin_blk_cap;
             hs->blk_cap = g.blk_cap;
             hs->hole_cap = g.lp.hole_cap;
+            hs->role = roles ? roles[size_t(l) * H + h] : uint8_t(KVP_HEAD_RETRIEVAL);
+            if (roles) c->roles_fp = (c->roles_fp ^ (hs->role + 1u)) * 16777619u;  // FNV-1a over the table
         }
     }
+    if (roles && !c->roles_fp) c->roles_fp = 1;  // 0 means no table
     home_lo[L] = plan.nblocks;
+    // A role table: each pool's homes follow its own stores' needs (streaming heads need fewer
+    // blocks); the blocks beyond a pool's sum (pools are sized by the largest) go to its last home.
+    if (roles)
+        for (uint32_t h = 0; h < H; ++h) {
+            uint32_t *hl = home_lo + size_t(h) * (L + 1), *mb = min_blocks + size_t(h) * L, a = 0;
+            for (uint32_t l = 0; l < L; ++l) {
+                const LayerGeom &g = store_geom(c->layers[l].geom, sg, roles, H, l, h);
+                hl[l] = a;
+                a += g.max_blocks;
+                mb[l] = g.min_blocks;
+            }
+            hl[L] = plan.nblocks;
+        }
     if (store_formatted(cfg)) {  // the formatted-storage region (its plan is a function of the config)
         uint32_t max_pin = 0;
         for (uint32_t l = 0; l < L; ++l) {
@@ -142,8 +163,8 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         p->bseq = reinterpret_cast<uint32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
         p->top = reinterpret_cast<int32_t *>(meta + 3 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
         p->held = reinterpret_cast<uint32_t *>(p->top + L);
-        p->home_lo = home_lo;
-        p->min_blocks = min_blocks;
+        p->home_lo = roles ? home_lo + size_t(h) * (L + 1) : home_lo;
+        p->min_blocks = roles ? min_blocks + size_t(h) * L : min_blocks;
         p->k = reinterpret_cast<float *>(data);
         p->v = reinterpret_cast<float *>(data + plan.data_v);
         p->pos = reinterpret_cast<int32_t *>(data + plan.data_pos);

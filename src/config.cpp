@@ -158,6 +158,10 @@ constexpr Key kKeys[] = {
              "triattention: one choice of generated tokens for every layer and head (union: each query head nominates its budget best, the highest nominees stay), per KV head over the layers (per_head: mean over layers of the group's max), or per layer and KV head (per_layer_perhead)"),
     KVP_ENUM(tri_stats, 0, kTriStatsNames, kAllNames, "online|given", P(TRIATTENTION),
              "triattention: online = query statistics are the means over the queries the cache sees; given = the caller's (kvp_query_stats_set: an offline calibration), kept across kvp_reset"),
+    KVP_U32(duo_sink, 64, 0, kMaxCapacity, kAll,
+            "DuoAttention streaming heads (kvp_create_heads role table): the first tokens a streaming head keeps (the reference's sink_size 64); unused without a table"),
+    KVP_U32(duo_window, 256, 0, kMaxCapacity, kAll,
+            "DuoAttention streaming heads: the most recent tokens a streaming head keeps (the reference's recent_size 256); a call adds at most this many tokens to a layer with a streaming head"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl/random/triattention), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -825,6 +829,58 @@ kvp_status config_apply(kvp_config *cfg, const char *spec, Msg &m) {
     // Write back only the caller's bytes, struct_size excepted.
     memcpy(reinterpret_cast<char *>(cfg) + sizeof(uint32_t), reinterpret_cast<const char *>(&tmp) + sizeof(uint32_t),
            user_size - sizeof(uint32_t));
+    return KVP_OK;
+}
+
+kvp_status roles_check(const kvp_config &c, const uint8_t *roles, uint32_t n, bool *stream, Msg &m) {
+    if (stream) *stream = false;
+    if (!roles) {
+        if (n == 0) return KVP_OK;
+        m.s("roles is NULL but n_roles=").u(n).s(" (NULL with 0 means no role table)");
+        return KVP_ERR_ARG;
+    }
+    const uint64_t want = uint64_t(c.model.n_layers) * c.model.n_kv_heads;
+    if (n != want) {
+        m.s("n_roles=").u(n).s(" must be n_layers * n_kv_heads = ").u(want).s(" (one role per layer and KV head)");
+        return KVP_ERR_CONFIG;
+    }
+    bool any = false;
+    for (uint32_t i = 0; i < n; ++i) {
+        if (roles[i] > KVP_HEAD_STREAMING) {
+            m.s("roles[").u(i).s("]=").u(roles[i]).s(" (layer ").u(i / c.model.n_kv_heads).s(", KV head ")
+                .u(i % c.model.n_kv_heads).s(") is not a role: 0 (KVP_HEAD_RETRIEVAL) or 1 (KVP_HEAD_STREAMING)");
+            return KVP_ERR_CONFIG;
+        }
+        if (roles[i] == KVP_HEAD_STREAMING) any = true;
+    }
+    if (!any) return KVP_OK;  // every head retrieval: exactly the cache without a table
+    if (c.duo_window == 0) {
+        m.s("duo_window=0: a streaming head must keep at least the newest token (duo_window >= 1)");
+        return KVP_ERR_CONFIG;
+    }
+    if (uint64_t(c.duo_sink) + 2ull * c.duo_window - 1 > kMaxCapacity) {  // arena.h stream_geom
+        m.s("duo_sink + 2 * duo_window - 1 = ").u(uint64_t(c.duo_sink) + 2ull * c.duo_window - 1)
+            .s(" (a streaming head's slots) exceeds the capacity limit ").u(kMaxCapacity);
+        return KVP_ERR_CONFIG;
+    }
+    if (c.max_draft > c.duo_window) {
+        m.s("max_draft=").u(c.max_draft).s(" exceeds duo_window=").u(c.duo_window)
+            .s(": a streaming head takes at most duo_window tokens per call (a draft's commit is one)");
+        return KVP_ERR_CONFIG;
+    }
+    const bool pol_ok = c.policy == KVP_POLICY_FULL || c.policy == KVP_POLICY_WINDOW || c.policy == KVP_POLICY_STREAMING ||
+                        c.policy == KVP_POLICY_H2O || c.policy == KVP_POLICY_RANDOM;
+    const char *what = !pol_ok ? "this policy (streaming heads: policy=full, window, streaming, h2o or random)"
+                       : store_formatted(c) ? "kv_dtype other than f32 (streaming heads need plain f32 storage)"
+                       : c.total_capacity ? "total_capacity (a shared pool)"
+                       : c.max_prompt ? "max_prompt"
+                       : c.sliding_window ? "sliding_window"
+                                          : nullptr;
+    if (what) {
+        m.s("a role table with streaming heads (kvp_create_heads) is not supported with ").s(what);
+        return KVP_ERR_UNSUPPORTED;
+    }
+    if (stream) *stream = true;
     return KVP_OK;
 }
 

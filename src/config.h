@@ -44,6 +44,12 @@ kvp_positions config_positions(const kvp_config &cfg);  // ORIGINAL or REALIGN (
 // Slots per pool block: quant_group for formatted storage (quant/format.h: kv_dtype != f32 or
 // ThinK channel pruning; one block is one quantization group), else `block`.
 uint32_t config_block(const kvp_config &cfg);
+// A DuoAttention role table (kvp_create_heads) for a checked config: roles NULL with n 0 (none),
+// or n == n_layers * n_kv_heads entries of 0/1; with a streaming head also duo_window >= 1,
+// duo_sink + duo_window within the capacity limit, max_draft <= duo_window, and a supported
+// configuration (DECISIONS "DuoAttention heads"). *stream (may be NULL): the table has a
+// streaming head.
+kvp_status roles_check(const kvp_config &cfg, const uint8_t *roles, uint32_t n, bool *stream, Msg &m);
 
 
 // Limits (documented in the header and docs/DECISIONS.md).

@@ -751,7 +751,7 @@ kvp_status state_save(const kvp_cache *c, void *buf, size_t size, size_t *writte
     put_le(o + 12, KVP_VERSION, 4);
     put_le(o + 16, need, 8);
     put_le(o + 32, kConfigWords, 4);
-    put_le(o + 36, c->rope_fp, 4);
+    put_le(o + 36, c->rope_fp ^ c->roles_fp, 4);  // the RoPE table's and the role table's fingerprints (0: none)
     for (uint32_t i = 0; i < kConfigWords; ++i) {
         uint32_t w;
         memcpy(&w, reinterpret_cast<const char *>(&c->cfg) + 4 + 4 * size_t(i), 4);
@@ -868,11 +868,17 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
     }
     // The caller's RoPE table (kvp_create_rope) is part of the configuration: its fingerprint.
     const uint32_t fp = uint32_t(get_le(in + 36, 4));
-    if (fp != c->rope_fp) {
+    // The DuoAttention role table (kvp_create_heads) likewise: its fingerprint is XORed in (0: none).
+    if (c->roles_fp && fp != (c->rope_fp ^ c->roles_fp)) {
+        m.s("the state was saved from a cache with ").s(fp == c->rope_fp ? "no DuoAttention role table" : "another role table or RoPE table")
+            .s(" and this cache has a role table (kvp_create_heads, kvp_create_rope)");
+        return KVP_ERR_CONFIG;
+    }
+    if (!c->roles_fp && fp != c->rope_fp) {
         m.s("the state was saved from a cache ").s(fp ? "with a caller RoPE frequency table" : "with theta's RoPE frequencies")
             .s(" and this cache has ").s(c->rope_fp ? "a caller table" : "theta's frequencies");
         if (fp && c->rope_fp) m.s(" (the tables differ: fingerprints ").u(fp).s(" and ").u(c->rope_fp).s(")");
-        m.s(" (kvp_create_rope)");
+        m.s(" (kvp_create_rope), or with a DuoAttention role table (kvp_create_heads)");
         return KVP_ERR_CONFIG;
     }
     if (!words_ok) {

@@ -69,6 +69,8 @@ struct HeadStore {
     uint32_t seq_head;   // sequence number of the first body block (pool.bseq)
     int64_t shift;       // realign: tokens removed by evict_front so far
     bool scattered;      // a compaction happened since the last clear
+    uint8_t role;        // kvp_head_role (DuoAttention, arena.h stream_geom): set at create, kept by
+                         // store_clear; a streaming head is the core's, never the policy's (fills padding)
     uint32_t nres;       // formatted stores (quant/store_fmt.h): the body's last nres slots are the
                          // full-precision residual; 0 otherwise
     uint64_t prune_events, evicted;

@@ -145,6 +145,24 @@ TEST(NoAllocation, ScoredPolicyAndDryPool) {
     }
 }
 
+// DuoAttention heads (kvp_create_heads, issue 32 item 2): streaming heads' ring evictions before
+// and after each call, beside retrieval heads of full and h2o, 1 and 2 threads.
+TEST(NoAllocation, DuoAttentionHeads) {
+    const uint8_t roles[8] = {1, 0, 0, 1, 0, 1, 1, 0};
+    for (const char *spec : {"policy=full capacity=420 duo_sink=4 duo_window=256 threads=2",
+                             "policy=h2o budget=120 recent=16 capacity=260 duo_sink=8 duo_window=200 score=fixed threads=1"}) {
+        kvp_config cfg = config(spec);
+        const size_t bytes = kvp_arena_size_heads(&cfg, roles, 8);
+        ASSERT_GT(bytes, 0u) << spec;
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create_heads(&cfg, nullptr, 0, roles, 8, arena, bytes, &c, nullptr, 0), KVP_OK) << spec;
+        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+}
+
 // Quantized storage and ThinK: staged prefill chunks, group conversion, ThinK's selection,
 // repacks after scored evictions, realign, the ring's front eviction and the shared pool.
 TEST(NoAllocation, QuantizedAndThinkStorage) {

@@ -108,13 +108,15 @@ const char *kUsageRun =
 const char *kUsageEval =
     "kvprune eval [--model M] [--text FILE] [--tokens N] [--prefill P] [--policy SPEC]...\n"
     "             [--json FILE] [--csv FILE] [--no-progress] [--progress-every SECONDS] [--random-lazy SEED]\n"
-    "             [--tri-calibrate FILE]\n"
+    "             [--tri-calibrate FILE] [--duo-roles FILE]\n"
     "    Teacher-forced NLL of tokens P..N-1 (P by kvp_prefill, the rest by kvp_decode) per policy,\n"
     "    top-1 agreement with full KV, live/peak/arena bytes, KV ratio to full, tokens/s; after the\n"
     "    table one line per policy: prefill time, simlayerkv's lazy layers, asl's selection layer.\n"
     "    --tri-calibrate FILE: TriAttention's offline calibration: the query statistics of a full-KV\n"
     "    pass over FILE's first min(context, 4096) tokens, given to every policy with\n"
     "    tri_stats=given (kvp_query_stats_set); also with --task.\n"
+    "    --duo-roles FILE: a DuoAttention role table (kvprune duo-calibrate) for every policy's cache\n"
+    "    (kvp_create_heads: streaming heads keep duo_sink + duo_window tokens); also with --task.\n"
     "    --random-lazy SEED: for each simlayerkv policy, one more row trimming as many layers chosen\n"
     "    at random (splitmix64 from SEED) via lazy_force: the SimLayerKV paper's baseline.\n"
     "    Defaults: N 1024, P N/4; policies full KV and streaming 4+60. A failing policy is reported\n"
@@ -146,6 +148,14 @@ const char *kUsageTask =
     "    snapkv with q8/q4 storage, random with keep_prompt=0); threads: the machine's cores (results do not depend on them).\n"
     "    Prints the summary table (kvprune report), after one line per cell with --answers (expected and\n"
     "    answered bytes, right or wrong, live KV); --json/--csv write one row per cell.\n";
+const char *kUsageDuo =
+    "kvprune duo-calibrate --out FILE [--model M] [--text FILE] [--length N] [--samples S] [--seed S]\n"
+    "             [--streaming F]\n"
+    "    DuoAttention's calibration (arXiv:2410.10819): S passkey prompts of N tokens (needle depths\n"
+    "    spread over [0, 1], query-aware) run full KV; per (layer, KV head) the mean attention mass the\n"
+    "    question's queries put on the needle; the fraction F of heads with the least mass become\n"
+    "    streaming heads. Writes the role table and the masses to FILE (eval --duo-roles FILE).\n"
+    "    Defaults: model induction6.bin, text enbytes-1m.eval.txt, N 256, S 8, seed 0, F 0.5.\n";
 const char *kUsagePlot =
     "kvprune plot --in results.json --out FILE|- [--format png|svg] [--x auto|bytes|n]\n"
     "             [--kind heatmap|memory] [--task T] [--setting query-aware|query-agnostic|both]   (task results)\n"
@@ -180,7 +190,7 @@ const char *kUsageTokenize =
     "    (llama.cpp's parse_special; off by default, as for eval text).\n";
 
 std::string usage_all() {
-    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsagePlot + kUsageKeys + kUsageReport + kUsageInfo + kUsageTokenize +
+    return std::string("usage:\n") + kUsageRun + kUsageEval + kUsageTask + kUsageDuo + kUsagePlot + kUsageKeys + kUsageReport + kUsageInfo + kUsageTokenize +
            "kvprune help | version\n"
            "SPEC is the kvp_config_apply string, e.g. \"policy=streaming sinks=4 window=60\" (`kvprune keys`).\n"
            "GGUF models with a tokenizer read text through it; other models with vocab 256 read text as\n"
@@ -725,6 +735,20 @@ bool setup_tri_calibration(const Args &a, const Checkpoint &ck, std::string *err
     return true;
 }
 
+// --duo-roles FILE: a DuoAttention role table (kvprune duo-calibrate) for every Session's cache.
+bool setup_duo_roles(const Args &a, const Checkpoint &ck, std::string *err) {
+    static std::vector<uint8_t> roles;
+    if (!a.has("duo-roles")) return true;
+    std::string text;
+    if (!read_text_file(a.get("duo-roles"), &text, err)) return false;
+    if (!parse_duo_roles(text, ck.cfg, &roles, err)) {
+        *err = "--duo-roles " + a.get("duo-roles") + ": " + *err;
+        return false;
+    }
+    Session::set_duo_roles(&roles);
+    return true;
+}
+
 int cmd_task(const Args &a) {
     for (const char *k : {"tokens", "prefill", "preset", "random-lazy"})
         if (a.has(k)) return usage_error("eval", std::string("--") + k + " does not apply to --task", kUsageTask);
@@ -776,6 +800,7 @@ int cmd_task(const Args &a) {
     Checkpoint ck;
     if (!load_checkpoint(a.get("model", bundled(kDefaultTaskModel)), &ck, &err)) return error("eval", err);
     if (!setup_tri_calibration(a, ck, &err)) return error("eval", err);
+    if (!setup_duo_roles(a, ck, &err)) return error("eval", err);
     std::string text;
     if (!read_text_file(a.get("text", bundled(kDefaultText)), &text, &err)) return error("eval", err);
     // The full-KV baseline runs with any --policy list (issue 29); the defaults are every policy.
@@ -864,7 +889,7 @@ int cmd_eval(int argc, char **argv) {
     if (!parse_args(argc, argv, 2,
                     {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy",
                      "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads", "replay-every",
-                     "tri-calibrate"},
+                     "tri-calibrate", "duo-roles"},
                     {"no-progress", "answers"}, &a))
         return usage_error("eval", a.err, kUsageEval);
     if (a.help) return help(kUsageEval);
@@ -891,6 +916,7 @@ int cmd_eval(int argc, char **argv) {
     std::vector<int32_t> toks;
     if (!model_tokens(ck, a.get("text", bundled(kDefaultText)), &toks, &err)) return error("eval", err);
     if (!setup_tri_calibration(a, ck, &err)) return error("eval", err);
+    if (!setup_duo_roles(a, ck, &err)) return error("eval", err);
     ProgressBar bar;
     bar.every = every;
     bar.mode = a.has("no-progress") ? ProgressBar::kOff : (isatty(2) ? ProgressBar::kBar : ProgressBar::kLines);
@@ -1018,6 +1044,74 @@ bool read_task_results(const std::string &cmd, const std::string &in, std::vecto
         return false;
     }
     return true;
+}
+
+int cmd_duo_calibrate(int argc, char **argv) {
+    Args a;
+    if (!parse_args(argc, argv, 2, {"model", "text", "length", "samples", "seed", "streaming", "out"}, {}, &a))
+        return usage_error("duo-calibrate", a.err, kUsageDuo);
+    if (a.help) return help(kUsageDuo);
+    if (!a.has("out")) return usage_error("duo-calibrate", "--out FILE is required", kUsageDuo);
+    long long length = 256, samples = 8, seed = 0;
+    double frac = 0.5;
+    if (a.has("length") && !to_int(a.get("length"), 1, INT32_MAX, &length))
+        return usage_error("duo-calibrate", "--length must be a positive integer", kUsageDuo);
+    if (a.has("samples") && !to_int(a.get("samples"), 1, 100000, &samples))
+        return usage_error("duo-calibrate", "--samples must be a positive integer", kUsageDuo);
+    if (a.has("seed") && !to_int(a.get("seed"), 0, INT64_MAX, &seed))
+        return usage_error("duo-calibrate", "--seed must be a non-negative integer", kUsageDuo);
+    if (a.has("streaming") && (!to_num(a.get("streaming"), &frac) || frac < 0 || frac > 1))
+        return usage_error("duo-calibrate", "--streaming must be a fraction in [0, 1]", kUsageDuo);
+    std::string err;
+    if (!check_writable(a.get("out"), &err)) return error("duo-calibrate", "--out: " + err);
+    Checkpoint ck;
+    if (!load_checkpoint(a.get("model", bundled(kDefaultTaskModel)), &ck, &err)) return error("duo-calibrate", err);
+    if (ck.cfg.vocab != 256 && !ck.tok)
+        return error("duo-calibrate", "passkey prompts need a byte-level model (vocab 256) or a model with a tokenizer");
+    std::string text;
+    if (!read_text_file(a.get("text", bundled(kDefaultText)), &text, &err)) return error("duo-calibrate", err);
+    const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::pair<int, int>> needle;
+    std::vector<int> question_at;
+    for (long long i = 0; i < samples; i++) {
+        const double depth = samples == 1 ? 0.5 : (double)i / (double)(samples - 1);
+        TaskPrompt p;
+        if (ck.tok ? !make_task_prompt_tokens("passkey", *ck.tok, text_ids, (int)length, depth, (int)i, (uint64_t)seed, &p, &err)
+                   : !make_task_prompt("passkey", text, (int)length, depth, (int)i, (uint64_t)seed, &p, &err))
+            return error("duo-calibrate", err);
+        std::vector<int32_t> ids;
+        int nlen = 0;
+        if (p.tokens()) {
+            ids = p.context_ids;
+            ids.insert(ids.end(), p.question_ids.begin(), p.question_ids.end());
+            nlen = (int)ck.tok->encode(p.needle, false, false).size();
+        } else {
+            for (char c : p.context) ids.push_back((unsigned char)c);
+            for (char c : p.question) ids.push_back((unsigned char)c);
+            nlen = (int)p.needle.size();
+        }
+        prompts.push_back(ids);
+        needle.push_back({(int)p.needle_at, (int)p.needle_at + nlen});
+        question_at.push_back((int)(p.tokens() ? p.context_ids.size() : p.context.size()));
+    }
+    std::vector<double> mass;
+    if (!calibrate_duo_mass(ck, prompts, needle, question_at, &mass, &err)) return error("duo-calibrate", err);
+    const std::vector<uint8_t> roles = duo_roles_from_mass(mass, frac);
+    const uint32_t L = (uint32_t)ck.cfg.n_layers, H = (uint32_t)ck.cfg.n_kv_heads;
+    size_t streaming = 0;
+    for (uint8_t r : roles) streaming += r == KVP_HEAD_STREAMING;
+    char comment[256];
+    std::snprintf(comment, sizeof comment, "model %s, %lld passkey prompts of %lld tokens, seed %lld, streaming fraction %g",
+                  display_name(a, "model", kDefaultTaskModel).c_str(), samples, length, seed, frac);
+    if (!write_file(a.get("out"), duo_roles_file(roles, mass, L, H, comment), &err)) return error("duo-calibrate", err);
+    std::printf("layer kv_head  needle mass  role\n");
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t h = 0; h < H; h++)
+            std::printf("%5u %7u  %11.4f  %s\n", l, h, mass[(size_t)l * H + h],
+                        roles[(size_t)l * H + h] == KVP_HEAD_STREAMING ? "streaming" : "retrieval");
+    std::printf("%zu of %zu heads streaming; role table written to %s\n", streaming, roles.size(), a.get("out").c_str());
+    return 0;
 }
 
 int cmd_plot(int argc, char **argv) {
@@ -1363,6 +1457,7 @@ int main(int argc, char **argv) {
     if (cmd == "run") return cmd_run(argc, argv);
     if (cmd == "eval") return cmd_eval(argc, argv);
     if (cmd == "plot") return cmd_plot(argc, argv);
+    if (cmd == "duo-calibrate") return cmd_duo_calibrate(argc, argv);
     if (cmd == "keys") return cmd_keys(argc, argv);
     if (cmd == "report") return cmd_report(argc, argv);
     if (cmd == "info") return cmd_info(argc, argv);

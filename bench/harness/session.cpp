@@ -196,6 +196,163 @@ StatUnits stat_units(const kvp_model &m) {
 
 void Session::set_given_query_stats(const std::vector<float> *stats) { g_given_stats = stats; }
 
+namespace {
+const std::vector<uint8_t> *g_duo_roles = nullptr;  // Session::set_duo_roles
+}
+void Session::set_duo_roles(const std::vector<uint8_t> *roles) { g_duo_roles = roles; }
+
+bool calibrate_duo_mass(const Checkpoint &ck, const std::vector<std::vector<int32_t>> &prompts,
+                        const std::vector<std::pair<int, int>> &needle, const std::vector<int> &question_at,
+                        std::vector<double> *mass, std::string *err) {
+    size_t longest = 0;
+    for (const auto &p : prompts) longest = std::max(longest, p.size());
+    const std::vector<uint8_t> *saved = g_duo_roles;
+    g_duo_roles = nullptr;  // the calibration runs full KV
+    Session s;
+    const bool ok = s.init(ck, "policy=full capacity=" + std::to_string(longest + 16), err);
+    g_duo_roles = saved;
+    if (!ok) return false;
+    const kvp_config cfg = s.config();
+    const kvp_model &m = cfg.model;
+    const uint32_t L = m.n_layers, H = m.n_kv_heads, G = m.n_q_heads / m.n_kv_heads, hd = m.head_dim;
+    const size_t bytes = kvp_arena_size(&cfg);
+    void *arena = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!arena) {
+        *err = "cannot allocate the probe cache's arena";
+        return false;
+    }
+    kvp_cache *probe = nullptr;
+    char e[512] = {0};
+    const std::vector<double> &rf = ck.cfg.rope_freqs;
+    if (kvp_create_rope(&cfg, rf.empty() ? nullptr : rf.data(), (uint32_t)rf.size(), arena, bytes, &probe, e, sizeof e) != KVP_OK) {
+        std::free(arena);
+        *err = std::string("duo-calibrate probe: ") + e;
+        return false;
+    }
+    std::vector<double> sum((size_t)L * H, 0.0);
+    uint64_t rows_counted = 0;
+    std::vector<int> seen(L, 0);
+    std::vector<float> vind, out;
+    int lo = 0, hi = 0, qa = 0;
+    bool failed = false;
+    s.set_kv_observer([&](int l, const float *q, const float *k, int n) {
+        if (failed) return;
+        vind.assign((size_t)n * H * hd, 0.0f);
+        for (int t = 0; t < n; t++) {
+            const int idx = seen[l] + t;
+            if (idx >= lo && idx < hi)
+                for (uint32_t h = 0; h < H; h++) vind[((size_t)t * H + h) * hd] = 1.0f;
+        }
+        out.assign((size_t)n * m.n_q_heads * hd, 0.0f);
+        if (kvp_prefill(probe, (uint32_t)l, (uint32_t)n, nullptr, q, k, vind.data(), out.data(), nullptr) != KVP_OK) {
+            *err = std::string("duo-calibrate probe: ") + kvp_last_error(probe);
+            failed = true;
+            return;
+        }
+        for (int t = 0; t < n; t++) {
+            if (seen[l] + t < qa) continue;
+            if (l == 0) rows_counted++;
+            for (uint32_t h = 0; h < H; h++)
+                for (uint32_t g = 0; g < G; g++) sum[(size_t)l * H + h] += out[((size_t)t * m.n_q_heads + h * G + g) * hd];
+        }
+        seen[l] += n;
+    });
+    std::vector<float> logits((size_t)ck.cfg.vocab);
+    for (size_t i = 0; i < prompts.size() && !failed; i++) {
+        lo = needle[i].first;
+        hi = needle[i].second;
+        qa = question_at[i];
+        std::fill(seen.begin(), seen.end(), 0);
+        if (!s.reset(err) || kvp_reset(probe) != KVP_OK ||
+            !s.prefill(prompts[i].data(), (int)prompts[i].size(), logits.data(), false, err))
+            failed = true;
+    }
+    kvp_destroy(probe);
+    std::free(arena);
+    if (failed) return false;
+    mass->assign(sum.size(), 0.0);
+    for (size_t i = 0; i < sum.size(); i++) (*mass)[i] = sum[i] / ((double)G * (double)(rows_counted ? rows_counted : 1));
+    return true;
+}
+
+std::vector<uint8_t> duo_roles_from_mass(const std::vector<double> &mass, double fraction) {
+    std::vector<size_t> order(mass.size());
+    for (size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return mass[a] < mass[b]; });
+    const size_t n = (size_t)std::llround(fraction * (double)mass.size());
+    std::vector<uint8_t> roles(mass.size(), KVP_HEAD_RETRIEVAL);
+    for (size_t i = 0; i < n && i < order.size(); i++) roles[order[i]] = KVP_HEAD_STREAMING;
+    return roles;
+}
+
+std::string duo_roles_file(const std::vector<uint8_t> &roles, const std::vector<double> &mass, uint32_t L, uint32_t H,
+                           const std::string &comment) {
+    std::string o = "# kvprune duo-calibrate: DuoAttention role table (0 retrieval, 1 streaming) and the\n"
+                    "# attention mass on the needle per (layer, KV head); " + comment + "\n";
+    o += "duo_roles " + std::to_string(L) + " " + std::to_string(H) + "\n";
+    char line[96];
+    for (uint32_t l = 0; l < L; l++)
+        for (uint32_t h = 0; h < H; h++) {
+            std::snprintf(line, sizeof line, "%u %u %u %.6f\n", l, h, (unsigned)roles[(size_t)l * H + h],
+                          mass.empty() ? 0.0 : mass[(size_t)l * H + h]);
+            o += line;
+        }
+    return o;
+}
+
+bool parse_duo_roles(const std::string &text, const ModelConfig &mc, std::vector<uint8_t> *roles, std::string *err) {
+    const uint32_t L = (uint32_t)mc.n_layers, H = (uint32_t)mc.n_kv_heads;
+    roles->assign((size_t)L * H, KVP_HEAD_RETRIEVAL);
+    std::vector<bool> got((size_t)L * H, false);
+    bool header = false;
+    size_t pos = 0, lineno = 0;
+    while (pos < text.size()) {
+        size_t end = text.find('\n', pos);
+        if (end == std::string::npos) end = text.size();
+        const std::string ln = text.substr(pos, end - pos);
+        pos = end + 1;
+        lineno++;
+        if (ln.empty() || ln[0] == '#') continue;
+        if (!header) {
+            unsigned fl = 0, fh = 0;
+            char tail = 0;
+            if (std::sscanf(ln.c_str(), "duo_roles %u %u %c", &fl, &fh, &tail) != 2) {
+                *err = "line " + std::to_string(lineno) + ": expected 'duo_roles <n_layers> <n_kv_heads>'";
+                return false;
+            }
+            if (fl != L || fh != H) {
+                *err = "the table is for " + std::to_string(fl) + " layers x " + std::to_string(fh) + " KV heads; the model has " +
+                       std::to_string(L) + " x " + std::to_string(H);
+                return false;
+            }
+            header = true;
+            continue;
+        }
+        unsigned l = 0, h = 0, r = 0;
+        double ms = 0;
+        if (std::sscanf(ln.c_str(), "%u %u %u %lf", &l, &h, &r, &ms) < 3 || l >= L || h >= H || r > 1) {
+            *err = "line " + std::to_string(lineno) + ": expected '<layer> <kv_head> <role 0|1> [mass]' within the model";
+            return false;
+        }
+        if (got[(size_t)l * H + h]) {
+            *err = "line " + std::to_string(lineno) + ": layer " + std::to_string(l) + " KV head " + std::to_string(h) + " given twice";
+            return false;
+        }
+        got[(size_t)l * H + h] = true;
+        (*roles)[(size_t)l * H + h] = (uint8_t)r;
+    }
+    if (!header) {
+        *err = "no 'duo_roles <n_layers> <n_kv_heads>' line";
+        return false;
+    }
+    for (size_t i = 0; i < got.size(); i++)
+        if (!got[i]) {
+            *err = "layer " + std::to_string(i / H) + " KV head " + std::to_string(i % H) + " has no role";
+            return false;
+        }
+    return true;
+}
+
 bool calibrate_query_stats(const Checkpoint &ck, const std::vector<int32_t> &tokens, std::vector<float> *stats,
                            uint32_t *units, std::string *err) {
     Session s;
@@ -241,9 +398,21 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
     // Scaled RoPE (GGUF): the model's attention factor unless the spec sets rope_attn_factor itself.
     if (ck.cfg.rope_attn_factor != 1.0f && spec.find("rope_attn_factor") == std::string::npos)
         cfg_.rope_attn_factor = ck.cfg.rope_attn_factor;
-    size_t n = kvp_arena_size(&cfg_);
-    if (n == 0) {
-        *err = "kvp_arena_size returned 0 for '" + spec + "'";
+    const std::vector<uint8_t> *roles = g_duo_roles;  // --duo-roles (kvp_create_heads)
+    if (roles && roles->size() != (size_t)cfg_.model.n_layers * cfg_.model.n_kv_heads) {
+        *err = "--duo-roles table does not fit this model";
+        return false;
+    }
+    const uint8_t *rt = roles ? roles->data() : nullptr;
+    const uint32_t nr = roles ? (uint32_t)roles->size() : 0;
+    size_t n = kvp_arena_size_heads(&cfg_, rt, nr);
+    if (n == 0) {  // the library's message: create fails the same checks before it allocates
+        char e0[512] = {0};
+        kvp_cache *none = nullptr;
+        const std::vector<double> &rf0 = ck.cfg.rope_freqs;
+        kvp_create_heads(&cfg_, rf0.empty() ? nullptr : rf0.data(), (uint32_t)rf0.size(), rt, nr, nullptr, 0, &none, e0, sizeof e0);
+        if (none) kvp_destroy(none);
+        *err = e0[0] ? std::string("kvp_create: ") + e0 : "kvp_arena_size returned 0 for '" + spec + "'";
         return false;
     }
     arena_len_ = (n + 63) / 64 * 64;
@@ -254,8 +423,8 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
     }
     char e[512] = {0};
     const std::vector<double> &rf = ck.cfg.rope_freqs;  // empty: theta's frequencies
-    kvp_status st = kvp_create_rope(&cfg_, rf.empty() ? nullptr : rf.data(), (uint32_t)rf.size(), arena_, arena_len_,
-                                    &cache_, e, sizeof e);
+    kvp_status st = kvp_create_heads(&cfg_, rf.empty() ? nullptr : rf.data(), (uint32_t)rf.size(), rt, nr, arena_,
+                                     arena_len_, &cache_, e, sizeof e);
     if (st != KVP_OK) {
         *err = std::string("kvp_create: ") + e;
         cache_ = nullptr;
@@ -437,6 +606,7 @@ bool Session::run_chunk(const int32_t *tokens, int n, bool use_decode, float *lo
             rmsnorm(k_.data(), k_.data(), w.k_norm + (size_t)l * hd, cur * c.n_kv_heads, hd, eps);
         }
         if (q_obs_) q_obs_(l, q_.data(), cur);
+        if (kv_obs_) kv_obs_(l, q_.data(), k_.data(), cur);
         kvp_status st;
         if (use_decode) {
             st = kvp_decode(cache_, (uint32_t)l, q_.data(), k_.data(), v_.data(), att_.data());

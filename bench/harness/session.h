@@ -74,6 +74,15 @@ public:
     // after this call whose policy is triattention with tri_stats=given gets these statistics
     // (calibrate_query_stats' layout) through kvp_query_stats_set. nullptr: none.
     static void set_given_query_stats(const std::vector<float> *stats);
+    // DuoAttention heads (kvprune eval --duo-roles FILE, issue 32 item 2): every Session created
+    // after this call gets this role table (roles[layer * n_kv_heads + h], kvp_create_heads) and
+    // the arena kvp_arena_size_heads says. nullptr: none.
+    static void set_duo_roles(const std::vector<uint8_t> *roles);
+    // Sees every layer's pre-RoPE q rows and k rows ([rows][n_kv_heads * head_dim]) of a prefill or
+    // decode call as they go to kvprune (duo-calibrate's probe cache takes the same rows).
+    void set_kv_observer(std::function<void(int layer, const float *q, const float *k, int rows)> f) {
+        kv_obs_ = std::move(f);
+    }
 
     // ASL: the layer whose kvp_prefill made the selection in this sequence (-1: none).
     int selection_layer() const { return sel_layer_; }
@@ -100,7 +109,27 @@ private:
     std::vector<float> x_, xb_, xb2_, q_, k_, v_, att_, hb_, hb2_;
     std::vector<int32_t> pos_, sel_idx_;
     std::function<void(int, const float *, int)> q_obs_;
+    std::function<void(int, const float *, const float *, int)> kv_obs_;
 };
+
+// DuoAttention's calibration (kvprune duo-calibrate): per (layer, KV head) the attention mass on
+// the needle block, averaged over the group's query heads, the question's queries (the tokens after
+// the context) and the prompts. Each prompt runs full KV (query-aware prefill); a probe cache with
+// the same config takes every layer's q and k rows with V = 1 in channel 0 on the needle's tokens
+// and 0 elsewhere, so its output's channel 0 is each query's attention mass on the needle (the
+// library's own attention, no second implementation). needle[i] = [first, end) token range of the
+// asked block in prompt i; question_at[i]: the question's first token. *mass: [n_layers * n_kv_heads].
+bool calibrate_duo_mass(const Checkpoint &ck, const std::vector<std::vector<int32_t>> &prompts,
+                        const std::vector<std::pair<int, int>> &needle, const std::vector<int> &question_at,
+                        std::vector<double> *mass, std::string *err);
+// The role table that makes the round(fraction * n) heads with the least needle mass streaming
+// (ties: the lower index first), the others retrieval.
+std::vector<uint8_t> duo_roles_from_mass(const std::vector<double> &mass, double fraction);
+// The role-table file (duo-calibrate writes it, --duo-roles reads it): '#' comment lines, then
+// "duo_roles <n_layers> <n_kv_heads>", then one line "<layer> <kv_head> <role> <mass>" per head.
+std::string duo_roles_file(const std::vector<uint8_t> &roles, const std::vector<double> &mass, uint32_t L, uint32_t H,
+                           const std::string &comment);
+bool parse_duo_roles(const std::string &text, const ModelConfig &mc, std::vector<uint8_t> *roles, std::string *err);
 
 // TriAttention's query statistics of a model measured on `tokens` (a full-KV pass, prefill in
 // chunks): per layer and query head, head_dim channel means then n_units unit magnitude means

@@ -188,6 +188,13 @@ typedef enum {
     KVP_TRI_STATS_FORCE_INT32_ = 0x7fffffff
 } kvp_tri_stats;
 
+/** Role of one (layer, KV head) in a DuoAttention role table (kvp_create_heads). The numbers are pinned. */
+typedef enum {
+    KVP_HEAD_RETRIEVAL = 0,  /**< keeps what the configured policy keeps (everything with policy=full) */
+    KVP_HEAD_STREAMING = 1,  /**< keeps only its first duo_sink tokens and its duo_window most recent ones */
+    KVP_HEAD_FORCE_INT32_ = 0x7fffffff
+} kvp_head_role;
+
 /**
  * Cache configuration. A plain struct: fill it with kvp_config_default(), change
  * fields directly or through kvp_config_apply(). `struct_size` is first so fields can
@@ -333,6 +340,12 @@ typedef struct kvp_config {
                                     statistics are the means over every query the cache sees (kvp_prefill
                                     with q, kvp_decode); given = the caller's (kvp_query_stats_set: the
                                     paper's offline calibration), kept across kvp_reset, never updated */
+    /* appended in 0.3 (issue 32): DuoAttention's streaming heads (kvp_create_heads) */
+    uint32_t duo_sink;           /* duo_sink=S: the first tokens a streaming head keeps (default 64, the
+                                    DuoAttention reference's --sink_size); unused without a role table */
+    uint32_t duo_window;         /* duo_window=W: the most recent tokens a streaming head keeps (default 256, the
+                                    reference's --recent_size); a call may add at most W tokens to a layer
+                                    that has a streaming head (kvp_prefill_room says so) */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -765,6 +778,48 @@ kvp_status kvp_rope_check(const kvp_config *cfg, const double *inv_freq, uint32_
  */
 kvp_status kvp_create_rope(const kvp_config *cfg, const double *inv_freq, uint32_t n, void *arena,
                            size_t arena_len, kvp_cache **out, char *err, size_t err_len);
+
+/* ---- DuoAttention heads (issue 32 item 2) ----
+ *
+ * A role table gives each (layer, KV head) a role: roles[layer * n_kv_heads + h] is
+ * KVP_HEAD_RETRIEVAL (0) or KVP_HEAD_STREAMING (1) (kvp_head_role). A retrieval head keeps what
+ * the configured policy keeps; a streaming head keeps only its first duo_sink tokens and its
+ * duo_window most recent ones, evicting the others as it goes (its blocks go back to its pool),
+ * and never runs the policy: between calls it holds at most duo_sink + duo_window tokens, a decode
+ * query attends over exactly its sinks and its duo_window newest tokens (itself included), a
+ * prefill query over its sinks and at least its duo_window newest. A call adds at most duo_window
+ * tokens to a layer with a streaming head (KVP_ERR_FULL otherwise; kvp_prefill_room says so). The
+ * arena holds exactly what the heads need (a streaming head: duo_sink + 2 * duo_window - 1 slots),
+ * so a table with streaming heads needs less than kvp_arena_size(cfg). kvp_layer_len (the most
+ * any KV head of the layer holds) may then exceed kvp_layer_capacity (the policy's capacity per
+ * head) when duo_sink + duo_window is larger: chunk by kvp_prefill_room. Supported with policy=full, window,
+ * streaming, h2o and random, f32 storage, without total_capacity, max_prompt or sliding_window;
+ * other configurations are KVP_ERR_UNSUPPORTED with a table that has a streaming head.
+ */
+
+/**
+ * Exact arena bytes kvp_create_heads needs for cfg and the role table roles[0..n_roles)
+ * (n_roles == n_layers * n_kv_heads, every entry 0 or 1). roles NULL with n_roles 0, or a table
+ * without a streaming head, is kvp_arena_size(cfg). Returns 0 if cfg or the table is invalid or
+ * unsupported (kvp_create_heads says why).
+ */
+size_t kvp_arena_size_heads(const kvp_config *cfg, const uint8_t *roles, uint32_t n_roles);
+
+/**
+ * kvp_create_rope with a DuoAttention role table (see above). The table is copied into the
+ * cache (the caller's array may be freed after the call); arena_len must be at least
+ * kvp_arena_size_heads(cfg, roles, n_roles). roles NULL with n_roles 0 is exactly
+ * kvp_create_rope. The table is part of the cache's identity: kvp_state_load refuses a state
+ * saved with another table (or none). Returns what kvp_create_rope returns, and KVP_ERR_ARG
+ * (roles NULL with n_roles > 0), KVP_ERR_CONFIG (n_roles != n_layers * n_kv_heads, an entry that
+ * is not 0 or 1: the message names its index and value; duo_sink + duo_window == 0 or above the
+ * capacity limit), KVP_ERR_UNSUPPORTED (a streaming head with a configuration listed above as
+ * unsupported), with the message in err. Checked before anything is created: on failure
+ * nothing is created and *out is untouched.
+ */
+kvp_status kvp_create_heads(const kvp_config *cfg, const double *inv_freq, uint32_t n_freq, const uint8_t *roles,
+                            uint32_t n_roles, void *arena, size_t arena_len, kvp_cache **out, char *err,
+                            size_t err_len);
 
 /**
  * Linear scaling (position interpolation, Chen et al. 2023): inv_freq[i] = theta^(-i/n) / factor

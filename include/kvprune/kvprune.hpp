@@ -65,10 +65,19 @@ public:
     // kvp_create_rope: copied into the arena; nullptr/0 = theta's). Build the table with
     // kvp_rope_freqs_linear/_llama3/_yarn/_divided.
     kvp_status create(const kvp_config &cfg, const double *inv_freq, uint32_t n_freqs) {
+        return create(cfg, inv_freq, n_freqs, nullptr, 0);
+    }
+    // create() with a DuoAttention role table roles[n_roles] (kvp_create_heads: KVP_HEAD_RETRIEVAL
+    // or KVP_HEAD_STREAMING per layer and KV head, layer-major; nullptr/0 = none) and the arena
+    // kvp_arena_size_heads says.
+    kvp_status create(const kvp_config &cfg, const double *inv_freq, uint32_t n_freqs, const uint8_t *roles,
+                      uint32_t n_roles) {
         err_[0] = '\0';
-        const size_t n = kvp_arena_size(&cfg);
-        if (n == 0) {
-            const kvp_status st = kvp_config_check(&cfg, err_, sizeof err_);
+        const size_t n = kvp_arena_size_heads(&cfg, roles, n_roles);
+        if (n == 0) {  // the library's message: its checks fail before anything is allocated
+            kvp_cache *none = nullptr;
+            const kvp_status st = kvp_create_heads(&cfg, inv_freq, n_freqs, roles, n_roles, nullptr, 0, &none, err_, sizeof err_);
+            if (st == KVP_OK) kvp_destroy(none);
             return st != KVP_OK ? st : KVP_ERR_CONFIG;
         }
         void *mem = aligned_alloc(64, (n + 63) / 64 * 64);
@@ -77,7 +86,7 @@ public:
             return KVP_ERR_ARENA;
         }
         kvp_cache *c = nullptr;
-        const kvp_status st = kvp_create_rope(&cfg, inv_freq, n_freqs, mem, n, &c, err_, sizeof err_);
+        const kvp_status st = kvp_create_heads(&cfg, inv_freq, n_freqs, roles, n_roles, mem, n, &c, err_, sizeof err_);
         if (st != KVP_OK) {
             free(mem);
             return st;

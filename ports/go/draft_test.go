@@ -316,3 +316,46 @@ func TestChunkedPromptWithMaxPromptKeepsWhatOneCallKeeps(t *testing.T) {
 		t.Fatal("decode outputs differ after the prompt")
 	}
 }
+
+// issue 32 item 2: a DuoAttention role table (kvp_create_heads). Layer 0's KV head 0 and layer
+// 1's KV head 1 stream (duo_sink 2, duo_window 6) and keep 8 tokens; the arena is smaller than
+// the uniform one; a state refuses a cache with another table.
+func TestDuoHeads(t *testing.T) {
+	cfg, err := NewConfig(testModel, "policy=full capacity=64 duo_sink=2 duo_window=6")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := []uint8{HeadStreaming, HeadRetrieval, HeadRetrieval, HeadStreaming}
+	if cfg.ArenaSizeHeads(roles) >= cfg.ArenaSize() || cfg.ArenaSizeHeads(make([]uint8, 4)) != cfg.ArenaSize() ||
+		cfg.ArenaSizeHeads(roles[:3]) != 0 {
+		t.Fatal("arena sizes")
+	}
+	c, err := NewCacheHeads(cfg, nil, roles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := uint64(0); i < 20; i++ {
+		decodeBits(t, c, 7+i)
+	}
+	want := []int32{0, 1, 14, 15, 16, 17, 18, 19}
+	for _, lh := range [][2]int{{0, 0}, {1, 1}} {
+		if p, err := c.LayerPositions(lh[0], lh[1]); err != nil || !reflect.DeepEqual(p, want) {
+			t.Fatalf("layer %d head %d: %v %v", lh[0], lh[1], p, err)
+		}
+	}
+	if p, _ := c.LayerPositions(0, 1); len(p) != 20 {
+		t.Fatalf("retrieval head holds %d", len(p))
+	}
+	if _, err := NewCacheHeads(cfg, nil, []uint8{1, 0, 2, 0}); statusOf(err) != ErrConfig {
+		t.Fatalf("role 2: %v", err)
+	}
+	other, err := NewCacheHeads(cfg, nil, []uint8{0, 1, 1, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	if err := other.StateLoad(saveState(t, c)); statusOf(err) != ErrConfig {
+		t.Fatalf("another table: %v", err)
+	}
+}

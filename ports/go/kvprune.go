@@ -246,6 +246,25 @@ func (cfg *Config) RopeCheck(invFreq []float64) error {
 // ArenaSize is the exact arena size in bytes; 0 when the configuration is invalid.
 func (cfg *Config) ArenaSize() int { return int(C.kvp_arena_size(&cfg.raw)) }
 
+// Head roles of a DuoAttention role table (kvp_head_role, issue 32 item 2).
+const (
+	HeadRetrieval uint8 = 0 // keeps what the policy keeps
+	HeadStreaming uint8 = 1 // keeps its first duo_sink and its duo_window newest tokens
+)
+
+// ArenaSizeHeads is kvp_arena_size_heads: the exact arena bytes with a role table
+// (roles[layer*n_kv_heads+h]); 0 if the config or the table is invalid or unsupported.
+func (cfg *Config) ArenaSizeHeads(roles []uint8) int {
+	if len(roles) > math.MaxUint32 {
+		return 0
+	}
+	var rp *C.uint8_t
+	if len(roles) > 0 {
+		rp = (*C.uint8_t)(unsafe.Pointer(&roles[0]))
+	}
+	return int(C.kvp_arena_size_heads(&cfg.raw, rp, C.uint32_t(len(roles))))
+}
+
 // StructSize is kvp_config.struct_size as the C library wrote it.
 func (cfg *Config) StructSize() uint32 { return uint32(cfg.raw.struct_size) }
 
@@ -458,6 +477,49 @@ func NewCacheRope(cfg *Config, invFreq []float64) (*Cache, error) {
 		s = C.kvp_create_rope(&cfg.raw, tab, C.uint32_t(len(invFreq)), arena, C.size_t(n), &h,
 			(*C.char)(unsafe.Pointer(&buf[0])), errLen)
 	}
+	if s != C.KVP_OK {
+		C.free(arena)
+		return nil, errFromBuf(s, buf)
+	}
+	c := &Cache{c: h, arena: arena, arenaLen: n, model: cfg.Model()}
+	runtime.SetFinalizer(c, (*Cache).Close)
+	return c, nil
+}
+
+// NewCacheHeads is kvp_create_heads: NewCacheRope with a DuoAttention role table
+// (roles[layer*n_kv_heads+h], HeadRetrieval or HeadStreaming), copied into the cache. An empty
+// roles is NewCacheRope.
+func NewCacheHeads(cfg *Config, invFreq []float64, roles []uint8) (*Cache, error) {
+	if len(roles) == 0 {
+		return NewCacheRope(cfg, invFreq)
+	}
+	if len(invFreq) > math.MaxUint32 || len(roles) > math.MaxUint32 {
+		return nil, newError(ErrArg, "the RoPE or role table has more than 2^32-1 entries")
+	}
+	var tab *C.double
+	if len(invFreq) > 0 {
+		tab = (*C.double)(unsafe.Pointer(&invFreq[0]))
+	}
+	rp := (*C.uint8_t)(unsafe.Pointer(&roles[0]))
+	buf := make([]byte, errLen)
+	n := cfg.ArenaSizeHeads(roles)
+	if n == 0 { // the library's message: the checks fail before anything is allocated
+		var h *C.kvp_cache
+		s := C.kvp_create_heads(&cfg.raw, tab, C.uint32_t(len(invFreq)), rp, C.uint32_t(len(roles)), nil, 0, &h,
+			(*C.char)(unsafe.Pointer(&buf[0])), errLen)
+		if s != C.KVP_OK {
+			return nil, errFromBuf(s, buf)
+		}
+		C.kvp_destroy(h)
+		return nil, newError(ErrConfig, "invalid configuration or role table")
+	}
+	arena := C.kvp_go_arena(C.size_t(n))
+	if arena == nil {
+		return nil, newError(ErrArena, "cannot allocate %d bytes", n)
+	}
+	var h *C.kvp_cache
+	s := C.kvp_create_heads(&cfg.raw, tab, C.uint32_t(len(invFreq)), rp, C.uint32_t(len(roles)), arena, C.size_t(n), &h,
+		(*C.char)(unsafe.Pointer(&buf[0])), errLen)
 	if s != C.KVP_OK {
 		C.free(arena)
 		return nil, errFromBuf(s, buf)

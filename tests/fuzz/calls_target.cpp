@@ -194,6 +194,9 @@ struct View {
 
 // Tokens an open prompt may hold beyond a layer's capacity (config max_prompt of the sequence).
 thread_local uint32_t g_prompt_room = 0;
+// What a streaming head of a DuoAttention role table holds between calls (duo_sink + duo_window;
+// 0 without a table): it may exceed a small policy capacity (kvprune.h "DuoAttention heads").
+thread_local uint32_t g_duo_hold = 0;
 
 View observe(kvp_cache *c, const kvp_model &m, const char *who) {
     View w;
@@ -209,8 +212,9 @@ View observe(kvp_cache *c, const kvp_model &m, const char *who) {
     std::vector<int32_t> pos(4096);
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         const uint32_t len = kvp_layer_len(c, l), cap = kvp_layer_capacity(c, l);
-        KVPF_CHECK(uint64_t(len) <= uint64_t(cap) + g_prompt_room, "%s: layer %u len %u > capacity %u + max_prompt %u", who,
-                   l, len, cap, g_prompt_room);
+        KVPF_CHECK(uint64_t(len) <= uint64_t(cap) + g_prompt_room || len <= g_duo_hold,
+                   "%s: layer %u len %u > capacity %u + max_prompt %u (streaming heads: %u)", who, l, len, cap, g_prompt_room,
+                   g_duo_hold);
         kvp_layer_stats ls;
         ls.struct_size = sizeof ls;
         KVPF_CHECK(kvp_get_layer_stats(c, l, &ls) == KVP_OK, "%s: layer stats", who);
@@ -696,11 +700,33 @@ struct Sequence {
             mp.max_prompt = 8 + (m.n_q_heads * 7 + m.n_layers * 5) % 97;
             if (kvp_config_check(&mp, nullptr, 0) == KVP_OK) cfg = mp;
         }
+        // DuoAttention role tables (issue 32 item 2) on models with an odd layer count (no byte
+        // spent): every other (layer, KV head) streams, duo_sink and duo_window from the geometry
+        // (duo_window >= max_draft); configs that refuse a table (staged and layer-level policies,
+        // quantized storage, a shared pool, max_prompt, sliding windows) run without one.
+        std::vector<uint8_t> roles;
+        if (m.n_layers % 2 == 1) {
+            kvp_config dc = cfg;
+            dc.duo_sink = m.n_q_heads % 3;
+            dc.duo_window = kMaxDraft + m.head_dim % 13;
+            std::vector<uint8_t> r(size_t(m.n_layers) * m.n_kv_heads);
+            for (size_t i = 0; i < r.size(); ++i) r[i] = uint8_t((i / m.n_kv_heads + i % m.n_kv_heads) % 2 == 0);
+            if (kvp_arena_size_heads(&dc, r.data(), uint32_t(r.size())) > 0) {
+                cfg = dc;
+                roles = r;
+            }
+        }
+        const uint8_t *rt = roles.empty() ? nullptr : roles.data();
+        const uint32_t nr = uint32_t(roles.size());
         g_prompt_room = cfg.max_prompt;
-        g_spec += " max_prompt=" + std::to_string(cfg.max_prompt) + " sliding_window=" +
+        g_duo_hold = nr ? cfg.duo_sink + cfg.duo_window : 0;
+        g_spec += std::string(nr ? " duo_roles=alternate duo_sink=" + std::to_string(cfg.duo_sink) + " duo_window=" +
+                                       std::to_string(cfg.duo_window)
+                                 : "") +
+                  " max_prompt=" + std::to_string(cfg.max_prompt) + " sliding_window=" +
                  std::to_string(cfg.sliding_window) + " layers=" + std::to_string(m.n_layers) + " head_dim=" +
                  std::to_string(m.head_dim);
-        const size_t bytes = kvp_arena_size(&cfg);
+        const size_t bytes = kvp_arena_size_heads(&cfg, rt, nr);
         KVPF_CHECK(bytes > 0, "kvp_arena_size is 0 for a config kvp_config_apply accepted");
         if (bytes > (8u << 20)) return;
         kvp_config tcfg = cfg;
@@ -721,12 +747,12 @@ struct Sequence {
             if (kvp_config_check(&fc, nullptr, 0) == KVP_OK) cfg.rope_attn_factor = tcfg.rope_attn_factor = af;
             KVPF_CHECK(kvp_rope_check(&cfg, table.data(), pairs, err, sizeof err) == KVP_OK, "rope check: %s", err);
         }
-        const size_t tbytes = kvp_arena_size(&tcfg);
-        Arena aa(kvp_arena_size(&cfg)), ta(tbytes);
+        const size_t tbytes = kvp_arena_size_heads(&tcfg, rt, nr), abytes = kvp_arena_size_heads(&cfg, rt, nr);
+        Arena aa(abytes), ta(tbytes);
         const double *tab = table.empty() ? nullptr : table.data();
-        KVPF_CHECK(kvp_create_rope(&cfg, tab, pairs && tab ? pairs : 0, aa.p, kvp_arena_size(&cfg), &a, err, sizeof err) == KVP_OK,
+        KVPF_CHECK(kvp_create_heads(&cfg, tab, pairs && tab ? pairs : 0, rt, nr, aa.p, abytes, &a, err, sizeof err) == KVP_OK,
                    "create: %s", err);
-        KVPF_CHECK(kvp_create_rope(&tcfg, tab, pairs && tab ? pairs : 0, ta.p, tbytes, &t, err, sizeof err) == KVP_OK,
+        KVPF_CHECK(kvp_create_heads(&tcfg, tab, pairs && tab ? pairs : 0, rt, nr, ta.p, tbytes, &t, err, sizeof err) == KVP_OK,
                    "create twin: %s", err);
         last_pos.assign(m.n_layers, -1);
         for (int i = 0; i < 400 && b.more(); ++i) {

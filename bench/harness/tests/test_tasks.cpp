@@ -446,3 +446,70 @@ TEST(Tasks, MemoryPlotLegendIsBesideThePanelsAndReadable) {
     EXPECT_EQ(s.find("font ',8'"), std::string::npos) << s;
     EXPECT_GE(h, 2 * (60 + 22 * 15)) << "15 series per panel, two panels";
 }
+
+// DuoAttention's calibration (kvprune duo-calibrate, issue 32 item 2) on the bundled retrieval
+// model: the needle masses are attention masses (in [0, 1]) and differ between heads; the role
+// table's file round-trips; a Session with the table (half the heads streaming) has a smaller arena
+// and its retrieval heads still answer the passkey.
+TEST(Tasks, DuoCalibrationOnTheRetrievalModel) {
+    Checkpoint ck;
+    std::string err;
+    ASSERT_TRUE(load_checkpoint(kDir + "/induction6.bin", &ck, &err)) << err;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::pair<int, int>> needle;
+    std::vector<int> qat;
+    for (int i = 0; i < 4; i++) {
+        TaskPrompt p;
+        ASSERT_TRUE(make_task_prompt("passkey", eval_text(), 256, i / 3.0, i, 0, &p, &err)) << err;
+        std::vector<int32_t> ids;
+        for (char c : p.context + p.question) ids.push_back((unsigned char)c);
+        prompts.push_back(ids);
+        needle.push_back({(int)p.needle_at, (int)(p.needle_at + p.needle.size())});
+        qat.push_back((int)p.context.size());
+    }
+    std::vector<double> mass;
+    ASSERT_TRUE(calibrate_duo_mass(ck, prompts, needle, qat, &mass, &err)) << err;
+    const size_t n = (size_t)ck.cfg.n_layers * ck.cfg.n_kv_heads;
+    ASSERT_EQ(mass.size(), n);
+    double lo = 1, hi = 0;
+    for (double x : mass) {
+        EXPECT_GE(x, 0.0);
+        EXPECT_LE(x, 1.0 + 1e-6);
+        lo = std::min(lo, x);
+        hi = std::max(hi, x);
+    }
+    EXPECT_GT(hi, lo + 0.05);  // some head attends to the needle far more than another
+    const std::vector<uint8_t> roles = duo_roles_from_mass(mass, 0.5);
+    size_t streaming = 0;
+    for (size_t i = 0; i < n; i++) {
+        streaming += roles[i];
+        for (size_t j = 0; j < n; j++)
+            if (roles[i] == KVP_HEAD_STREAMING && roles[j] == KVP_HEAD_RETRIEVAL) {
+                EXPECT_LE(mass[i], mass[j]);
+            }
+    }
+    EXPECT_EQ(streaming, (size_t)std::llround(0.5 * (double)n));
+    std::vector<uint8_t> back;
+    ASSERT_TRUE(parse_duo_roles(duo_roles_file(roles, mass, ck.cfg.n_layers, ck.cfg.n_kv_heads, "test"), ck.cfg, &back, &err))
+        << err;
+    EXPECT_EQ(back, roles);
+    EXPECT_FALSE(parse_duo_roles("duo_roles 1 1\n0 0 1\n", ck.cfg, &back, &err));
+    EXPECT_NE(err.find("the model has"), std::string::npos) << err;
+
+    TaskPrompt p;
+    ASSERT_TRUE(make_task_prompt("passkey", eval_text(), 256, 0.5, 9, 0, &p, &err)) << err;
+    const std::string spec = "policy=full capacity=300 duo_sink=4 duo_window=32";
+    Session plain, duo;
+    ASSERT_TRUE(plain.init(ck, spec, &err)) << err;
+    Session::set_duo_roles(&roles);
+    const bool ok = duo.init(ck, spec, &err);
+    Session::set_duo_roles(nullptr);
+    ASSERT_TRUE(ok) << err;
+    TaskResult rp, rd;
+    ASSERT_TRUE(run_task_cell(plain, p, true, &rp, &err)) << err;
+    ASSERT_TRUE(run_task_cell(duo, p, true, &rd, &err)) << err;
+    EXPECT_LT(rd.arena_bytes, rp.arena_bytes);
+    EXPECT_LT(rd.live_bytes, rp.live_bytes);
+    EXPECT_TRUE(rp.correct) << rp.generated;
+    EXPECT_TRUE(rd.correct) << rd.generated << " (the retrieval heads keep the needle)";
+}

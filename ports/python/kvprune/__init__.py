@@ -92,6 +92,7 @@ class _Config(ctypes.Structure):
         ("prompt_scores", _u32),
         ("seed", _u32), ("keep_prompt", _u32),  # issue 32: the random baseline
         ("tri_mode", _enum), ("tri_stats", _enum),  # issue 32: TriAttention
+        ("duo_sink", _u32), ("duo_window", _u32),  # issue 32: DuoAttention's streaming heads
     ]
 
 
@@ -176,6 +177,11 @@ def _declare(lib):
         "kvp_rope_check": (_u32, [ctypes.POINTER(_Config), _DP, _u32, ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_create_rope": (_u32, [ctypes.POINTER(_Config), _DP, _u32, ctypes.c_void_p, ctypes.c_size_t,
                                    ctypes.POINTER(_CP), ctypes.c_char_p, ctypes.c_size_t]),
+        # issue 32 item 2: DuoAttention role tables
+        "kvp_arena_size_heads": (ctypes.c_size_t, [ctypes.POINTER(_Config), ctypes.POINTER(ctypes.c_uint8), _u32]),
+        "kvp_create_heads": (_u32, [ctypes.POINTER(_Config), _DP, _u32, ctypes.POINTER(ctypes.c_uint8), _u32,
+                                    ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_CP), ctypes.c_char_p,
+                                    ctypes.c_size_t]),
         "kvp_rope_freqs_linear": (_u32, [_DP, _u32, ctypes.c_double, ctypes.c_double, ctypes.c_char_p,
                                          ctypes.c_size_t]),
         "kvp_rope_freqs_llama3": (_u32, [_DP, _u32, ctypes.c_double, ctypes.c_double, ctypes.c_double,
@@ -435,6 +441,12 @@ class Config:
         """Exact arena bytes a cache of this configuration needs (kvp_arena_size); 0 if invalid."""
         return load_library().kvp_arena_size(ctypes.byref(self._raw))
 
+    def arena_size_heads(self, roles):
+        """kvp_arena_size_heads: exact arena bytes with a DuoAttention role table (one HEAD_RETRIEVAL /
+        HEAD_STREAMING per layer and KV head, layer-major; None or empty = no table); 0 if invalid."""
+        tab, n = _role_table(roles)
+        return load_library().kvp_arena_size_heads(ctypes.byref(self._raw), tab, n)
+
     def key_used(self, name):
         """kvp_config_key_used: whether key ``name`` affects a cache of this configuration; an
         unknown key is KvpError ERR_CONFIG."""
@@ -642,18 +654,44 @@ def rope_freqs_divided(n, theta, divisors):
     return _rope_call(load_library().kvp_rope_freqs_divided, n, float(theta), (ctypes.c_float * len(d))(*d))
 
 
+HEAD_RETRIEVAL = 0  # kvp_head_role: keeps what the policy keeps (issue 32 item 2)
+HEAD_STREAMING = 1  # kvp_head_role: keeps its first duo_sink and its duo_window newest tokens
+
+
+def _role_table(roles):
+    """A role table as (pointer, length) for kvp_create_heads (NULL, 0: none)."""
+    if roles is None:
+        return None, 0
+    r = [int(x) for x in roles]
+    if not r:
+        return None, 0
+    if any(x < 0 or x > 255 for x in r):
+        raise _arg_error("a role must be 0..255 (0 retrieval, 1 streaming)")
+    return (ctypes.c_uint8 * len(r))(*r), _uint32(len(r), "len(roles)")
+
+
 class Cache:
     """A KV cache in its own 64-byte aligned arena. Calls on one Cache are serialised by a lock."""
 
-    def __init__(self, model, spec="", config=None, rope_freqs=None):
+    def __init__(self, model, spec="", config=None, rope_freqs=None, roles=None):
         """rope_freqs: the RoPE inverse frequency of each rotated pair (rope_dim/2 floats, e.g. from
-        rope_freqs_yarn), copied into the arena (kvp_create_rope); None = the model's theta."""
+        rope_freqs_yarn), copied into the arena (kvp_create_rope); None = the model's theta.
+        roles: a DuoAttention role table (kvp_create_heads: HEAD_RETRIEVAL or HEAD_STREAMING per
+        layer and KV head, layer-major); None = none."""
         lib = load_library()
         cfg = config if config is not None else Config(model, spec)
         self.model = cfg.model
         self._handle = None
         self._lock = threading.Lock()
-        n = cfg.arena_size()
+        rtab, rn = _role_table(roles)
+        tab, nt = _rope_table(rope_freqs)
+        n = cfg.arena_size_heads(roles) if rn else cfg.arena_size()
+        if n == 0 and rn:  # the library's message: its checks fail before anything is allocated
+            h = _CP()
+            err = ctypes.create_string_buffer(_ERR_LEN)
+            st = lib.kvp_create_heads(ctypes.byref(cfg._raw), tab, nt, rtab, rn, None, 0, ctypes.byref(h), err, _ERR_LEN)
+            _check_buf(st, err)
+            lib.kvp_destroy(h)
         if n == 0:
             cfg.check()
             raise _error(ERR_CONFIG, "invalid configuration")
@@ -664,9 +702,8 @@ class Cache:
         self.arena_len = n
         h = _CP()
         err = ctypes.create_string_buffer(_ERR_LEN)
-        tab, nt = _rope_table(rope_freqs)
-        st = lib.kvp_create_rope(ctypes.byref(cfg._raw), tab, nt, ctypes.c_void_p(self._arena), n, ctypes.byref(h),
-                                 err, _ERR_LEN)
+        st = lib.kvp_create_heads(ctypes.byref(cfg._raw), tab, nt, rtab, rn, ctypes.c_void_p(self._arena), n,
+                                  ctypes.byref(h), err, _ERR_LEN)
         _check_buf(st, err)
         self._lib = lib
         self._handle = h

@@ -177,6 +177,34 @@ class DraftTest(unittest.TestCase):
         self.assertEqual(status(nodraft.draft_begin), kvprune.ERR_STATE)  # closed
 
 
+class DuoHeadsTest(unittest.TestCase):
+    """issue 32 item 2: a DuoAttention role table (kvp_create_heads)."""
+
+    def test_streaming_heads_keep_sinks_and_window(self):
+        cfg = kvprune.Config(MODEL, "policy=full capacity=64 duo_sink=2 duo_window=6")
+        self.assertEqual((cfg.get("duo_sink"), cfg.get("duo_window")), (2, 6))
+        S, R = kvprune.HEAD_STREAMING, kvprune.HEAD_RETRIEVAL
+        roles = [S, R, R, S]
+        self.assertLess(cfg.arena_size_heads(roles), cfg.arena_size())
+        self.assertEqual(cfg.arena_size_heads([R] * 4), cfg.arena_size())
+        self.assertEqual(cfg.arena_size_heads(roles[:3]), 0)
+        c = kvprune.Cache(MODEL, config=cfg, roles=roles)
+        for i in range(20):
+            decode_bits(c, 7 + i)
+        want = [0, 1] + list(range(14, 20))
+        self.assertEqual(list(c.layer_positions(0, 0)), want)
+        self.assertEqual(list(c.layer_positions(1, 1)), want)
+        self.assertEqual(len(c.layer_positions(0, 1)), 20)
+        with self.assertRaises(kvprune.KvpError) as e:
+            kvprune.Cache(MODEL, config=cfg, roles=[S, R, 2, R])
+        self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
+        self.assertIn("roles[2]=2", str(e.exception))
+        other = kvprune.Cache(MODEL, config=cfg, roles=[R, S, S, R])
+        with self.assertRaises(kvprune.KvpError) as e:
+            other.state_load(c.state_save())
+        self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
+
+
 class PromptTest(unittest.TestCase):
     """Issue 28: a prompt in chunks with max_prompt keeps what one call keeps (prompt_end)."""
 

@@ -147,6 +147,9 @@ pub struct kvp_config {
     // appended for issue 32: TriAttention
     pub tri_mode: u32,
     pub tri_stats: u32,
+    // appended for issue 32: DuoAttention's streaming heads (the role table goes to kvp_create_heads)
+    pub duo_sink: u32,
+    pub duo_window: u32,
 }
 
 #[repr(C)]
@@ -329,6 +332,20 @@ extern "C" {
         cfg: *const kvp_config,
         inv_freq: *const f64,
         n: u32,
+        arena: *mut u8,
+        arena_len: usize,
+        out: *mut *mut kvp_cache,
+        err: *mut c_char,
+        err_len: usize,
+    ) -> kvp_status;
+    // issue 32 item 2: DuoAttention role tables
+    pub fn kvp_arena_size_heads(cfg: *const kvp_config, roles: *const u8, n_roles: u32) -> usize;
+    pub fn kvp_create_heads(
+        cfg: *const kvp_config,
+        inv_freq: *const f64,
+        n_freq: u32,
+        roles: *const u8,
+        n_roles: u32,
         arena: *mut u8,
         arena_len: usize,
         out: *mut *mut kvp_cache,

@@ -297,6 +297,17 @@ impl Config {
         unsafe { ffi::kvp_arena_size(&self.raw) }
     }
 
+    /// `kvp_arena_size_heads`: the exact arena bytes with a DuoAttention role table (one
+    /// [`HEAD_RETRIEVAL`] / [`HEAD_STREAMING`] per layer and KV head, layer-major); 0 if the
+    /// config or the table is invalid or unsupported.
+    pub fn arena_size_heads(&self, roles: &[u8]) -> usize {
+        if roles.len() > u32::MAX as usize {
+            return 0;
+        }
+        let p = if roles.is_empty() { ptr::null() } else { roles.as_ptr() };
+        unsafe { ffi::kvp_arena_size_heads(&self.raw, p, roles.len() as u32) }
+    }
+
     pub fn model(&self) -> Model {
         Model::from_raw(&self.raw.model)
     }
@@ -579,7 +590,46 @@ fn arena_bytes(cfg: &Config) -> Result<usize> {
     Ok(n)
 }
 
+/// `kvp_head_role`: a retrieval head keeps what the policy keeps (issue 32 item 2).
+pub const HEAD_RETRIEVAL: u8 = 0;
+/// `kvp_head_role`: a streaming head keeps its first `duo_sink` and its `duo_window` newest tokens.
+pub const HEAD_STREAMING: u8 = 1;
+
 impl Cache<'static> {
+    /// `kvp_create_heads`: a cache with a DuoAttention role table (`roles[layer * n_kv_heads + h]`,
+    /// [`HEAD_RETRIEVAL`] or [`HEAD_STREAMING`]) and an optional RoPE table, in an allocated arena
+    /// of exactly `kvp_arena_size_heads` bytes. An empty `roles` is [`Cache::with_rope_freqs`].
+    pub fn with_heads(cfg: &Config, inv_freq: Option<&[f64]>, roles: &[u8]) -> Result<Cache<'static>> {
+        let (tab, nt) = rope_arg(inv_freq)?;
+        if roles.len() > u32::MAX as usize {
+            return Err(Error::new(Status::Arg, "the role table has more than 2^32-1 entries"));
+        }
+        let rp = if roles.is_empty() { ptr::null() } else { roles.as_ptr() };
+        let n = cfg.arena_size_heads(roles);
+        if n == 0 {
+            // the library's own message: a create without memory fails the same checks first
+            let mut h: *mut ffi::kvp_cache = ptr::null_mut();
+            let mut buf = [0u8; ERR_LEN];
+            let s = unsafe {
+                ffi::kvp_create_heads(&cfg.raw, tab, nt, rp, roles.len() as u32, ptr::null_mut(), 0, &mut h, buf.as_mut_ptr() as *mut c_char, ERR_LEN)
+            };
+            check_with_buf(s, &buf)?;
+            if !h.is_null() {
+                unsafe { ffi::kvp_destroy(h) };
+            }
+            return Err(Error::new(Status::Config, "invalid configuration or role table"));
+        }
+        let arena = Arena::new(n)?;
+        let mut h: *mut ffi::kvp_cache = ptr::null_mut();
+        let mut buf = [0u8; ERR_LEN];
+        let s = unsafe {
+            ffi::kvp_create_heads(&cfg.raw, tab, nt, rp, roles.len() as u32, arena.ptr.as_ptr(), n, &mut h, buf.as_mut_ptr() as *mut c_char, ERR_LEN)
+        };
+        check_with_buf(s, &buf)?;
+        let handle = NonNull::new(h).ok_or_else(|| Error::new(Status::State, "kvp_create_heads returned NULL"))?;
+        Ok(Cache { handle, arena: Some(arena), arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData })
+    }
+
     /// Allocates the exact arena (`kvp_arena_size`) and creates the cache in it.
     pub fn new(cfg: &Config) -> Result<Cache<'static>> {
         Cache::with_rope_freqs(cfg, None)

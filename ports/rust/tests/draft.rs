@@ -213,3 +213,32 @@ fn chunked_prompt_with_max_prompt_keeps_what_one_call_keeps() {
     assert_eq!(chunked.layer_stats(0).unwrap().prompt_early, 0);
     assert_eq!(decode_bits(&mut one, 5), decode_bits(&mut chunked, 5));
 }
+
+// issue 32 item 2: a DuoAttention role table (kvp_create_heads). Layer 0's KV head 0 and layer
+// 1's KV head 1 stream (duo_sink 2, duo_window 6): they keep 8 tokens, the others all 20; the
+// arena is smaller than the uniform one; a state refuses a cache with another table.
+#[test]
+fn duo_heads_stream_and_shrink_the_arena() {
+    use kvprune::{HEAD_RETRIEVAL as R, HEAD_STREAMING as S};
+    let cfg = Config::from_spec(&model(), "policy=full capacity=64 duo_sink=2 duo_window=6").unwrap();
+    assert_eq!((cfg.get("duo_sink").unwrap(), cfg.get("duo_window").unwrap()), (2.0, 6.0));
+    let roles = [S, R, R, S];
+    assert!(cfg.arena_size_heads(&roles) < cfg.arena_size());
+    assert_eq!(cfg.arena_size_heads(&[R; 4]), cfg.arena_size());
+    assert_eq!(cfg.arena_size_heads(&roles[..3]), 0);
+    let mut c = Cache::with_heads(&cfg, None, &roles).unwrap();
+    let mut r = Rng(0x5eed_0032);
+    for _ in 0..20 {
+        decode_bits(&mut c, r.0);
+        r.next();
+    }
+    let want: Vec<i32> = (0..2).chain(14..20).collect();
+    assert_eq!(c.layer_positions(0, 0).unwrap(), want);
+    assert_eq!(c.layer_positions(1, 1).unwrap(), want);
+    assert_eq!(c.layer_positions(0, 1).unwrap().len(), 20);
+    let e = Cache::with_heads(&cfg, None, &[S, R, 2, R]).unwrap_err();
+    assert_eq!(e.status, Status::Config);
+    assert!(e.message.contains("roles[2]=2"), "{}", e.message);
+    let mut other = Cache::with_heads(&cfg, None, &[R, S, S, R]).unwrap();
+    assert_eq!(other.state_load(&state(&c)).unwrap_err().status, Status::Config);
+}
