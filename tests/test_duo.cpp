@@ -158,14 +158,15 @@ TEST(Duo, ArenaFollowsTheRoles) {
     const kvp_config bc = config(big, "policy=full capacity=8192");
     std::vector<uint8_t> ball(32 * 8, KVP_HEAD_STREAMING), bhalf(32 * 8);
     for (uint32_t i = 0; i < bhalf.size(); ++i) bhalf[i] = uint8_t(((i / 8) + (i % 8)) % 2);
-    const size_t bu = kvp_arena_size(&bc), ba = kvp_arena_size_heads(&bc, ball.data(), 256),
-                 bh = kvp_arena_size_heads(&bc, bhalf.data(), 256);
-    printf("arena bytes, 32x(32q/8kv)x128, full capacity=8192, duo_sink=64 duo_window=256: uniform %zu, "
-           "all streaming %zu, half %zu\n",
-           bu, ba, bh);
+    // 64-bit products: the sizes are above 2^31, so x 10 would wrap on 32-bit targets (armhf)
+    const uint64_t bu = kvp_arena_size(&bc), ba = kvp_arena_size_heads(&bc, ball.data(), 256),
+                   bh = kvp_arena_size_heads(&bc, bhalf.data(), 256);
+    printf("arena bytes, 32x(32q/8kv)x128, full capacity=8192, duo_sink=64 duo_window=256: uniform %llu, "
+           "all streaming %llu, half %llu\n",
+           (unsigned long long)bu, (unsigned long long)ba, (unsigned long long)bh);
     EXPECT_LT(ba * 10, bu);  // 64 + 511 of 8192 token slots per head
-    EXPECT_LT(bh, bu * 6 / 10);
-    EXPECT_GT(bh, bu * 4 / 10);
+    EXPECT_LT(bh * 10, bu * 6);
+    EXPECT_GT(bh * 10, bu * 4);
 }
 
 // Blocks go back to the pool: an all-streaming cache in its (small) arena runs 600 tokens.
