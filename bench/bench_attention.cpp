@@ -1160,54 +1160,45 @@ double read_bw_fn(float (*fn)(const float *, size_t, size_t), const float *x, si
 // Integer products per second (1e9) of the q kernels' dot product at their ISA, `threads` running
 // the loop at once; *what names the instruction.
 double idot_peak_gops(int threads, double secs, std::string *what) {
+    typedef std::function<float(uint64_t, uint64_t *)> Fn;
     const std::string isa = kvp::kern::attn_q_best()->name;
-    std::function<float(uint64_t, uint64_t *)> fn = [](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_simde(it, p); };
+    std::vector<Fn> fns{&kvpbench::idot_peak_simde};  // candidates at the q kernels' ISA: the best rate counts
     *what = "vpmaddwd (simde)";
 #ifdef KVP_BENCH_AVX2
-    if (isa == "avx2") {
-        fn = [](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_avx2(it, p); };
-        *what = "vpmaddwd ymm";
+    if (isa == "avx2") fns = {&kvpbench::idot_peak_avx2}, *what = "vpmaddwd ymm";
+#endif
+#ifdef KVP_BENCH_VNNI
+    if (isa == "avx512") {
+        fns = {[](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_vnni(it, p, 0); },
+               [](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_vnni(it, p, 1); }};
+        *what = "vpdpbusd ymm/zmm";
     }
 #endif
+    const uint64_t iters = 1u << 20;
     double best = 0.0;
-    for (int wide = 0; wide < 2; ++wide) {
-#ifdef KVP_BENCH_VNNI
-        if (isa == "avx512") {
-            fn = [wide](uint64_t it, uint64_t *p) { return kvpbench::idot_peak_vnni(it, p, wide); };
-            *what = "vpdpbusd ymm/zmm";
-        } else if (wide) {
-            break;
-        }
-#else
-        if (wide) break;
-#endif
-        const uint64_t iters = 1u << 20;
-        const double t_end = now_s() + secs / 2;
+    for (const Fn &fn : fns) {
+        uint64_t per_iter = 0;
+        fn(1, &per_iter);
+        const double t_end = now_s() + secs / (double)fns.size();
         do {
-            uint64_t prods = 0;
             const double t0 = now_s();
             float sink = 0.0f;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
 #endif
             {
-                uint64_t p = 0;
-                sink += fn(iters, &p);
-#ifdef _OPENMP
-#pragma omp master
-#endif
-                prods = p;
+                uint64_t unused = 0;
+                sink += fn(iters, &unused);
             }
             const double t = now_s() - t0;
             benchmark::DoNotOptimize(sink);
-#ifdef _OPENMP
-            const double g = (double)threads * (double)prods / t / 1e9;
-#else
-            const double g = (double)prods / t / 1e9;
-#endif
+            const double g = (double)threads * (double)(iters * per_iter) / t / 1e9;
             if (g > best) best = g;
         } while (now_s() < t_end);
     }
+#ifndef _OPENMP
+    best /= threads;  // no OpenMP: one thread ran the loop (as fma_peak_gflops)
+#endif
     return best;
 }
 
