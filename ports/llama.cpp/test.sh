@@ -73,52 +73,47 @@ head -c 300 "$MODELS/enbytes-1m.eval.txt" > "$T/prompt.txt"
 N_PROMPT=$(wc -c < "$T/prompt.txt")
 
 fail=0
-# run NAME BIN [ARGS...]: greedy completion into $T/NAME.txt (stdout) and $T/NAME.log (stderr)
-# (MODEL: the GGUF, default the llama file). llama.cpp's common log (which prints the text too) is
-# written by a worker thread that is not joined at exit, so on a loaded machine the end of the
-# output can be lost (llama.cpp issue 22142): a run whose log lacks its last line (the perf
-# summary, or with -v the kvprune counters printed when the context is freed) is run again.
-run() {
-    local name=$1 bin=$2 mark='graphs reused' try
+# attempt NAME MARK PROGRAM [ARGS...]: PROGRAM's stdout into $T/NAME.txt and stderr into
+# $T/NAME.log. llama.cpp's common log (which prints the text too) is written by a worker thread
+# that is not joined at exit, so on a loaded machine the end of the output can be lost (llama.cpp
+# issue 22142): a run whose output lacks MARK (an ERE: its last line, e.g. the perf summary, or
+# with -v the kvprune counters printed when the context is freed) is run again, 5 times at most.
+# RM_BEFORE: a file removed before each try (a run that must start without the prompt cache it writes).
+attempt() {
+    local name=$1 mark=$2 try
     shift 2
-    case " $* " in *" -v "*"--kvp "*) mark='kvprune: [1-9][0-9]* tokens seen' ;; esac
     for try in 1 2 3 4 5; do
-        [ -z "${RM_BEFORE:-}" ] || rm -f "$RM_BEFORE" # a run that must start without this file (a prompt cache it writes)
-        if ! "$bin/llama-completion" -m "${MODEL:-$T/enbytes-1m.gguf}" -f "$T/prompt.txt" -n $N_GEN --temp 0 \
-                -c 512 -b 512 -ub 64 -t 2 -no-cnv --simple-io --no-warmup "$@" >"$T/$name.txt" 2>"$T/$name.log"; then
-            echo "FAIL $name: llama-completion exited with an error (see $T/$name.log):"
-            tail -5 "$T/$name.log"
+        [ -z "${RM_BEFORE:-}" ] || rm -f "$RM_BEFORE"
+        if ! "$@" >"$T/$name.txt" 2>"$T/$name.log"; then
+            echo "FAIL $name: $(basename "$1") exited with an error (see $T/$name.log):"
+            grep -v ' D ' "$T/$name.log" | tail -5
             fail=1
             return 1
         fi
-        grep -q "$mark" "$T/$name.log" && return 0
+        cat "$T/$name.txt" "$T/$name.log" | grep -aEq "$mark" && return 0
         echo "note $name: output cut at exit (try $try), running it again"
     done
     echo "FAIL $name: the output was cut at exit 5 times"
     fail=1
     return 1
 }
-# run_spec NAME BIN [ARGS...]: llama-speculative-simple, target enbytes-1m, draft induction6, greedy,
-# into $T/NAME.txt and $T/NAME.log (-v: the log says how the cache removed suffixes); rerun as run()
+# run NAME BIN [ARGS...]: greedy completion (MODEL: the GGUF, default the llama file)
+run() {
+    local name=$1 bin=$2 mark='graphs reused'
+    shift 2
+    case " $* " in *" -v "*"--kvp "*) mark='kvprune: [1-9][0-9]* tokens seen' ;; esac
+    attempt "$name" "$mark" "$bin/llama-completion" -m "${MODEL:-$T/enbytes-1m.gguf}" -f "$T/prompt.txt" -n $N_GEN \
+        --temp 0 -c 512 -b 512 -ub 64 -t 2 -no-cnv --simple-io --no-warmup "$@"
+}
+# run_spec NAME BIN [ARGS...]: llama-speculative-simple, target enbytes-1m, draft induction6, greedy
+# (-v: the log says how the cache removed suffixes)
 run_spec() {
-    local name=$1 bin=$2 mark='n_accept' try
+    local name=$1 bin=$2 mark='n_accept'
     shift 2
     case " $* " in *" --kvp "*) mark='kvprune: [1-9][0-9]* tokens seen' ;; esac
-    for try in 1 2 3 4 5; do
-        if ! "$bin/llama-speculative-simple" -m "$T/enbytes-1m.gguf" -md "$T/induction6.gguf" --spec-type draft-simple \
-                --spec-draft-n-max 4 -f "$T/prompt.txt" -n $N_GEN --temp 0 --top-k 1 -c 512 -b 512 -ub 64 -t 2 -v "$@" \
-                >"$T/$name.txt" 2>"$T/$name.log"; then
-            echo "FAIL $name: llama-speculative-simple exited with an error (see $T/$name.log):"
-            grep -v ' D ' "$T/$name.log" | tail -5
-            fail=1
-            return 1
-        fi
-        grep -q "$mark" "$T/$name.log" && return 0
-        echo "note $name: output cut at exit (try $try), running it again"
-    done
-    echo "FAIL $name: the output was cut at exit 5 times"
-    fail=1
-    return 1
+    attempt "$name" "$mark" "$bin/llama-speculative-simple" -m "$T/enbytes-1m.gguf" -md "$T/induction6.gguf" \
+        --spec-type draft-simple --spec-draft-n-max 4 -f "$T/prompt.txt" -n $N_GEN --temp 0 --top-k 1 -c 512 -b 512 \
+        -ub 64 -t 2 -v "$@"
 }
 # same_prefix A B WHAT: the first prompt + N_GEN bytes are equal (speculative decoding may accept a
 # few tokens beyond -n; the text's length depends on how many drafts were accepted)
@@ -271,27 +266,15 @@ if [ -x "$DIR/bin/llama-quantize" ]; then
 fi
 
 # 11. llama-perplexity: logits of policy=full within float tolerance of llama.cpp's f32 cache
-# ppl NAME [ARGS...]: llama-perplexity into $T/NAME.log (stdout and stderr); rerun while the log
-# lacks its last line (PPL_MARK, default the statistics' last line; cut at exit, as run())
+# ppl NAME [ARGS...]: llama-perplexity (PPL_MARK: its last line, default the statistics' last)
 ppl() {
-    local name=$1 mark=${PPL_MARK:-'Same top p|Final estimate'} try
+    local name=$1
     shift
-    for try in 1 2 3 4 5; do
-        if ! "$DIR/bin/llama-perplexity" -m "$T/enbytes-1m.gguf" -c 256 -b 256 -ub 64 -t 2 "$@" >"$T/$name.log" 2>&1; then
-            echo "FAIL $name: llama-perplexity exited with an error (see $T/$name.log):"
-            grep -v ' D ' "$T/$name.log" | tail -5
-            fail=1
-            return 1
-        fi
-        grep -aEq "$mark" "$T/$name.log" && return 0
-        echo "note $name: output cut at exit (try $try), running it again"
-    done
-    echo "FAIL $name: the output was cut at exit 5 times"
-    fail=1
-    return 1
+    attempt "$name" "${PPL_MARK:-Same top p|Final estimate}" "$DIR/bin/llama-perplexity" -m "$T/enbytes-1m.gguf" \
+        -c 256 -b 256 -ub 64 -t 2 "$@"
 }
-# stat NAME PATTERN: the first number after PATTERN's colon in $T/NAME.log
-stat() { grep -a "$2" "$T/$1.log" | tail -1 | sed 's/^[^:]*: *\([-0-9.]*\).*/\1/'; }
+# stat NAME PATTERN: the first number after PATTERN's colon in NAME's output
+stat() { cat "$T/$1.txt" "$T/$1.log" | grep -a "$2" | tail -1 | sed 's/^[^:]*: *\([-0-9.]*\).*/\1/'; }
 if [ -x "$DIR/bin/llama-perplexity" ]; then
     head -c 20000 "$MODELS/enbytes-1m.eval.txt" > "$T/ppl.txt"
     if ppl ppl-base -f "$T/ppl.txt" -ctk f32 -ctv f32 -fa off --kl-divergence-base "$T/kld-base.bin" &&
@@ -309,8 +292,8 @@ if [ -x "$DIR/bin/llama-perplexity" ]; then
         fi
     fi
     if PPL_MARK='kvprune: [1-9][0-9]* tokens seen' ppl ppl-h2o -f "$T/ppl.txt" -v --kvp "policy=h2o budget=64 max_prompt=0"; then
-        p=$(sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$T/ppl-h2o.log" | tail -1)
-        ev=$(sed -n 's/.*kvprune: [0-9]* tokens seen, \([0-9]*\) evicted.*/\1/p' "$T/ppl-h2o.log" | tail -1)
+        p=$(cat "$T/ppl-h2o.txt" "$T/ppl-h2o.log" | sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' | tail -1)
+        ev=$(cat "$T/ppl-h2o.txt" "$T/ppl-h2o.log" | sed -n 's/.*kvprune: [0-9]* tokens seen, \([0-9]*\) evicted.*/\1/p' | tail -1)
         if [ -n "$p" ] && [ "${ev:-0}" -gt 0 ]; then
             echo "ok   ppl-h2o: PPL $p with selection per micro-batch, $ev tokens evicted in the last chunk"
         else
