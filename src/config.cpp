@@ -868,8 +868,7 @@ kvp_status roles_check(const kvp_config &c, const uint8_t *roles, uint32_t n, bo
             .s(": a streaming head takes at most duo_window tokens per call (a draft's commit is one)");
         return KVP_ERR_CONFIG;
     }
-    const bool pol_ok = c.policy == KVP_POLICY_FULL || c.policy == KVP_POLICY_WINDOW || c.policy == KVP_POLICY_STREAMING ||
-                        c.policy == KVP_POLICY_H2O || c.policy == KVP_POLICY_RANDOM;
+    const bool pol_ok = policy_of(c).streaming_heads;  // full, window, streaming, h2o, random (policy.h)
     const char *what = !pol_ok ? "this policy (streaming heads: policy=full, window, streaming, h2o or random)"
                        : store_formatted(c) ? "kv_dtype other than f32 (streaming heads need plain f32 storage)"
                        : c.total_capacity ? "total_capacity (a shared pool)"

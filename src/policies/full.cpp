@@ -16,6 +16,9 @@ void self_prune(PolicyCtx &, HeadStore &, uint32_t) {}  // never called: evictab
 }  // namespace
 
 const Policy kFullPolicy = {"full", KVP_POS_ORIGINAL, nullptr, &plan, nullptr, nullptr, nullptr, &evictable,
-                            &self_prune, nullptr};
+                            &self_prune, nullptr,
+                            /* state_bytes */ nullptr, /* reset */ nullptr, /* selection_size */ nullptr,
+                            /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
+                            /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ true};
 
 }  // namespace kvp

@@ -61,6 +61,9 @@ void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
 }  // namespace
 
 const Policy kH2oPolicy = {"h2o", KVP_POS_ORIGINAL, &check, &plan, &observe, &prune, nullptr, &evictable,
-                           &self_prune, nullptr};
+                           &self_prune, nullptr,
+                            /* state_bytes */ nullptr, /* reset */ nullptr, /* selection_size */ nullptr,
+                            /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
+                            /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ true};
 
 }  // namespace kvp

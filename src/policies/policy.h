@@ -214,6 +214,11 @@ struct Policy {
     // Bytes at the start of the state region that kvp_reset keeps (create zeroes the whole region).
     // May be NULL (none).
     size_t (*state_kept)(const kvp_config &cfg) = nullptr;
+    // Whether DuoAttention streaming heads (kvp_create_heads) may sit beside this policy's heads:
+    // its decisions are per KV head and need nothing from the heads it never runs on (the core
+    // keeps those as sinks + window). false: a role table with a streaming head is
+    // KVP_ERR_UNSUPPORTED.
+    bool streaming_heads = false;
 };
 
 // The table of cfg.policy (valid config).

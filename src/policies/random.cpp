@@ -116,6 +116,7 @@ uint64_t random_draw(uint32_t seed, uint32_t layer, uint32_t head, uint64_t e) {
 
 const Policy kRandomPolicy = {"random", KVP_POS_ORIGINAL, &check,   &plan,   nullptr,    &prune,  nullptr,
                               &evictable, &self_prune,    nullptr,  nullptr, nullptr,    nullptr, nullptr,
-                              &keeps_prompt};
+                              &keeps_prompt, /* observe_queries */ nullptr, /* set_query_stats */ nullptr,
+                              /* state_kept */ nullptr, /* streaming_heads */ true};
 
 }  // namespace kvp

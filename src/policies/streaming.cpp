@@ -69,6 +69,9 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, s
 }  // namespace
 
 const Policy kStreamingPolicy = {"streaming", KVP_POS_REALIGN, &check, &plan, nullptr, &prune, nullptr,
-                                 &ring_evictable, &ring_self_prune, nullptr};
+                                 &ring_evictable, &ring_self_prune, nullptr,
+                            /* state_bytes */ nullptr, /* reset */ nullptr, /* selection_size */ nullptr,
+                            /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
+                            /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ true};
 
 }  // namespace kvp

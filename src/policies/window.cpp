@@ -36,6 +36,9 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) { streaming_apply(ctx, hs, r
 }  // namespace
 
 const Policy kWindowPolicy = {"window", KVP_POS_REALIGN, &check, &plan, nullptr, &prune, nullptr,
-                              &ring_evictable, &ring_self_prune, nullptr};
+                              &ring_evictable, &ring_self_prune, nullptr,
+                            /* state_bytes */ nullptr, /* reset */ nullptr, /* selection_size */ nullptr,
+                            /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
+                            /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ true};
 
 }  // namespace kvp
