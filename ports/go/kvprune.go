@@ -450,14 +450,49 @@ func NewCacheFromConfig(cfg *Config) (*Cache, error) {
 // entries, e.g. from RopeFreqsYarn; copied into the arena by kvp_create_rope). A nil or empty
 // invFreq means the model's theta.
 func NewCacheRope(cfg *Config, invFreq []float64) (*Cache, error) {
-	return NewCacheHeads(cfg, invFreq, nil)
+	var tab *C.double
+	if len(invFreq) > math.MaxUint32 {
+		return nil, newError(ErrArg, "the RoPE table has more than 2^32-1 entries")
+	}
+	if len(invFreq) > 0 {
+		tab = (*C.double)(unsafe.Pointer(&invFreq[0]))
+	}
+	n := cfg.ArenaSize()
+	if n == 0 {
+		if err := cfg.Check(); err != nil {
+			return nil, err
+		}
+		return nil, newError(ErrConfig, "invalid configuration")
+	}
+	arena := C.kvp_go_arena(C.size_t(n))
+	if arena == nil {
+		return nil, newError(ErrArena, "cannot allocate %d bytes", n)
+	}
+	var h *C.kvp_cache
+	buf := make([]byte, errLen)
+	var s C.kvp_status
+	if tab == nil { // no table: the plain create (kvp_create_rope with none is the same call)
+		s = C.kvp_create_ex(&cfg.raw, arena, C.size_t(n), &h, (*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	} else {
+		s = C.kvp_create_rope(&cfg.raw, tab, C.uint32_t(len(invFreq)), arena, C.size_t(n), &h,
+			(*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	}
+	if s != C.KVP_OK {
+		C.free(arena)
+		return nil, errFromBuf(s, buf)
+	}
+	c := &Cache{c: h, arena: arena, arenaLen: n, model: cfg.Model()}
+	runtime.SetFinalizer(c, (*Cache).Close)
+	return c, nil
 }
 
 // NewCacheHeads is kvp_create_heads: NewCacheRope with a DuoAttention role table
 // (roles[layer*n_kv_heads+h], HeadRetrieval or HeadStreaming), copied into the cache. An empty
-// roles is NewCacheRope (kvp_create_heads with no table is kvp_create_rope, and that with no
-// RoPE table is kvp_create_ex).
+// roles is NewCacheRope.
 func NewCacheHeads(cfg *Config, invFreq []float64, roles []uint8) (*Cache, error) {
+	if len(roles) == 0 {
+		return NewCacheRope(cfg, invFreq)
+	}
 	if len(invFreq) > math.MaxUint32 || len(roles) > math.MaxUint32 {
 		return nil, newError(ErrArg, "the RoPE or role table has more than 2^32-1 entries")
 	}
@@ -465,26 +500,14 @@ func NewCacheHeads(cfg *Config, invFreq []float64, roles []uint8) (*Cache, error
 	if len(invFreq) > 0 {
 		tab = (*C.double)(unsafe.Pointer(&invFreq[0]))
 	}
-	var rp *C.uint8_t
-	if len(roles) > 0 {
-		rp = (*C.uint8_t)(unsafe.Pointer(&roles[0]))
-	}
+	rp := (*C.uint8_t)(unsafe.Pointer(&roles[0]))
 	buf := make([]byte, errLen)
-	create := func(arena unsafe.Pointer, n int, h **C.kvp_cache) C.kvp_status {
-		return C.kvp_create_heads(&cfg.raw, tab, C.uint32_t(len(invFreq)), rp, C.uint32_t(len(roles)), arena, C.size_t(n), h,
-			(*C.char)(unsafe.Pointer(&buf[0])), errLen)
-	}
 	n := cfg.ArenaSizeHeads(roles)
-	if n == 0 {
-		if len(roles) == 0 {
-			if err := cfg.Check(); err != nil {
-				return nil, err
-			}
-			return nil, newError(ErrConfig, "invalid configuration")
-		}
-		// the library's message: its checks fail before anything is allocated
+	if n == 0 { // the library's message: the checks fail before anything is allocated
 		var h *C.kvp_cache
-		if s := create(nil, 0, &h); s != C.KVP_OK {
+		s := C.kvp_create_heads(&cfg.raw, tab, C.uint32_t(len(invFreq)), rp, C.uint32_t(len(roles)), nil, 0, &h,
+			(*C.char)(unsafe.Pointer(&buf[0])), errLen)
+		if s != C.KVP_OK {
 			return nil, errFromBuf(s, buf)
 		}
 		C.kvp_destroy(h)
@@ -495,7 +518,9 @@ func NewCacheHeads(cfg *Config, invFreq []float64, roles []uint8) (*Cache, error
 		return nil, newError(ErrArena, "cannot allocate %d bytes", n)
 	}
 	var h *C.kvp_cache
-	if s := create(arena, n, &h); s != C.KVP_OK {
+	s := C.kvp_create_heads(&cfg.raw, tab, C.uint32_t(len(invFreq)), rp, C.uint32_t(len(roles)), arena, C.size_t(n), &h,
+		(*C.char)(unsafe.Pointer(&buf[0])), errLen)
+	if s != C.KVP_OK {
 		C.free(arena)
 		return nil, errFromBuf(s, buf)
 	}
