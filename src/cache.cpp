@@ -208,7 +208,8 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         return;
     }
     if (pol.prune) pol.prune(ctx, hs, j.mode);
-    if (ctx.staged) stage_commit(ctx, hs, nullptr, 0);  // a policy that selected nothing keeps what fits
+    // a policy that selected nothing keeps what fits; one that selects in its layer phase commits there
+    if (ctx.staged && !lp.select_in_phase) stage_commit(ctx, hs, nullptr, 0);
     if (c->fmt && ap.staged) {
         // The committed staged tokens are the store's last `m` tokens, residual, their rows packed
         // at the front of the staging rows: they convert like a prefill's new tokens (groups that

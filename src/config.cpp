@@ -23,6 +23,7 @@ constexpr const char *kRotateNames[] = {"none", "hadamard", nullptr};
 constexpr const char *kPromptScoresNames[] = {"all", "window", nullptr};
 constexpr const char *kTriModeNames[] = {"union", "per_head", "per_layer_perhead", nullptr};
 constexpr const char *kTriStatsNames[] = {"online", "given", nullptr};
+constexpr const char *kHeadBudgetNames[] = {"uniform", "ada", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 // Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
@@ -162,6 +163,10 @@ constexpr Key kKeys[] = {
             "DuoAttention streaming heads (kvp_create_heads role table): the first tokens a streaming head keeps (the reference's sink_size 64); unused without a table"),
     KVP_U32(duo_window, 256, 0, kMaxCapacity, kAll,
             "DuoAttention streaming heads: the most recent tokens a streaming head keeps (the reference's recent_size 256); a call adds at most this many tokens to a layer with a streaming head"),
+    KVP_ENUM(head_budget, KVP_HEAD_BUDGET_UNIFORM, kHeadBudgetNames, kAllNames, "uniform|ada", P(SNAPKV) | P(PYRAMIDKV),
+             "per-head budgets: uniform = every KV head keeps the layer's budget; ada = AdaKV: the layer keeps as many tokens in total, chosen by one ranking of all its heads' votes (each head at least ada_floor of its share), plain f32 storage only"),
+    KVP_F32(ada_floor, 0.2, 0.0, 1.0, P(SNAPKV) | P(PYRAMIDKV),
+            "head_budget=ada: every KV head keeps at least floor(a x its uniform share) tokens, its window counted (kvpress's alpha_safeguard 0.2)"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl/random/triattention), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),
@@ -1114,6 +1119,22 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
                 .s(" is not supported yet (the prompt's blocks would come from the shared pool); give one of them");
             return KVP_ERR_UNSUPPORTED;
         }
+    }
+    // issue 32 item 1 (DECISIONS "AdaKV per-head budgets"): the selection is made in the layer
+    // phase, after every head's staged chunk was observed; formatted storage converts a head's
+    // committed tokens in its own per-head work, which has ended by then.
+    if (c.head_budget == KVP_HEAD_BUDGET_ADA && c.policy != KVP_POLICY_SNAPKV && c.policy != KVP_POLICY_PYRAMIDKV) {
+        const bool later = c.policy == KVP_POLICY_H2O || c.policy == KVP_POLICY_LETHE || c.policy == KVP_POLICY_TRIATTENTION;
+        m.s("head_budget=ada with policy=").s(policy_name(c.policy))
+            .s(later ? ": not implemented yet (its heads would need to lend each other blocks while decoding); "
+                       "head_budget=ada is implemented for snapkv and pyramidkv"
+                     : ": the policy has no per-head token budget (head_budget=ada is for snapkv and pyramidkv)");
+        return KVP_ERR_UNSUPPORTED;
+    }
+    if (c.head_budget == KVP_HEAD_BUDGET_ADA && c.kv_dtype != KVP_DTYPE_F32) {
+        m.s("head_budget=ada needs kv_dtype=f32 (the per-head budgets are decided after every head's chunk, "
+            "when formatted storage has already converted its rows): use kv_dtype=f32, or head_budget=uniform");
+        return KVP_ERR_UNSUPPORTED;
     }
     // issue 23: ThinK prunes key and value channels by their magnitude in the model's basis; the
     // rotation spreads every channel over all of them, so ThinK's ranking would act on mixtures.

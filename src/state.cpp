@@ -700,9 +700,11 @@ void visit(kvp_cache *c, Ar &ar) {
             v->rows = v->bytes = 0;
         }
     }
-    uint64_t pbytes = p.pstate_bytes;
+    // a region that only carries data within one call (Policy::state_transient) is not state
+    const uint64_t saved = policy_of(c->cfg).state_transient ? 0 : p.pstate_bytes;
+    uint64_t pbytes = saved;
     ar.u(pbytes);
-    ar.require(pbytes == p.pstate_bytes, "the policy state region has another size");
+    ar.require(pbytes == saved, "the policy state region has another size");
     if (v && ar.ok) {
         ar.require(counters[0] == v->sum_rows && counters[3] == v->sum_bytes && counters[1] >= counters[0] &&
                        counters[4] >= counters[3],

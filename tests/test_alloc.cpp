@@ -238,7 +238,10 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
           "policy=snapkv budget=48 obs_window=16 kv_dtype=q4 quant_group=16 threads=2",
           "policy=snapkv budget=64 capacity=200 total_capacity=240 score=fixed kv_dtype=f16 prefill_stage=200 threads=2",
           "policy=think token_policy=pyramidkv budget=48 obs_window=8 beta=5 key_channel_ratio=0.4 kv_dtype=q8 "
-          "positions=realign threads=1"}) {
+          "positions=realign threads=1",
+          // issue 32 item 1: AdaKV's ranking over the layer's heads (std::sort in the layer phase)
+          "policy=snapkv budget=48 obs_window=16 head_budget=ada threads=2",
+          "policy=pyramidkv budget=48 obs_window=8 beta=5 head_budget=ada score=fixed max_prompt=256 threads=1"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;

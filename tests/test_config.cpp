@@ -60,7 +60,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 55u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 57u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -120,8 +120,10 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
         {KVP_POLICY_WINDOW, {"window", "max_prompt"}},
         {KVP_POLICY_STREAMING, {"sinks", "window", "extra", "compress_every", "slack", "max_drop", "max_prompt"}},
         {KVP_POLICY_H2O, {"budget", "recent", "obs_window", "max_prompt", "prompt_scores"}},
-        {KVP_POLICY_SNAPKV, {"budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage", "max_prompt", "max_new"}},
-        {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage", "max_prompt", "max_new"}},
+        {KVP_POLICY_SNAPKV, {"budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage", "max_prompt", "max_new",
+                               "head_budget", "ada_floor"}},
+        {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage", "max_prompt", "max_new",
+                                "head_budget", "ada_floor"}},
         {KVP_POLICY_LETHE,
          {"sparse_ratio", "recent_ratio", "segments", "decay", "sinks", "budget", "obs_window", "evict_threshold", "max_prompt"}},
         {KVP_POLICY_SIMLAYERKV,

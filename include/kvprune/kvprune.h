@@ -195,6 +195,15 @@ typedef enum {
     KVP_HEAD_FORCE_INT32_ = 0x7fffffff
 } kvp_head_role;
 
+/** How a layer's token budget is split over its KV heads (spec key `head_budget`, issue 32). The numbers are pinned. */
+typedef enum {
+    KVP_HEAD_BUDGET_UNIFORM = 0,  /**< every KV head keeps the layer's budget (the papers' default) */
+    KVP_HEAD_BUDGET_ADA = 1,      /**< AdaKV: the layer keeps as many tokens as uniform in total, chosen by one
+                                       ranking of every head's votes, each head at least ada_floor of its
+                                       uniform share (snapkv, pyramidkv) */
+    KVP_HEAD_BUDGET_FORCE_INT32_ = 0x7fffffff
+} kvp_head_budget;
+
 /**
  * Cache configuration. A plain struct: fill it with kvp_config_default(), change
  * fields directly or through kvp_config_apply(). `struct_size` is first so fields can
@@ -346,6 +355,18 @@ typedef struct kvp_config {
     uint32_t duo_window;         /* duo_window=W: the most recent tokens a streaming head keeps (default 256, the
                                     reference's --recent_size); a call may add at most W tokens to a layer
                                     that has a streaming head (kvp_prefill_room says so) */
+    /* appended in 0.3 (issue 32): AdaKV's per-head budgets */
+    uint32_t head_budget;        /* head_budget=uniform|ada (kvp_head_budget; snapkv, pyramidkv): ada = each prompt
+                                    selection keeps the same number of tokens per layer as uniform, split over
+                                    the layer's KV heads by one ranking of all their votes (AdaKV, arXiv
+                                    2407.11550), so a head whose votes are concentrated keeps fewer tokens and a
+                                    diffuse one more, up to its store's capacity; the freed slots are real
+                                    (live_bytes follow the per-head lengths). Decided on the calling thread in
+                                    fixed head order (the same for every thread count). Plain f32 storage
+                                    (kv_dtype=f32, not think) only. Default uniform. */
+    float ada_floor;             /* ada_floor=a (head_budget=ada): every KV head keeps at least floor(a x its
+                                    uniform share) tokens, its observation window counted (kvpress's
+                                    alpha_safeguard); 0 <= a <= 1, default 0.2 */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */

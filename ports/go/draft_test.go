@@ -359,3 +359,28 @@ func TestDuoHeads(t *testing.T) {
 		t.Fatalf("another table: %v", err)
 	}
 }
+
+// issue 32 item 1: AdaKV's per-head budgets (head_budget=ada) through the C struct.
+func TestAdaHeadBudget(t *testing.T) {
+	cfg, err := NewConfig(testModel, "policy=snapkv budget=8 obs_window=2 head_budget=ada ada_floor=0.5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hb, _ := cfg.Get("head_budget"); hb != 1 {
+		t.Fatalf("head_budget %v", hb)
+	}
+	if af, _ := cfg.Get("ada_floor"); af != 0.5 {
+		t.Fatalf("ada_floor %v", af)
+	}
+	c, err := NewCacheFromConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := uint64(0); i < 12; i++ {
+		decodeBits(t, c, 11+i)
+	}
+	if p, _ := c.LayerPositions(0, 0); len(p) != 12 {
+		t.Fatalf("layer 0 head 0 holds %d", len(p))
+	}
+}

@@ -71,6 +71,9 @@ struct LayerPlan {
                               // keeps the fixed-point key copy, which it reads (triattention)
     bool phase_all_layers;    // layer_phase may evict from other layers' stores (ctx.at_layer): the core
                               // accounts every layer after it (triattention's shared modes)
+    bool select_in_phase;     // a staged prefill's selection waits for layer_phase (head_budget=ada): the
+                              // core does not commit the staged tokens after prune; layer_phase must
+                              // stage_commit every head that staged, with that head's ctx.staged
 };
 
 // The context of one operation.
@@ -144,6 +147,8 @@ uint32_t config_draft_room(const kvp_config &cfg);
 inline uint32_t config_capacity(const kvp_config &cfg, uint32_t need) {
     return cfg.capacity ? cfg.capacity : need + config_draft_room(cfg);
 }
+// Tokens an open prompt may add to a layer beyond its capacity (max_prompt; prompt.cpp).
+uint32_t layer_prompt_room(const kvp_config &cfg, uint32_t layer);
 // The capacity a policy works within (what it prunes to stay below): the layer capacity less the
 // draft room.
 inline uint32_t config_policy_capacity(const kvp_config &cfg, uint32_t layer_cap) {
@@ -219,6 +224,10 @@ struct Policy {
     // keeps those as sinks + window). false: a role table with a streaming head is
     // KVP_ERR_UNSUPPORTED.
     bool streaming_heads = false;
+    // The state region only carries data within one call (snapkv's head_budget=ada votes, between
+    // the per-head work and the layer phase): kvp_state_save stores none of it, kvp_state_load
+    // leaves it as it is.
+    bool state_transient = false;
 };
 
 // The table of cfg.policy (valid config).

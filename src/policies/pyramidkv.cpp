@@ -74,9 +74,21 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
     snapkv_prune_keep(ctx, hs, mode, keep, uint32_t(limit < hs.cap ? limit : hs.cap));
 }
 
+// head_budget=ada: the layer's share is split over its heads (snapkv.cpp "AdaKV"); each head's decode
+// limit is what it kept + the generation room.
+uint32_t ada_budget_of(const PolicyCtx &ctx, uint32_t L) { return pyramid_keep(ctx.cfg(), ctx.layer, L); }
+void ada_after(const PolicyCtx &ctx, HeadStore &hs, uint32_t kept) { hs.pword[0] = uint64_t(kept) + gen_room(ctx.cfg()); }
+void layer_phase(PolicyCtx &ctx, StepMode) {
+    if (ctx.cfg().head_budget == KVP_HEAD_BUDGET_ADA) snapkv_ada_phase(ctx, &ada_budget_of, &ada_after);
+}
+
 }  // namespace
 
 const Policy kPyramidKvPolicy = {"pyramidkv",    KVP_POS_ORIGINAL, &check,           &plan,    &snapkv_observe,
-                                 &prune,         nullptr,          &snapkv_evictable, &snapkv_self_prune, nullptr};
+                                 &prune,         &layer_phase,     &snapkv_evictable, &snapkv_self_prune, nullptr,
+                                 /* state_bytes */ &snapkv_state_bytes, /* reset */ &snapkv_reset,
+                                 /* selection_size */ nullptr, /* selection */ nullptr, /* keeps_prompt */ nullptr,
+                                 /* observe_queries */ nullptr, /* set_query_stats */ nullptr, /* state_kept */ nullptr,
+                                 /* streaming_heads */ false, /* state_transient */ true};
 
 }  // namespace kvp

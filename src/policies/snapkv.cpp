@@ -18,6 +18,45 @@ struct SelScratch {
 };
 constexpr size_t kBytesPerToken = 24;
 
+// head_budget=ada (see "AdaKV" below): the state region, transient (policy.h state_transient):
+// a header (lmax: the most tokens a selection ranks in any layer), per KV head its AdaMeta, its
+// votes [lmax] (8 bytes), then the layer's candidates [H * lmax] (u64) and kept marks [H * lmax].
+struct AdaMeta {
+    uint32_t pending;     // prune deferred a selection to the layer phase
+    uint32_t staged, stage_slot, prompt_w;  // the head's PolicyCtx fields at that prune
+    uint32_t L, P;        // tokens the selection ranks, of which the prefix (not the window)
+    uint32_t mx;          // the most the head may keep (its store's room, one decode slot left)
+    uint32_t kept;        // tokens kept so far (the layer phase)
+};
+struct AdaRegion {
+    uint64_t lmax;
+    AdaMeta *meta;
+    char *votes;          // head h's at votes + h * lmax * 8
+    uint64_t *cand;
+    uint8_t *kept;
+};
+constexpr size_t kAdaHeader = 64;
+inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
+size_t ada_bytes(uint32_t H, uint64_t lmax) {
+    return kAdaHeader + align_up(sizeof(AdaMeta) * H, kAlign) + align_up(8 * H * lmax, kAlign) +
+           align_up(8 * H * lmax, kAlign) + align_up(H * lmax, kAlign);
+}
+AdaRegion ada_region(const PolicyCtx &ctx) {
+    char *b = static_cast<char *>(ctx.state());
+    const uint32_t H = ctx.cfg().model.n_kv_heads;
+    AdaRegion r;
+    memcpy(&r.lmax, b, sizeof r.lmax);
+    b += kAdaHeader;
+    r.meta = reinterpret_cast<AdaMeta *>(b);
+    b += align_up(sizeof(AdaMeta) * H, kAlign);
+    r.votes = b;
+    b += align_up(8 * H * r.lmax, kAlign);
+    r.cand = reinterpret_cast<uint64_t *>(b);
+    b += align_up(8 * H * r.lmax, kAlign);
+    r.kept = reinterpret_cast<uint8_t *>(b);
+    return r;
+}
+
 SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
     // the layer's capacity, plus a staged chunk or a whole prompt beyond it (prompt.h)
     const size_t lmax = size_t(ctx.plan().cap) + ctx.stage() +
@@ -26,6 +65,11 @@ SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
     SelScratch s;
     s.vote = reinterpret_cast<double *>(b);
     s.vote_u = reinterpret_cast<uint64_t *>(b);
+    if (ada(ctx.cfg())) {  // the votes outlive this head's work: the layer phase ranks them
+        const AdaRegion r = ada_region(ctx);
+        s.vote = reinterpret_cast<double *>(r.votes + size_t(ctx.head) * r.lmax * 8);
+        s.vote_u = reinterpret_cast<uint64_t *>(s.vote);
+    }
     s.tmp = reinterpret_cast<double *>(b + 8 * lmax);
     s.tmp_u = reinterpret_cast<uint64_t *>(b + 8 * lmax);
     s.idx = reinterpret_cast<uint32_t *>(b + 16 * lmax);
@@ -111,6 +155,166 @@ void select_and_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t budget) {
     stage_commit(ctx, hs, s.victims, nv);
 }
 
+// The top n of the prefix [0, P) of head h's votes by SnapKV's order (higher vote, then newer),
+// marked kept; idx: P entries of scratch.
+void mark_top(const AdaRegion &r, bool fx, uint32_t h, uint32_t P, uint32_t n, uint32_t *idx) {
+    if (n == 0) return;
+    uint8_t *kept = r.kept + size_t(h) * r.lmax;
+    for (uint32_t j = 0; j < P; ++j) idx[j] = j;
+    const char *vb = r.votes + size_t(h) * r.lmax * 8;
+    if (fx) {
+        const uint64_t *v = reinterpret_cast<const uint64_t *>(vb);
+        std::nth_element(idx, idx + (n - 1), idx + P,
+                         [v](uint32_t a, uint32_t b) { return v[a] > v[b] || (v[a] == v[b] && a > b); });
+    } else {
+        const double *v = reinterpret_cast<const double *>(vb);
+        std::nth_element(idx, idx + (n - 1), idx + P,
+                         [v](uint32_t a, uint32_t b) { return v[a] > v[b] || (v[a] == v[b] && a > b); });
+    }
+    for (uint32_t i = 0; i < n; ++i) kept[idx[i]] = 1;
+}
+
+}  // namespace
+
+// AdaKV (Feng et al., arXiv 2407.11550, Sec. 3-4 "Adaptive budget allocation", Algorithm 1): the
+// layer keeps as many tokens as the uniform split would, B_l in total, but the choice is one
+// top-B_l over the scores of every head of the layer, so heads whose votes concentrate on few
+// tokens give budget to heads whose votes are spread. Our reading, pinned here (kvpress
+// adakv_press.py is the reference we match in shape):
+// - Scores: each head's SnapKV votes (pooled, group mean; fixed: group sums), which are
+//   comparable across heads (every observed query's weights sum to 1 over the same keys).
+// - Safeguard (kvpress alpha_safeguard, the paper's floor): head h first keeps floor(ada_floor *
+//   u_h) tokens, u_h being what uniform keeps (min(budget, L_h, room)); its observation window
+//   counts towards it and is always kept, as the reference's window scores are the maximum; the
+//   rest of the floor is the head's best-voted prefix tokens.
+// - Then the remaining sum(u_h) - sum(floors) tokens are the best over all heads' other prefix
+//   tokens, ordered by vote, then newer token, then lower head (a total order: the same choice for
+//   every thread count and ISA); a head stops taking at mx_h = min(L_h, room_h, capacity - 1)
+//   (its store must hold them, one slot left for the next decode; the reference's flat buffer
+//   has no such cap, the arena does: docs/DECISIONS.md "AdaKV per-head budgets").
+// - Chunked prompts: each selection (a staged chunk, or a whole prompt's end) is one allocation
+//   over what every head holds plus the chunk, like SnapKV's.
+// Runs in the layer phase, after every head's votes were computed in its own per-head work.
+void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, uint32_t L),
+                      void (*after)(const PolicyCtx &, HeadStore &, uint32_t kept)) {
+    const AdaRegion r = ada_region(ctx);
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t H = cfg.model.n_kv_heads;
+    bool any = false;
+    for (uint32_t h = 0; h < H; ++h) any = any || r.meta[h].pending;
+    if (!any) return;
+    const bool fx = ctx.fixed();
+    auto head_ctx = [&](uint32_t h) {
+        PolicyCtx ch = ctx.at_head(h);
+        ch.staged = r.meta[h].staged;
+        ch.stage_slot = r.meta[h].stage_slot;
+        ch.prompt_w = r.meta[h].prompt_w;
+        return ch;
+    };
+    uint64_t rest = 0;  // sum(u_h) - sum(floors)
+    for (uint32_t h = 0; h < H; ++h) {
+        AdaMeta &m = r.meta[h];
+        if (!m.pending) continue;
+        const PolicyCtx ch = head_ctx(h);
+        HeadStore &hs = ctx.store(h);
+        const uint32_t L = hs.len() + ch.staged, w = window_of(ch), room = stage_room(ch, hs);
+        const uint32_t B = budget_of(ch, L);
+        uint32_t u = B < L ? B : L;
+        if (u > room) u = room;
+        uint32_t mx = L < room ? L : room;
+        if (hs.cap > 1 && mx > hs.cap - 1) mx = hs.cap - 1;
+        if (mx < u) mx = u;
+        const uint32_t wk = w < u ? w : u;
+        uint32_t fl = uint32_t(double(cfg.ada_floor) * double(u));
+        if (fl < wk) fl = wk;
+        m.L = L;
+        m.P = L - w;
+        m.mx = mx;
+        m.kept = fl;
+        uint8_t *kept = r.kept + size_t(h) * r.lmax;
+        for (uint32_t j = 0; j < L; ++j) kept[j] = j >= L - wk;
+        mark_top(r, fx, h, m.P, fl - wk, reinterpret_cast<uint32_t *>(r.cand));
+        rest += u - fl;
+    }
+    // one ranking of every head's remaining prefix tokens
+    size_t nc = 0;
+    for (uint32_t h = 0; h < H; ++h) {
+        const AdaMeta &m = r.meta[h];
+        if (!m.pending) continue;
+        const uint8_t *kept = r.kept + size_t(h) * r.lmax;
+        for (uint32_t j = 0; j < m.P; ++j)
+            if (!kept[j]) r.cand[nc++] = uint64_t(h) << 32 | j;
+    }
+    const char *vb = r.votes;
+    const uint64_t lmax = r.lmax;
+    auto order = [&](auto *v) {
+        std::sort(r.cand, r.cand + nc, [v, lmax](uint64_t a, uint64_t b) {
+            const uint32_t ha = uint32_t(a >> 32), hb = uint32_t(b >> 32), ja = uint32_t(a), jb = uint32_t(b);
+            const auto va = v[ha * lmax + ja], vb2 = v[hb * lmax + jb];
+            if (va != vb2) return va > vb2;
+            if (ja != jb) return ja > jb;
+            return ha < hb;
+        });
+    };
+    if (fx) order(reinterpret_cast<const uint64_t *>(vb));
+    else order(reinterpret_cast<const double *>(vb));
+    for (size_t i = 0; i < nc && rest > 0; ++i) {
+        const uint32_t h = uint32_t(r.cand[i] >> 32), j = uint32_t(r.cand[i]);
+        AdaMeta &m = r.meta[h];
+        if (m.kept >= m.mx) continue;
+        r.kept[size_t(h) * lmax + j] = 1;
+        ++m.kept;
+        --rest;
+    }
+    // every head commits its choice, in head order
+    for (uint32_t h = 0; h < H; ++h) {
+        AdaMeta &m = r.meta[h];
+        if (!m.pending) continue;
+        PolicyCtx ch = head_ctx(h);
+        HeadStore &hs = ctx.store(h);
+        const SelScratch s = sel_scratch(ch, hs);
+        const uint8_t *kept = r.kept + size_t(h) * lmax;
+        uint32_t nv = 0;
+        for (uint32_t j = 0; j < m.L; ++j)
+            if (!kept[j]) s.victims[nv++] = j;
+        stage_commit(ch, hs, nv ? s.victims : nullptr, nv);
+        m.pending = 0;
+        if (after) after(ch, hs, m.kept);
+    }
+}
+
+size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) {
+    if (!ada(cfg)) return 0;
+    const Policy &pol = policy_of(cfg);
+    uint64_t lmax = 0;
+    for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
+        LayerPlan lp;
+        pol.plan(cfg, l, &lp);
+        const uint64_t n = uint64_t(lp.cap) + stage + layer_prompt_room(cfg, l);
+        if (n > lmax) lmax = n;
+    }
+    return ada_bytes(cfg.model.n_kv_heads, lmax);
+}
+
+void snapkv_reset(const PolicyCtx &ctx) {
+    if (!ada(ctx.cfg())) return;
+    const kvp_config &cfg = ctx.cfg();
+    const Policy &pol = policy_of(cfg);
+    uint64_t lmax = 0;
+    for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
+        LayerPlan lp;
+        pol.plan(cfg, l, &lp);
+        const uint64_t n = uint64_t(lp.cap) + ctx.stage() + layer_prompt_room(cfg, l);
+        if (n > lmax) lmax = n;
+    }
+    memcpy(ctx.state(), &lmax, sizeof lmax);
+}
+
+namespace {
+uint32_t snapkv_budget_of(const PolicyCtx &ctx, uint32_t) { return ctx.plan().budget; }
+void layer_phase(PolicyCtx &ctx, StepMode) {
+    if (ada(ctx.cfg())) snapkv_ada_phase(ctx, &snapkv_budget_of, nullptr);
+}
 }  // namespace
 
 void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs) {
@@ -143,6 +347,14 @@ void snapkv_keep_only(PolicyCtx &ctx, HeadStore &hs, const int32_t *keep, uint32
 uint32_t snapkv_gen_room(const kvp_config &cfg) { return cfg.max_new ? cfg.max_new : cfg.budget; }
 
 void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget, uint32_t limit) {
+    if (selecting(ctx) && ada(ctx.cfg())) {  // the layer phase selects for every head at once
+        AdaMeta &am = ada_region(ctx).meta[ctx.head];
+        am.pending = 1;
+        am.staged = ctx.staged;
+        am.stage_slot = ctx.stage_slot;
+        am.prompt_w = ctx.prompt_w;
+        return;
+    }
     if (selecting(ctx)) {
         select_and_commit(ctx, hs, budget);
         return;
@@ -171,6 +383,7 @@ void snapkv_plan(const kvp_config &cfg, uint32_t budget, uint32_t cap, LayerPlan
     p->staged_prefill = true;
     p->scratch_per_token = kBytesPerToken;  // selection; also covers evict_lowest's 12 per stored token
     p->hole_cap = default_hole_cap(cap);
+    p->select_in_phase = ada(cfg);
 }
 
 kvp_status snapkv_check_common(const char *name, const kvp_config &cfg, Msg &m) {
@@ -206,6 +419,10 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
 }  // namespace
 
 const Policy kSnapKvPolicy = {"snapkv",         KVP_POS_ORIGINAL, &check,           &plan,    &snapkv_observe,
-                              &snapkv_prune,    nullptr,          &snapkv_evictable, &snapkv_self_prune, nullptr};
+                              &snapkv_prune,    &layer_phase,     &snapkv_evictable, &snapkv_self_prune, nullptr,
+                              /* state_bytes */ &snapkv_state_bytes, /* reset */ &snapkv_reset,
+                              /* selection_size */ nullptr, /* selection */ nullptr, /* keeps_prompt */ nullptr,
+                              /* observe_queries */ nullptr, /* set_query_stats */ nullptr, /* state_kept */ nullptr,
+                              /* streaming_heads */ false, /* state_transient */ true};
 
 }  // namespace kvp

@@ -74,6 +74,9 @@ void spec_snapkv(Bytes &b, std::string &s) {
     s += kv("budget", budget) + kv("obs_window", 1 + b.pick(budget - 1)) + kv("pool_kernel", 1 + 2 * b.pick(4)) +
          (b.pick(2) ? " pool=avg" : " pool=max");
     if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(64));
+    // issue 32 item 1: AdaKV's per-head budgets on a third of the budgets (no byte drawn: the
+    // corpus keeps its meaning; with a quantized kv_dtype the config is rejected)
+    if (budget % 3 == 0) s += " head_budget=ada" + std::string(budget % 2 ? " ada_floor=0.5" : "");
 }
 void spec_pyramidkv(Bytes &b, std::string &s) {
     spec_snapkv(b, s);

@@ -93,6 +93,7 @@ class _Config(ctypes.Structure):
         ("seed", _u32), ("keep_prompt", _u32),  # issue 32: the random baseline
         ("tri_mode", _enum), ("tri_stats", _enum),  # issue 32: TriAttention
         ("duo_sink", _u32), ("duo_window", _u32),  # issue 32: DuoAttention's streaming heads
+        ("head_budget", _enum), ("ada_floor", _f32),  # issue 32: AdaKV's per-head budgets
     ]
 
 

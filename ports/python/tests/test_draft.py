@@ -205,6 +205,19 @@ class DuoHeadsTest(unittest.TestCase):
         self.assertEqual(e.exception.status, kvprune.ERR_CONFIG)
 
 
+class AdaTest(unittest.TestCase):
+    """issue 32 item 1: AdaKV's per-head budgets reach the struct this binding mirrors."""
+
+    def test_head_budget_ada(self):
+        cfg = kvprune.Config(MODEL, "policy=snapkv budget=8 obs_window=2 head_budget=ada ada_floor=0.5")
+        self.assertEqual((cfg.get("head_budget"), cfg.get("ada_floor")), (1, 0.5))
+        self.assertEqual((cfg._raw.head_budget, cfg._raw.ada_floor), (1, 0.5))
+        c = kvprune.Cache(MODEL, config=cfg)
+        for i in range(12):
+            decode_bits(c, 11 + i)
+        self.assertEqual(len(c.layer_positions(0, 0)), 12)
+
+
 class PromptTest(unittest.TestCase):
     """Issue 28: a prompt in chunks with max_prompt keeps what one call keeps (prompt_end)."""
 

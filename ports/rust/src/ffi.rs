@@ -150,6 +150,9 @@ pub struct kvp_config {
     // appended for issue 32: DuoAttention's streaming heads (the role table goes to kvp_create_heads)
     pub duo_sink: u32,
     pub duo_window: u32,
+    // appended for issue 32: AdaKV's per-head budgets (kvp_head_budget)
+    pub head_budget: u32,
+    pub ada_floor: f32,
 }
 
 #[repr(C)]

@@ -242,3 +242,19 @@ fn duo_heads_stream_and_shrink_the_arena() {
     let mut other = Cache::with_heads(&cfg, None, &[R, S, S, R]).unwrap();
     assert_eq!(other.state_load(&state(&c)).unwrap_err().status, Status::Config);
 }
+
+// issue 32 item 1: AdaKV's per-head budgets (head_budget=ada) reach the struct this binding mirrors,
+// and a cache with them runs.
+#[test]
+fn ada_head_budget_reaches_the_struct() {
+    let cfg = Config::from_spec(&model(), "policy=snapkv budget=8 obs_window=2 head_budget=ada ada_floor=0.5").unwrap();
+    assert_eq!((cfg.get("head_budget").unwrap(), cfg.get("ada_floor").unwrap()), (1.0, 0.5));
+    assert_eq!((cfg.raw().head_budget, cfg.raw().ada_floor), (1, 0.5));
+    let mut c = Cache::new(&cfg).unwrap();
+    let mut r = Rng(0x5eed_0132);
+    for _ in 0..12 {
+        decode_bits(&mut c, r.0);
+        r.next();
+    }
+    assert_eq!(c.layer_positions(0, 0).unwrap().len(), 12);
+}

@@ -1,0 +1,325 @@
+// head_budget=ada (AdaKV per-head budgets, issue 32 item 1; snapkv.cpp "AdaKV"): on constructed
+// inputs where one KV head's window attends to few tokens and another's to many, the heads keep
+// different numbers of tokens that sum to the layer's uniform total, each at least its floor, and
+// exactly the tokens an independent double re-implementation of the allocation keeps (SnapKV
+// votes, the floor, one ranking over both heads); live bytes follow the per-head lengths and equal
+// uniform's; pyramidkv splits each layer's share the same way; chunked prompts and max_prompt
+// work; score=fixed gives the same bits for threads 1/2/3; state save/load round trips;
+// contradictory configs are refused (no allocation after create: test_alloc).
+#include <gtest/gtest.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "kvprune/kvprune.h"
+#include "reference.h"
+
+namespace {
+
+constexpr uint32_t kN = 96, kB = 24, kW = 4, kHd = 16;
+
+// One layer (or more), 2 KV heads of 2 query heads each, no RoPE. Every query is 4 e0, so a key's
+// logit is its e0 component. KV head 0's keys are 0 except two tokens at ~8 (its window puts
+// almost all its mass on those two: concentrated); KV head 1 has 40 tokens at ~8 (its mass spreads
+// over them: dispersed). Small per-token offsets keep every vote distinct.
+ref::Inputs inputs(uint32_t layers, uint64_t seed, uint32_t T = kN) {
+    ref::Inputs in(ref::model(layers, 4, 2, kHd, KVP_ROPE_NONE), T, seed, 1.0f);
+    std::fill(in.q.begin(), in.q.end(), 0.0f);
+    std::fill(in.k.begin(), in.k.end(), 0.0f);
+    for (uint32_t t = 0; t < T; ++t) {
+        for (uint32_t qh = 0; qh < 4; ++qh) in.q[size_t(t) * in.nq + size_t(qh) * kHd] = 4.0f;
+        const float off = 0.01f * float(t % 89);
+        in.k[size_t(t) * in.nkv] = (t % 89 == 10 || t % 89 == 50 ? 8.0f : 0.0f) + off;
+        in.k[size_t(t) * in.nkv + kHd] = (t % 89 >= 20 && t % 89 < 60 ? 8.0f : 0.0f) + off;
+    }
+    return in;
+}
+
+std::string spec(const char *policy, const char *hb, const std::string &more = "") {
+    return std::string("policy=") + policy + " budget=" + std::to_string(kB) + " obs_window=" + std::to_string(kW) +
+           " pool_kernel=1 head_budget=" + hb + (more.empty() ? "" : " " + more);
+}
+
+void prefill(ref::Cache &c, const ref::Inputs &in, uint32_t layers, uint32_t t0, uint32_t n) {
+    for (uint32_t l = 0; l < layers; ++l)
+        ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, &in.q[size_t(t0) * in.nq], &in.k[size_t(t0) * in.nkv],
+                              &in.v[size_t(t0) * in.nkv], nullptr, nullptr),
+                  KVP_OK);
+}
+
+// The double reference of one whole-prompt selection over T tokens: each KV head's SnapKV votes
+// (kernel 1: no pooling; the group mean of the window queries' summed weights), its window and
+// floor(a * B) best tokens, then the best of the rest over both heads, each head up to
+// min(T, capacity - 1) tokens. Returns the kept positions per head; *margin is the smallest
+// relative gap between adjacent votes in the final ranking (ties in float would be unstable).
+std::vector<std::vector<int32_t>> reference(const ref::Inputs &in, uint32_t T, uint32_t B, uint32_t cap, double a,
+                                            double *margin) {
+    const kvp_model &m = in.m;
+    const uint32_t H = m.n_kv_heads, G = in.G, P = T - kW;
+    std::vector<std::vector<double>> vote(H, std::vector<double>(P, 0.0));
+    std::vector<uint32_t> idx(T);
+    std::vector<int64_t> kpos(T);
+    for (uint32_t h = 0; h < H; ++h) {
+        for (uint32_t g = 0; g < G; ++g) {
+            const uint32_t qh = h * G + g;
+            for (uint32_t t = T - kW; t < T; ++t) {
+                std::vector<uint32_t> id(t + 1);
+                std::vector<int64_t> kp(t + 1);
+                for (uint32_t j = 0; j <= t; ++j) id[j] = j, kp[j] = j;
+                const std::vector<double> w =
+                    ref::weights(m, qh, &in.q[size_t(t) * in.nq + size_t(qh) * kHd], t, in.k.data(), id, kp);
+                for (uint32_t j = 0; j < P; ++j) vote[h][j] += w[j] / G;
+            }
+        }
+    }
+    std::vector<std::vector<uint8_t>> kept(H, std::vector<uint8_t>(T, 0));
+    std::vector<uint32_t> cnt(H, 0);
+    const uint32_t u = B < T ? B : T, fl = std::max<uint32_t>(uint32_t(a * u), kW), mx = std::min(T, cap - 1);
+    uint32_t rest = 0;
+    *margin = 1.0;
+    for (uint32_t h = 0; h < H; ++h) {
+        for (uint32_t j = T - kW; j < T; ++j) kept[h][j] = 1;
+        std::vector<uint32_t> order(P);
+        for (uint32_t j = 0; j < P; ++j) order[j] = j;
+        std::sort(order.begin(), order.end(), [&](uint32_t x, uint32_t y) {
+            return vote[h][x] > vote[h][y] || (vote[h][x] == vote[h][y] && x > y);
+        });
+        for (uint32_t i = 0; i < fl - kW; ++i) kept[h][order[i]] = 1;
+        if (fl - kW > 0 && fl - kW < P)
+            *margin = std::min(*margin, (vote[h][order[fl - kW - 1]] - vote[h][order[fl - kW]]) / vote[h][order[fl - kW - 1]]);
+        cnt[h] = fl;
+        rest += u - fl;
+    }
+    struct Cand {
+        double v;
+        uint32_t h, j;
+    };
+    std::vector<Cand> cand;
+    for (uint32_t h = 0; h < H; ++h)
+        for (uint32_t j = 0; j < P; ++j)
+            if (!kept[h][j]) cand.push_back({vote[h][j], h, j});
+    std::sort(cand.begin(), cand.end(), [](const Cand &x, const Cand &y) {
+        if (x.v != y.v) return x.v > y.v;
+        if (x.j != y.j) return x.j > y.j;
+        return x.h < y.h;
+    });
+    size_t last = 0;
+    for (size_t i = 0; i < cand.size() && rest > 0; ++i) {
+        if (cnt[cand[i].h] >= mx) continue;
+        kept[cand[i].h][cand[i].j] = 1;
+        ++cnt[cand[i].h];
+        --rest;
+        last = i;
+    }
+    if (last + 1 < cand.size()) *margin = std::min(*margin, (cand[last].v - cand[last + 1].v) / cand[last].v);
+    std::vector<std::vector<int32_t>> pos(H);
+    for (uint32_t h = 0; h < H; ++h)
+        for (uint32_t j = 0; j < T; ++j)
+            if (kept[h][j]) pos[h].push_back(int32_t(j));
+    return pos;
+}
+
+TEST(Ada, HeadsKeepWhatTheReferenceAllocates) {
+    const ref::Inputs in = inputs(1, 7);
+    ref::Cache ada(in.m, spec("snapkv", "ada"));
+    ref::Cache uni(in.m, spec("snapkv", "uniform"));
+    prefill(ada, in, 1, 0, kN);
+    prefill(uni, in, 1, 0, kN);
+    double margin = 0;
+    const auto want = reference(in, kN, kB, 2 * kB, 0.2, &margin);
+    ASSERT_GT(margin, 1e-4) << "the inputs put two votes too close for a float/double comparison";
+    const std::vector<int32_t> p0 = ada.positions(0, 0), p1 = ada.positions(0, 1);
+    EXPECT_EQ(p0, want[0]);
+    EXPECT_EQ(p1, want[1]);
+    // the sharp head gives budget to the diffuse one; the total is uniform's
+    EXPECT_LT(p0.size(), kB);
+    EXPECT_GT(p1.size(), kB);
+    EXPECT_EQ(p0.size() + p1.size(), 2 * kB);
+    EXPECT_GE(p0.size(), kW);
+    EXPECT_EQ(uni.positions(0, 0).size(), kB);
+    EXPECT_EQ(uni.positions(0, 1).size(), kB);
+    printf("per-head kept: ada %zu + %zu, uniform %u + %u\n", p0.size(), p1.size(), kB, kB);
+    // live bytes follow the per-head lengths (and so equal uniform's); the pools are the same size
+    kvp_stats sa{}, su{};
+    sa.struct_size = su.struct_size = sizeof(kvp_stats);
+    ASSERT_EQ(kvp_get_stats(ada.c, &sa), KVP_OK);
+    ASSERT_EQ(kvp_get_stats(uni.c, &su), KVP_OK);
+    EXPECT_EQ(sa.live_bytes, uint64_t(p0.size() + p1.size()) * kHd * 2 * sizeof(float));
+    EXPECT_EQ(sa.live_bytes, su.live_bytes);
+    printf("arena bytes: ada %zu, uniform %zu (the difference is the ranking region)\n", ada.bytes, uni.bytes);
+}
+
+// The floor: with ada_floor=1 every head keeps exactly its uniform share (and so uniform's tokens).
+TEST(Ada, FloorOneIsUniform) {
+    const ref::Inputs in = inputs(1, 11);
+    ref::Cache ada(in.m, spec("snapkv", "ada", "ada_floor=1"));
+    ref::Cache uni(in.m, spec("snapkv", "uniform"));
+    prefill(ada, in, 1, 0, kN);
+    prefill(uni, in, 1, 0, kN);
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(ada.positions(0, h), uni.positions(0, h)) << h;
+    // a floor of 0.5 bounds the sharp head from below
+    ref::Cache half(in.m, spec("snapkv", "ada", "ada_floor=0.5"));
+    prefill(half, in, 1, 0, kN);
+    EXPECT_GE(half.positions(0, 0).size(), kB / 2);
+    EXPECT_EQ(half.positions(0, 0).size() + half.positions(0, 1).size(), 2 * kB);
+}
+
+// pyramidkv: each layer's share (its pyramid budget) is split over its heads; the decode limit of a
+// head is what it kept + the generation room, so the layer's total stays uniform's while decoding.
+TEST(Ada, PyramidSplitsEachLayersShare) {
+    const uint32_t L = 3, T = 160;
+    const ref::Inputs in = inputs(L, 5, T + 40);
+    ref::Cache ada(in.m, spec("pyramidkv", "ada", "beta=4"));
+    ref::Cache uni(in.m, spec("pyramidkv", "uniform", "beta=4"));
+    prefill(ada, in, L, 0, T);
+    prefill(uni, in, L, 0, T);
+    std::vector<float> out(in.nq);
+    for (uint32_t l = 0; l < L; ++l) {
+        const size_t ua = ada.positions(l, 0).size() + ada.positions(l, 1).size();
+        const size_t uu = uni.positions(l, 0).size() + uni.positions(l, 1).size();
+        EXPECT_EQ(ua, uu) << "layer " << l;
+    }
+    EXPECT_NE(ada.positions(0, 0).size(), uni.positions(0, 0).size());
+    for (uint32_t t = T; t < T + 40; ++t)
+        for (uint32_t l = 0; l < L; ++l) {
+            ASSERT_EQ(kvp_decode(ada.c, l, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv],
+                                 out.data()),
+                      KVP_OK);
+            ASSERT_EQ(kvp_decode(uni.c, l, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv],
+                                 out.data()),
+                      KVP_OK);
+        }
+    // A head that kept more than the uniform share reaches its store's capacity (sized for the
+    // uniform share + the generation room) sooner and evicts by its scores from there: the layer
+    // then holds less than uniform (DECISIONS "AdaKV per-head budgets": heads do not lend blocks).
+    for (uint32_t l = 0; l < L; ++l) {
+        const size_t ua = ada.positions(l, 0).size() + ada.positions(l, 1).size();
+        const size_t uu = uni.positions(l, 0).size() + uni.positions(l, 1).size();
+        EXPECT_LE(ua, uu) << "layer " << l << " after decoding past the generation room";
+        EXPECT_GT(ua, uu / 2) << "layer " << l;
+    }
+}
+
+// Chunked prompts: every chunk is one allocation over what the heads hold plus the chunk; with
+// max_prompt the whole prompt is one allocation, the same as a one-call prefill.
+TEST(Ada, ChunksAndWholePrompt) {
+    const ref::Inputs in = inputs(1, 7);
+    ref::Cache one(in.m, spec("snapkv", "ada"));
+    ref::Cache whole(in.m, spec("snapkv", "ada", "max_prompt=" + std::to_string(kN)));
+    ref::Cache chunked(in.m, spec("snapkv", "ada"));
+    prefill(one, in, 1, 0, kN);
+    for (uint32_t t = 0; t < kN; t += 32) {
+        prefill(whole, in, 1, t, 32);
+        prefill(chunked, in, 1, t, 32);
+    }
+    ASSERT_EQ(kvp_prompt_end(whole.c), KVP_OK);
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(whole.positions(0, h), one.positions(0, h)) << h;
+    const size_t c0 = chunked.positions(0, 0).size(), c1 = chunked.positions(0, 1).size();
+    EXPECT_EQ(c0 + c1, 2 * kB);
+    EXPECT_LT(c0, c1);
+}
+
+std::vector<float> run_fixed(const ref::Inputs &in, uint32_t threads, std::vector<std::vector<int32_t>> *pos) {
+    const uint32_t L = in.m.n_layers, T = 120, D = 20;
+    ref::Cache c(in.m, spec("snapkv", "ada", "score=fixed threads=" + std::to_string(threads) + " budget=32"));
+    std::vector<float> outs, out(size_t(T) * in.nq);
+    for (uint32_t l = 0; l < L; ++l) {
+        EXPECT_EQ(kvp_prefill(c.c, l, 64, nullptr, in.q.data(), in.k.data(), in.v.data(), out.data(), nullptr), KVP_OK);
+        EXPECT_EQ(kvp_prefill(c.c, l, T - 64, nullptr, &in.q[64 * in.nq], &in.k[64 * in.nkv], &in.v[64 * in.nkv],
+                              out.data(), nullptr),
+                  KVP_OK);
+        outs.insert(outs.end(), out.begin(), out.begin() + size_t(T - 64) * in.nq);
+    }
+    for (uint32_t t = T; t < T + D; ++t)
+        for (uint32_t l = 0; l < L; ++l) {
+            EXPECT_EQ(kvp_decode(c.c, l, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv],
+                                 out.data()),
+                      KVP_OK);
+            outs.insert(outs.end(), out.begin(), out.begin() + in.nq);
+        }
+    for (uint32_t l = 0; l < L; ++l)
+        for (uint32_t h = 0; h < in.m.n_kv_heads; ++h) pos->push_back(c.positions(l, h));
+    return outs;
+}
+
+TEST(Ada, FixedScoresSameBitsForEveryThreadCount) {
+    ref::Inputs in(ref::model(2, 8, 4, kHd), 140, 3, 2.0f);
+    std::vector<std::vector<int32_t>> p1, p2, p3;
+    const std::vector<float> o1 = run_fixed(in, 1, &p1), o2 = run_fixed(in, 2, &p2), o3 = run_fixed(in, 3, &p3);
+    ASSERT_EQ(o1.size(), o2.size());
+    EXPECT_EQ(memcmp(o1.data(), o2.data(), o1.size() * 4), 0);
+    EXPECT_EQ(memcmp(o1.data(), o3.data(), o1.size() * 4), 0);
+    EXPECT_EQ(p1, p2);
+    EXPECT_EQ(p1, p3);
+    bool differ = false;  // the heads of a layer really hold different numbers of tokens
+    for (size_t i = 1; i < 4; ++i) differ = differ || p1[i].size() != p1[0].size();
+    EXPECT_TRUE(differ);
+}
+
+// A state saved after the prompt and loaded into a fresh cache decodes to the same bits; the votes
+// region (transient) is not part of the state.
+TEST(Ada, StateRoundTrip) {
+    const ref::Inputs in = inputs(1, 7, kN + 8);
+    ref::Cache a(in.m, spec("snapkv", "ada"));
+    ref::Cache b(in.m, spec("snapkv", "ada"));
+    ref::Cache u(in.m, spec("snapkv", "uniform"));
+    prefill(a, in, 1, 0, kN);
+    prefill(u, in, 1, 0, kN);
+    a.copy_state_to(b);
+    EXPECT_EQ(kvp_state_size(a.c), kvp_state_size(u.c));  // nothing of the ranking region is saved
+    std::vector<float> oa(in.nq), ob(in.nq);
+    for (uint32_t t = kN; t < kN + 8; ++t) {
+        ASSERT_EQ(kvp_decode(a.c, 0, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv], oa.data()),
+                  KVP_OK);
+        ASSERT_EQ(kvp_decode(b.c, 0, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv], ob.data()),
+                  KVP_OK);
+        EXPECT_EQ(memcmp(oa.data(), ob.data(), oa.size() * 4), 0) << t;
+    }
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(a.positions(0, h), b.positions(0, h));
+}
+
+TEST(Ada, RefusesWhatItCannotDo) {
+    const kvp_model m = ref::model(1, 4, 2, kHd);
+    kvp_config cfg;
+    char err[256];
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    // formatted storage: unsupported, named
+    EXPECT_EQ(kvp_config_apply(&cfg, "policy=snapkv head_budget=ada kv_dtype=q8", err, sizeof err), KVP_ERR_UNSUPPORTED);
+    EXPECT_NE(strstr(err, "kv_dtype=f32"), nullptr) << err;
+    cfg.policy = KVP_POLICY_SNAPKV;
+    cfg.head_budget = KVP_HEAD_BUDGET_ADA;
+    cfg.kv_dtype = KVP_DTYPE_Q8;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
+    EXPECT_EQ(kvp_arena_size(&cfg), 0u);
+    // policies without a prompt budget, and the decode-time ones not done yet
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    cfg.head_budget = KVP_HEAD_BUDGET_ADA;
+    cfg.policy = KVP_POLICY_WINDOW;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
+    EXPECT_NE(strstr(err, "no per-head token budget"), nullptr) << err;
+    cfg.policy = KVP_POLICY_H2O;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
+    EXPECT_NE(strstr(err, "snapkv and pyramidkv"), nullptr) << err;
+    // a spec naming a policy that ignores the key is refused by apply
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    EXPECT_NE(kvp_config_apply(&cfg, "policy=h2o head_budget=ada", err, sizeof err), KVP_OK);
+    // ranges
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    EXPECT_NE(kvp_config_apply(&cfg, "policy=snapkv ada_floor=1.5", err, sizeof err), KVP_OK);
+    EXPECT_NE(kvp_config_apply(&cfg, "policy=snapkv head_budget=some", err, sizeof err), KVP_OK);
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    cfg.policy = KVP_POLICY_SNAPKV;
+    cfg.head_budget = 2;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    cfg.head_budget = KVP_HEAD_BUDGET_ADA;
+    cfg.ada_floor = NAN;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    cfg.ada_floor = 0.2f;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
+}
+
+}  // namespace
