@@ -4,7 +4,8 @@
 // exactly the tokens an independent double re-implementation of the allocation keeps (SnapKV
 // votes, the floor, one ranking over both heads); live bytes follow the per-head lengths and equal
 // uniform's; pyramidkv splits each layer's share the same way; chunked prompts and max_prompt
-// work; score=fixed gives the same bits for threads 1/2/3; state save/load round trips;
+// work; score=fixed gives the same bits for threads 1/2/3; state save/load round trips; drafts
+// commit as the prefill of the accepted tokens;
 // contradictory configs are refused (no allocation after create: test_alloc).
 #include <gtest/gtest.h>
 #include <math.h>
@@ -280,6 +281,32 @@ TEST(Ada, StateRoundTrip) {
         EXPECT_EQ(memcmp(oa.data(), ob.data(), oa.size() * 4), 0) << t;
     }
     for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(a.positions(0, h), b.positions(0, h));
+}
+
+// A draft committed with `accepted` tokens leaves what a prefill of those tokens leaves: a staged
+// selection whose allocation runs in the layer phase, the same heads' lengths and kept tokens.
+TEST(Ada, DraftsCommitAsThePrefillOfTheAcceptedTokens) {
+    const ref::Inputs in = inputs(1, 7, kN + 8);
+    ref::Cache a(in.m, spec("snapkv", "ada", "max_draft=4"));
+    ref::Cache b(in.m, spec("snapkv", "ada", "max_draft=4"));
+    prefill(a, in, 1, 0, kN);
+    prefill(b, in, 1, 0, kN);
+    std::vector<float> out(size_t(4) * in.nq), o2(in.nq);
+    ASSERT_EQ(kvp_draft_begin(a.c), KVP_OK) << kvp_last_error(a.c);
+    ASSERT_EQ(kvp_prefill(a.c, 0, 3, nullptr, &in.q[size_t(kN) * in.nq], &in.k[size_t(kN) * in.nkv],
+                          &in.v[size_t(kN) * in.nkv], out.data(), nullptr),
+              KVP_OK)
+        << kvp_last_error(a.c);
+    ASSERT_EQ(kvp_draft_commit(a.c, 2), KVP_OK) << kvp_last_error(a.c);
+    prefill(b, in, 1, kN, 2);
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(a.positions(0, h), b.positions(0, h)) << h;
+    EXPECT_NE(a.positions(0, 0).size(), a.positions(0, 1).size());
+    const uint32_t t = kN + 2;
+    ASSERT_EQ(kvp_decode(a.c, 0, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv], out.data()),
+              KVP_OK);
+    ASSERT_EQ(kvp_decode(b.c, 0, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv], o2.data()),
+              KVP_OK);
+    EXPECT_EQ(memcmp(out.data(), o2.data(), o2.size() * sizeof(float)), 0);
 }
 
 TEST(Ada, RefusesWhatItCannotDo) {
