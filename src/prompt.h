@@ -35,9 +35,9 @@ namespace kvp {
 // beyond the layer's capacity (the largest per-token need of any policy: snapkv's 24).
 constexpr size_t kPromptScratchPerToken = 24;
 
-// Tokens an open prompt may add to the layer beyond its capacity: max_prompt for a global layer,
-// 0 for a sliding-window local layer (it keeps its window) and with max_prompt = 0.
-uint32_t layer_prompt_room(const kvp_config &cfg, uint32_t layer);
+// layer_prompt_room (declared with the policies' config rules, policies/policy.h, which arena.h
+// includes): max_prompt for a global layer, 0 for a sliding-window local layer (it keeps its
+// window) and with max_prompt = 0.
 // Whether the layer holds a prompt open until its end: it has room, or (ThinK over a policy that
 // never selects, full) its channels are chosen at the prompt's end, within the capacity.
 bool layer_prompt_holds(const kvp_config &cfg, uint32_t layer);

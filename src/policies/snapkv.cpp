@@ -283,8 +283,9 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
     }
 }
 
-size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) {
-    if (!ada(cfg)) return 0;
+namespace {
+// The most tokens a selection ranks in any layer: its capacity, a staged chunk and a prompt's room.
+uint64_t ada_lmax(const kvp_config &cfg, uint32_t stage) {
     const Policy &pol = policy_of(cfg);
     uint64_t lmax = 0;
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
@@ -293,20 +294,17 @@ size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) {
         const uint64_t n = uint64_t(lp.cap) + stage + layer_prompt_room(cfg, l);
         if (n > lmax) lmax = n;
     }
-    return ada_bytes(cfg.model.n_kv_heads, lmax);
+    return lmax;
+}
+}  // namespace
+
+size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) {
+    return ada(cfg) ? ada_bytes(cfg.model.n_kv_heads, ada_lmax(cfg, stage)) : 0;
 }
 
 void snapkv_reset(const PolicyCtx &ctx) {
     if (!ada(ctx.cfg())) return;
-    const kvp_config &cfg = ctx.cfg();
-    const Policy &pol = policy_of(cfg);
-    uint64_t lmax = 0;
-    for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
-        LayerPlan lp;
-        pol.plan(cfg, l, &lp);
-        const uint64_t n = uint64_t(lp.cap) + ctx.stage() + layer_prompt_room(cfg, l);
-        if (n > lmax) lmax = n;
-    }
+    const uint64_t lmax = ada_lmax(ctx.cfg(), ctx.stage());
     memcpy(ctx.state(), &lmax, sizeof lmax);
 }
 
