@@ -927,10 +927,10 @@ int run_crossover(int argc, char **argv) {
     std::vector<XRow> rows;
 #ifdef KVP_BENCH_POOL
     {
-        const size_t pb = kvp::pool_bytes(2);
+        const size_t pb = kvp::pool_bytes(2, false);
         void *mem = std::aligned_alloc(64, (pb + 63) / 64 * 64);
         int err = 0;
-        kvp::ThreadPool *tp = kvp::pool_start(2, mem, &err);
+        kvp::ThreadPool *tp = kvp::pool_start(2, false, mem, &err);
         auto noop = [](void *, uint32_t) {};
         const std::vector<double> t = alternate(
             reps, secs, [&] { for (int i = 0; i < 100; ++i) kvp::pool_run(tp, 1, noop, nullptr); },

@@ -759,6 +759,27 @@ kvp_status kvp_prompt_end(kvp_cache *h) {
     return KVP_OK;
 }
 
+kvp_status kvp_set_parallel(kvp_cache *h, kvp_parallel_fn fn, void *user) {
+    Guard g(h);
+    if (!g.ok()) return g.status();
+    kvp_cache *c = g.get();
+#if !KVP_THREADS
+    (void)fn;
+    (void)user;
+    char buf[128];
+    Msg m(buf, sizeof buf);
+    m.s("kvp_set_parallel: this build has no thread support (KVP_THREADS=OFF): every call runs on the caller");
+    return fail(c, KVP_ERR_UNSUPPORTED, m);
+#else
+    // threads=1 has no pool: every call runs alone and fn would never be called.
+    if (c->tpool) {
+        c->tpool->host_fn = fn;
+        c->tpool->host_user = fn ? user : nullptr;
+    }
+    return KVP_OK;
+#endif
+}
+
 kvp_status kvp_query_stats_set(kvp_cache *h, uint32_t layer, uint32_t q_head, const float *mean,
                                const float *abs_mean, uint32_t n_units) {
     Guard g(h);

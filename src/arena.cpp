@@ -188,7 +188,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     p->off_rope_call = off;
     off = z.add(off, z.mul(z.mul(z.mul(p->rope_call_n, p->rope_call_ranges), rope_table_floats(pairs)), sizeof(float)));
     p->off_threads = off;
-    p->threads_bytes = z.al(pool_bytes(cfg.threads));
+    p->threads_bytes = z.al(pool_bytes(cfg.threads, cfg.thread_pool == KVP_THREAD_POOL_HOST));
     off = z.add(off, p->threads_bytes);
 
     // The last `draft` slots of a pool hold the rows of one layer's draft tokens during a draft

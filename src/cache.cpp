@@ -488,7 +488,7 @@ constexpr uint32_t kParShiftMax = 16;
 
 uint32_t threads_for(kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
     const uint32_t T = c->cfg.threads;
-    if (T <= 1 || !c->tpool) return 1;
+    if (T <= 1 || !pool_parallel(c->tpool)) return 1;
     if (c->par_work == 0) return T;
     const double work = step_work(c, layer, n, mode, queries);
     if (work < double(c->par_work)) return 1;

@@ -204,7 +204,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     if (const char *e = getenv("KVP_PAR_WORK")) c->par_work = strtoull(e, nullptr, 10);
 #endif
     // The worker threads start now and wait, asleep, for calls (threads.h).
-    c->tpool = pool_start(cfg.threads, base + plan.off_threads, thread_err);
+    c->tpool = pool_start(cfg.threads, cfg.thread_pool == KVP_THREAD_POOL_HOST, base + plan.off_threads, thread_err);
     if (*thread_err) {
         c->magic = kDeadMagic;  // not a live cache: a later kvp_create over this arena may proceed
         return nullptr;

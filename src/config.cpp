@@ -24,6 +24,7 @@ constexpr const char *kPromptScoresNames[] = {"all", "window", nullptr};
 constexpr const char *kTriModeNames[] = {"union", "per_head", "per_layer_perhead", nullptr};
 constexpr const char *kTriStatsNames[] = {"online", "given", nullptr};
 constexpr const char *kHeadBudgetNames[] = {"uniform", "ada", nullptr};
+constexpr const char *kThreadPoolNames[] = {"own", "host", nullptr};
 
 // Values recognised by the spec but not implemented in this version (bit i = enum value i).
 // Implementing a policy, dtype or scoring mode = setting its bit here (nothing else in this file).
@@ -167,6 +168,8 @@ constexpr Key kKeys[] = {
              "per-head budgets: uniform = every KV head keeps the layer's budget; ada = AdaKV: the layer keeps as many tokens in total, chosen by one ranking of all its heads' votes (each head at least ada_floor of its share), plain f32 storage only"),
     KVP_F32(ada_floor, 0.2, 0.0, 1.0, P(SNAPKV) | P(PYRAMIDKV),
             "head_budget=ada: every KV head keeps at least floor(a x its uniform share) tokens, its window counted (kvpress's alpha_safeguard 0.2)"),
+    KVP_ENUM(thread_pool, KVP_THREAD_POOL_OWN, kThreadPoolNames, kAllNames, "own|host", kAll,
+             "whose threads run a call's parallel part: own = kvp_create starts threads-1 workers; host = none, the host's parallel-for given with kvp_set_parallel (threads = the most participants a call uses); bit-identical either way"),
     // apply-only keys (kvp_key_info.config_size 0): resolved by kvp_config_apply, not stored
     KVP_APPLY("compression_ratio", kF32, 0.0, 0.0, kRatioMax, kAll & ~P(FULL),
               "apply-only: fraction r of the KV cache removed, 0 <= r < 1; K = max(1, round((1-r)*ratio_tokens)) tokens kept: window=K (window), window=K-sinks-extra (streaming), budget=K (h2o/snapkv/pyramidkv/asl/random/triattention), capacity=K (lethe), window=K-sinks and budget=K unless nonlazy=full (simlayerkv), key/value_channel_ratio=r (think); a key it sets given in the same spec is an error"),

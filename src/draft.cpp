@@ -183,7 +183,7 @@ void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     j.next.store(0, std::memory_order_relaxed);
     // Threads as an ordinary call of this size would take them (the same bits for any count).
     uint32_t nt = 1;
-    if (c->tpool && c->cfg.threads > 1 && (out || decode)) {
+    if (pool_parallel(c->tpool) && c->cfg.threads > 1 && (out || decode)) {
         const double work = step_work(c, layer, n, decode ? StepMode::kDecode : StepMode::kPrefill, true);
         if (c->par_work == 0 || work >= double(c->par_work)) nt = c->cfg.threads < m.n_kv_heads ? c->cfg.threads : m.n_kv_heads;
     }

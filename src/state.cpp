@@ -890,6 +890,7 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
     }
     for (uint32_t i = words; i < kConfigWords; ++i) {
         const size_t off = 4 + 4 * size_t(i);
+        if (off == offsetof(kvp_config, thread_pool)) continue;  // the threads, not the bits
         kvp_key_info k;
         k.struct_size = sizeof k;
         bool is_default = true;
@@ -914,9 +915,9 @@ kvp_status state_load(kvp_cache *c, const void *buf, size_t size, Msg &m) {
             return KVP_ERR_CONFIG;
         }
     }
-    const size_t threads_off = offsetof(kvp_config, threads) - 4;
+    const size_t threads_off = offsetof(kvp_config, threads) - 4, pool_off = offsetof(kvp_config, thread_pool) - 4;
     for (uint32_t i = 0; i < words; ++i) {
-        if (4 * size_t(i) == threads_off) continue;  // bits do not depend on the thread count
+        if (4 * size_t(i) == threads_off || 4 * size_t(i) == pool_off) continue;  // bits do not depend on the threads
         uint32_t mine;
         memcpy(&mine, reinterpret_cast<const char *>(&c->cfg) + 4 + 4 * size_t(i), 4);
         const uint32_t theirs = uint32_t(get_le(in + kHeaderFixed + 4 * size_t(i), 4));

@@ -72,13 +72,13 @@ void *worker_main(void *arg) {
 
 }  // namespace
 
-size_t pool_bytes(uint32_t threads) {
+size_t pool_bytes(uint32_t threads, bool host) {
     if (threads <= 1) return 0;
     const size_t head = (sizeof(ThreadPool) + 63) / 64 * 64;
-    return head + sizeof(pthread_t) * (threads - 1);
+    return host ? head : head + sizeof(pthread_t) * (threads - 1);
 }
 
-ThreadPool *pool_start(uint32_t threads, void *mem, int *err) {
+ThreadPool *pool_start(uint32_t threads, bool host, void *mem, int *err) {
     *err = 0;
     if (threads <= 1) return nullptr;
     ThreadPool *tp = new (mem) ThreadPool;
@@ -92,6 +92,10 @@ ThreadPool *pool_start(uint32_t threads, void *mem, int *err) {
     tp->arg = nullptr;
     tp->stop = false;
     tp->nworkers = 0;
+    tp->host_fn = nullptr;
+    tp->host_user = nullptr;
+    tp->handles = nullptr;
+    if (host) return tp;  // the host's threads, once kvp_set_parallel gives them
     tp->handles = reinterpret_cast<pthread_t *>(static_cast<char *>(mem) + (sizeof(ThreadPool) + 63) / 64 * 64);
     // Workers block every signal (the host's handlers run on its own threads); they inherit
     // the mask in force at pthread_create.
@@ -126,6 +130,10 @@ void pool_stop(ThreadPool *p) {
 }
 
 double pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg) {
+    if (p && k > 1 && p->host_fn) {
+        p->host_fn(p->host_user, k, fn, arg);
+        return 0.0;  // the host's scheduling: no lateness to learn from
+    }
     if (!p || k <= 1 || p->nworkers == 0) {
         fn(arg, 0);
         return 0.0;
@@ -167,8 +175,8 @@ double pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg) {
 
 #else  // no thread support: the caller does everything
 
-size_t pool_bytes(uint32_t) { return 0; }
-ThreadPool *pool_start(uint32_t, void *, int *err) {
+size_t pool_bytes(uint32_t, bool) { return 0; }
+ThreadPool *pool_start(uint32_t, bool, void *, int *err) {
     *err = 0;
     return nullptr;
 }

@@ -19,9 +19,17 @@
 //
 // Without thread support (KVP_THREADS=0: Cortex-M, no pthreads) pool_start starts nothing and
 // pool_run runs fn(arg, 0) alone: every item is done by the caller, with the same bits.
+//
+// The host's threads (thread_pool=host, kvp_set_parallel; DECISIONS "kvprune on a host's thread
+// pool"): with a host function set, pool_run hands the job to it instead of the workers, which
+// the host calls fn(arg, t) for every t < k on its own threads. The same fn and the same work
+// items: any set of participants that runs every tid gives the same bits. thread_pool=host starts
+// no workers, so until a function is set every call runs on the caller alone.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvprune/kvprune.h"
 
 #if KVP_THREADS
 #include <pthread.h>
@@ -53,19 +61,26 @@ struct ThreadPool {
 #else
     uint32_t nworkers;
 #endif
+    kvp_parallel_fn host_fn;  // kvp_set_parallel: the host's parallel-for (NULL: the workers, if any)
+    void *host_user;
 };
 
 // Bytes of the arena region for a pool of `threads` participants (0 when threads <= 1 or
 // without thread support): the ThreadPool object and the thread handles.
-size_t pool_bytes(uint32_t threads);
-// Starts threads-1 workers in `mem` (pool_bytes(threads) bytes, 64-aligned) and returns the
-// pool; NULL when threads <= 1 or without thread support (*err = 0), or when pthread_create
-// failed (*err = its error; nothing is left running). Worker threads block every signal.
-ThreadPool *pool_start(uint32_t threads, void *mem, int *err);
+// With `host` (thread_pool=host) the ThreadPool object only: no workers, no handles.
+size_t pool_bytes(uint32_t threads, bool host);
+// Starts threads-1 workers in `mem` (pool_bytes(threads, host) bytes, 64-aligned) and returns
+// the pool; with `host`, the pool without workers (a host function comes later). NULL when
+// threads <= 1 or without thread support (*err = 0), or when pthread_create failed (*err = its
+// error; nothing is left running). Worker threads block every signal.
+ThreadPool *pool_start(uint32_t threads, bool host, void *mem, int *err);
+// Whether a call can have more than one participant: workers, or a host function.
+inline bool pool_parallel(const ThreadPool *p) { return p && (p->nworkers > 0 || p->host_fn); }
 // Joins the workers (they are asleep: calls on a cache are serialised). NULL is a no-op.
 void pool_stop(ThreadPool *p);
 // Runs fn(arg, tid) on the caller (tid 0) and on up to k-1 workers (tids 1..k-1, each at most
 // once), returns when every participant returned. p may be NULL (or k <= 1): fn(arg, 0) only.
+// With a host function: host_fn(host_user, k, fn, arg), which runs every tid < k (returns 0).
 // Returns the share of the call (0..1) the caller spent waiting, after its own fn returned, for
 // participants still running (0 when it ran alone): a worker preempted while it holds an item
 // makes it large (cache.cpp backs off then).

@@ -60,7 +60,7 @@ size_t count(const std::string &hay, const std::string &needle) {
 
 TEST(Keys, TableCoversEveryFieldWithItsDefault) {
     const std::vector<kvp_key_info> ks = keys();
-    ASSERT_EQ(ks.size(), 57u);  // every kvp_config field after `model`
+    ASSERT_EQ(ks.size(), 58u);  // every kvp_config field after `model`
     const kvp_config d = defaults();
     size_t expect_off = offsetof(kvp_config, policy);
     std::set<std::string> names;
@@ -114,7 +114,7 @@ TEST(Keys, TableCoversEveryFieldWithItsDefault) {
 TEST(Keys, PolicyRelevanceLivesInTheTable) {
     const std::set<std::string> common = {"policy", "capacity", "positions", "threads",
                                           "kv_dtype", "score",  "block",     "total_capacity", "quant_group", "max_draft", "attn_scale", "logit_softcap", "rope_attn_factor",
-                                          "sliding_window", "sliding_pattern", "kv_rotate", "duo_sink", "duo_window"};
+                                          "sliding_window", "sliding_pattern", "kv_rotate", "duo_sink", "duo_window", "thread_pool"};
     const std::map<kvp_policy, std::set<std::string>> own = {
         {KVP_POLICY_FULL, {}},
         {KVP_POLICY_WINDOW, {"window", "max_prompt"}},

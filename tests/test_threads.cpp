@@ -14,8 +14,12 @@
 
 #include <atomic>
 #include <string>
+#include <utility>
 #include <vector>
 
+#if KVP_THREADS
+#include <pthread.h>
+#endif
 #if defined(__linux__)
 #include <dirent.h>
 #include <sys/resource.h>
@@ -35,10 +39,10 @@ struct PoolMem {
     void *mem = nullptr;
     kvp::ThreadPool *p = nullptr;
     explicit PoolMem(uint32_t threads) {
-        const size_t n = kvp::pool_bytes(threads);
+        const size_t n = kvp::pool_bytes(threads, false);
         mem = n ? aligned_alloc(64, (n + 63) / 64 * 64) : nullptr;
         int err = -1;
-        p = kvp::pool_start(threads, mem, &err);
+        p = kvp::pool_start(threads, false, mem, &err);
         EXPECT_EQ(err, 0);
     }
     ~PoolMem() {
@@ -198,13 +202,60 @@ struct Work {
     bool gapped;  // prefill positions 3t+1 (no call tables), decode after them
 };
 
+// The host's threads (thread_pool=host, kvp_set_parallel): parallel-fors a host could have.
+struct HostPool {
+    enum Kind { kNone, kReverse, kThreads } kind = kNone;
+    std::atomic<uint32_t> calls{0};  // fn calls
+    std::atomic<uint32_t> tasks{0};  // task calls
+};
+struct HostJob {
+    HostPool *hp;
+    void (*task)(void *, uint32_t);
+    void *arg;
+};
+// One after another on the calling thread, the last t first (t 0, the caller's in the own pool,
+// is not special: whoever runs first takes the items).
+void host_reverse(void *user, uint32_t n, void (*task)(void *, uint32_t), void *arg) {
+    HostPool &hp = *static_cast<HostPool *>(user);
+    hp.calls.fetch_add(1);
+    for (uint32_t t = n; t-- > 0;) {
+        task(arg, t);
+        hp.tasks.fetch_add(1);
+    }
+}
+// t 1..n-1 on threads of their own (started per call), t 0 on the caller, joined before return.
+void *host_thread_main(void *p) {
+    auto *a = static_cast<std::pair<HostJob *, uint32_t> *>(p);
+    a->first->task(a->first->arg, a->second);
+    a->first->hp->tasks.fetch_add(1);
+    return nullptr;
+}
+void host_threads(void *user, uint32_t n, void (*task)(void *, uint32_t), void *arg) {
+    HostPool &hp = *static_cast<HostPool *>(user);
+    hp.calls.fetch_add(1);
+    HostJob job{&hp, task, arg};
+    pthread_t th[8];
+    std::pair<HostJob *, uint32_t> args[8];
+    for (uint32_t t = 1; t < n; ++t) {
+        args[t] = {&job, t};
+        EXPECT_EQ(pthread_create(&th[t], nullptr, host_thread_main, &args[t]), 0);
+    }
+    task(arg, 0);
+    hp.tasks.fetch_add(1);
+    for (uint32_t t = 1; t < n; ++t) pthread_join(th[t], nullptr);
+}
+
 // Outputs, kept positions of every (layer, KV head) and each layer's sparsity, as bytes.
-std::vector<uint8_t> run_work(const Work &w, uint32_t threads, bool force) {
+// With a host pool: thread_pool=host and its function (kNone: none set, the caller alone).
+std::vector<uint8_t> run_work(const Work &w, uint32_t threads, bool force, HostPool *host = nullptr) {
     ref::ForceParallel fp(force);
     const kvp_model m = ref::model(w.layers, w.nq, w.nkv, w.hd, w.rope);
-    ref::Cache c(m, std::string(w.spec) + " threads=" + std::to_string(threads));
+    ref::Cache c(m, std::string(w.spec) + " threads=" + std::to_string(threads) + (host ? " thread_pool=host" : ""));
     std::vector<uint8_t> all;
     if (!c.c) return all;
+    if (host && host->kind != HostPool::kNone) {
+        EXPECT_EQ(kvp_set_parallel(c.c, host->kind == HostPool::kReverse ? host_reverse : host_threads, host), KVP_OK);
+    }
     auto put = [&](const void *p, size_t n) {
         const uint8_t *b = static_cast<const uint8_t *>(p);
         all.insert(all.end(), b, b + n);
@@ -302,6 +353,95 @@ TEST(Threads, SameBitsForEveryThreadCountAndSchedule) {
             }
     }
 }
+
+#if KVP_THREADS
+// thread_pool=host: the same bits with the host's parallel-for (its threads, or every task in a
+// row from the last t down) as with the own workers and with one thread; without a function the
+// caller runs alone. Every forced call with threads > 1 goes through the host's function, which
+// runs each t once.
+TEST(Threads, HostPoolSameBits) {
+    for (const Work &w : kWorks) {
+        const std::vector<uint8_t> base = run_work(w, 1, false);
+        ASSERT_FALSE(base.empty()) << w.name;
+        for (uint32_t threads : {2u, 3u})
+            for (HostPool::Kind kind : {HostPool::kNone, HostPool::kReverse, HostPool::kThreads}) {
+                HostPool hp;
+                hp.kind = kind;
+                const std::vector<uint8_t> r = run_work(w, threads, true, &hp);
+                ASSERT_EQ(r.size(), base.size()) << w.name;
+                EXPECT_EQ(memcmp(r.data(), base.data(), r.size()), 0)
+                    << w.name << ": threads=" << threads << " host kind " << int(kind);
+                // One KV head whose calls are never split (formatted storage; snapkv's decode
+                // observes): every call has one participant, in the own pool too.
+                const bool alone = w.nkv == 1 && (strstr(w.spec, "kv_dtype") || strstr(w.spec, "snapkv"));
+                if (kind == HostPool::kNone || alone) {
+                    EXPECT_EQ(hp.calls.load(), 0u) << w.name;
+                } else {
+                    EXPECT_GT(hp.calls.load(), 0u) << w.name << ": the host's function was never called";
+                    EXPECT_GE(hp.tasks.load(), 2 * hp.calls.load()) << w.name;
+                    EXPECT_LE(hp.tasks.load(), threads * hp.calls.load()) << w.name;
+                }
+            }
+    }
+}
+
+#if defined(__linux__)
+// thread_pool=host starts no thread; kvp_set_parallel(NULL) gives an own pool its workers back.
+TEST(Threads, HostPoolStartsNoThreadAndNullRestores) {
+    const size_t before = os_threads();
+    const kvp_model m = ref::model(1, 8, 2, 64);
+    {
+        ref::Cache c(m, "policy=full capacity=300 threads=4 thread_pool=host");
+        ASSERT_NE(c.c, nullptr);
+        EXPECT_EQ(os_threads(), before);
+    }
+    ref::Cache own(m, "policy=full capacity=300 threads=3"), host(m, "policy=full capacity=300 threads=3 thread_pool=host");
+    ASSERT_NE(own.c, nullptr);
+    ASSERT_NE(host.c, nullptr);
+    EXPECT_LT(host.bytes, own.bytes);  // no thread handles in the arena
+    HostPool hp;
+    ASSERT_EQ(kvp_set_parallel(own.c, host_reverse, &hp), KVP_OK);
+    std::vector<float> q(100 * 8 * 64), k(100 * 2 * 64), v(k.size()), o(q.size());
+    ref::Rng rng(9);
+    rng.fill(q);
+    rng.fill(k);
+    rng.fill(v);
+    own.c->par_work = 0;
+    ASSERT_EQ(kvp_prefill(own.c, 0, 50, nullptr, q.data(), k.data(), v.data(), o.data(), nullptr), KVP_OK);
+    EXPECT_EQ(hp.calls.load(), 1u);
+    ASSERT_EQ(kvp_set_parallel(own.c, nullptr, &hp), KVP_OK);  // the own workers again
+    ASSERT_EQ(kvp_prefill(own.c, 0, 50, nullptr, q.data() + 50 * 8 * 64, k.data() + 50 * 2 * 64, v.data() + 50 * 2 * 64,
+                          o.data(), nullptr),
+              KVP_OK);
+    EXPECT_EQ(hp.calls.load(), 1u);
+    // kept across kvp_reset
+    ASSERT_EQ(kvp_set_parallel(host.c, host_reverse, &hp), KVP_OK);
+    ASSERT_EQ(kvp_reset(host.c), KVP_OK);
+    host.c->par_work = 0;
+    ASSERT_EQ(kvp_prefill(host.c, 0, 50, nullptr, q.data(), k.data(), v.data(), o.data(), nullptr), KVP_OK);
+    EXPECT_EQ(hp.calls.load(), 2u);
+}
+#endif
+
+TEST(Threads, SetParallelRefusals) {
+    EXPECT_EQ(kvp_set_parallel(nullptr, host_reverse, nullptr), KVP_ERR_ARG);
+    const kvp_model m = ref::model(1, 4, 2, 32);
+    kvp_config cfg;
+    ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+    char err[256];
+    EXPECT_EQ(kvp_config_apply(&cfg, "thread_pool=theirs", err, sizeof err), KVP_ERR_CONFIG);
+    EXPECT_NE(std::string(err).find("own|host"), std::string::npos) << err;
+    EXPECT_EQ(cfg.thread_pool, uint32_t(KVP_THREAD_POOL_OWN));
+    ASSERT_EQ(kvp_config_apply(&cfg, "thread_pool=host threads=2", err, sizeof err), KVP_OK) << err;
+    std::vector<uint8_t> arena(kvp_arena_size(&cfg) + 64);
+    void *a = reinterpret_cast<void *>((reinterpret_cast<uintptr_t>(arena.data()) + 63) / 64 * 64);
+    kvp_cache *c = nullptr;
+    ASSERT_EQ(kvp_create(&cfg, a, kvp_arena_size(&cfg), &c), KVP_OK);
+    EXPECT_EQ(kvp_set_parallel(c, host_reverse, nullptr), KVP_OK);
+    kvp_destroy(c);
+    EXPECT_EQ(kvp_set_parallel(c, host_reverse, nullptr), KVP_ERR_STATE);  // destroyed, memory still ours
+}
+#endif  // KVP_THREADS
 
 // A decode over several split-K chunks (MQA, 32 query heads on one KV head, 1100 tokens = 5
 // chunks at head_dim 128) against the double-precision reference, with 1 and 3 threads, for

@@ -204,6 +204,14 @@ typedef enum {
     KVP_HEAD_BUDGET_FORCE_INT32_ = 0x7fffffff
 } kvp_head_budget;
 
+/** Whose threads run a cache's parallel work (spec key `thread_pool`, issue 30). The numbers are pinned. */
+typedef enum {
+    KVP_THREAD_POOL_OWN = 0,   /**< kvp_create starts threads-1 worker threads (the default) */
+    KVP_THREAD_POOL_HOST = 1,  /**< kvp_create starts none: a call runs on the caller alone until the host
+                                    hands its own threads over with kvp_set_parallel */
+    KVP_THREAD_POOL_FORCE_INT32_ = 0x7fffffff
+} kvp_thread_pool;
+
 /**
  * Cache configuration. A plain struct: fill it with kvp_config_default(), change
  * fields directly or through kvp_config_apply(). `struct_size` is first so fields can
@@ -367,6 +375,12 @@ typedef struct kvp_config {
     float ada_floor;             /* ada_floor=a (head_budget=ada): every KV head keeps at least floor(a x its
                                     uniform share) tokens, its observation window counted (kvpress's
                                     alpha_safeguard); 0 <= a <= 1, default 0.2 */
+    /* appended in 0.3 (issue 30): running on the host's threads */
+    uint32_t thread_pool;        /* thread_pool=own|host (kvp_thread_pool): own = kvp_create starts threads-1
+                                    workers; host = it starts none, and a call runs alone until kvp_set_parallel
+                                    gives the host's parallel-for (an engine's own thread pool: ggml,
+                                    pthreadpool, OpenMP). `threads` stays the most participants a call uses
+                                    (the per-thread scratch is sized by it). Bits never depend on it. Default own. */
 } kvp_config;
 
 /** struct_size of the first released kvp_config (0.1: fields up to and including channel_score). */
@@ -728,6 +742,35 @@ kvp_status kvp_draft_begin(kvp_cache *c);
  * failure nothing changes and the draft stays open (commit fewer tokens, or 0).
  */
 kvp_status kvp_draft_commit(kvp_cache *c, uint32_t accepted);
+
+/* ---- Running on the host's threads (issue 30) ---- */
+
+/**
+ * A host's parallel-for, given to kvp_set_parallel: it must call task(arg, t) exactly once for
+ * every t in [0, n), on any threads, concurrently or one after another, and return only after
+ * every one of those calls returned. `user` is the pointer given to kvp_set_parallel. n is at
+ * least 2 and at most the cache's `threads`. The tasks share their work through atomics, so
+ * results are bit-identical whichever thread runs which t and whether they overlap; a task
+ * never blocks waiting for another (running all n in a row on one thread is correct). A
+ * function that skips a t or returns early is a host bug (work is lost, outputs are wrong).
+ */
+typedef void (*kvp_parallel_fn)(void *user, uint32_t n, void (*task)(void *arg, uint32_t t), void *arg);
+
+/**
+ * Hands the cache's parallel work to the host's threads: from now on every call that would use
+ * k > 1 participants (the cache decides k <= `threads` from the call's work, as for its own
+ * workers) calls fn(user, k, task, arg) from the calling thread instead of waking the cache's
+ * workers, and returns after fn returned. fn is called only from inside calls on this cache
+ * (kvp_prefill, kvp_decode, kvp_append and their _ex forms, kvp_prompt_end, kvp_draft_commit),
+ * on the thread that made the call; neither fn nor task allocates memory of kvprune's. fn NULL
+ * restores the default: the cache's own workers (thread_pool=own) or the caller alone
+ * (thread_pool=host). With threads=1 fn is never called. The cache's own workers, if any, stay
+ * asleep while fn is set. Not saved by kvp_state_save, kept across kvp_reset and kvp_state_load.
+ * Returns KVP_OK; KVP_ERR_UNSUPPORTED in a build without thread support (KVP_THREADS=OFF: a
+ * task uses atomics that build lacks); KVP_ERR_ARG/KVP_ERR_STATE for a handle that is not a live
+ * cache (as kvp_reset). On failure nothing changes.
+ */
+kvp_status kvp_set_parallel(kvp_cache *c, kvp_parallel_fn fn, void *user);
 
 /* ---- State save/load (issue 21) ---- */
 

@@ -188,6 +188,13 @@ thread_local std::string g_spec;
 [[noreturn]] void fail(const std::string &what) { violation("calls", (what + " [config: " + g_spec + "]").c_str()); }
 #define KVPF_CHECK KVPFUZZ_CHECK
 
+// A host's parallel-for that runs every task on the calling thread, the last t first.
+void host_in_a_row(void *, uint32_t n, void (*task)(void *, uint32_t), void *arg) {
+    KVPF_CHECK(n == 2, "kvp_parallel_fn called with n=%u on a 2-thread cache", n);
+    for (uint32_t t = n; t-- > 0;) task(arg, t);
+}
+
+
 
 // What we observe of a cache: per layer its length, capacity and per head positions; counters.
 struct View {
@@ -753,10 +760,24 @@ struct Sequence {
         const size_t tbytes = kvp_arena_size_heads(&tcfg, rt, nr), abytes = kvp_arena_size_heads(&cfg, rt, nr);
         Arena aa(abytes), ta(tbytes);
         const double *tab = table.empty() ? nullptr : table.data();
+        const bool host_pool = (m.n_q_heads + m.head_dim) % 2 == 1;
+        if (host_pool) setenv("KVP_PAR_WORK", "0", 1);
         KVPF_CHECK(kvp_create_heads(&cfg, tab, pairs && tab ? pairs : 0, rt, nr, aa.p, abytes, &a, err, sizeof err) == KVP_OK,
                    "create: %s", err);
         KVPF_CHECK(kvp_create_heads(&tcfg, tab, pairs && tab ? pairs : 0, rt, nr, ta.p, tbytes, &t, err, sizeof err) == KVP_OK,
                    "create twin: %s", err);
+        if (host_pool) unsetenv("KVP_PAR_WORK");
+        // The host's threads (issue 30 item 4) on models with an odd q-head count + head_dim (no
+        // byte spent): the 2-thread cache hands its parallel part to a host function that runs the
+        // tasks in a row, the last first; the twin's 1 thread checks the bits. Created with
+        // KVP_PAR_WORK=0 (read at create): every call goes through the function. Builds without
+        // threads refuse the function (KVP_ERR_UNSUPPORTED) and run both alone.
+        if (host_pool) {
+            kvp_cache *two = cfg.threads == 2 ? a : t;
+            const kvp_status st = kvp_set_parallel(two, host_in_a_row, nullptr);
+            KVPF_CHECK(st == KVP_OK || st == KVP_ERR_UNSUPPORTED, "kvp_set_parallel: %s", kvp_last_error(two));
+            if (st == KVP_OK) g_spec += " host_pool=in_a_row";
+        }
         last_pos.assign(m.n_layers, -1);
         for (int i = 0; i < 400 && b.more(); ++i) {
             const uint32_t op = b.pick(16);
