@@ -113,3 +113,32 @@ TEST(Cxx, HalfRows) {
     EXPECT_EQ(a.decode(0, KVP_IO_F16, hq.data(), hk.data(), hv.data(), ho.data()), KVP_ERR_NONFINITE);
     EXPECT_EQ(a.layer_len(0), b.layer_len(0));
 }
+
+// set_parallel hands the cache's parallel part to a host function (thread_pool=host), NULL
+// restores the default; an empty Cache answers KVP_ERR_ARG.
+namespace {
+void count_and_run(void *user, uint32_t n, void (*task)(void *, uint32_t), void *arg) {
+    ++*static_cast<int *>(user);
+    for (uint32_t t = 0; t < n; ++t) task(arg, t);
+}
+}  // namespace
+
+TEST(Cxx, SetParallel) {
+    setenv("KVP_PAR_WORK", "0", 1);  // read at create: every call uses all its threads
+    const kvp_model m = {2, 4, 2, 32, KVP_ROPE_NONE, 0, 10000.0f};
+    kvprune::Config cfg(m);
+    ASSERT_EQ(cfg.apply("policy=full capacity=64 threads=3 thread_pool=host"), KVP_OK) << cfg.error();
+    kvprune::Cache cache;
+    ASSERT_EQ(cache.create(cfg.get()), KVP_OK);
+    unsetenv("KVP_PAR_WORK");
+    int calls = 0;
+    ASSERT_EQ(cache.set_parallel(count_and_run, &calls), KVP_OK);
+    std::vector<float> q(24 * 4 * 32, 0.1f), kv(24 * 2 * 32, 0.2f), out(q.size());
+    ASSERT_EQ(cache.prefill(0, 24, nullptr, q.data(), kv.data(), kv.data(), out.data()), KVP_OK) << cache.last_error();
+    EXPECT_GT(calls, 0);
+    const int before = calls;
+    ASSERT_EQ(cache.set_parallel(nullptr, nullptr), KVP_OK);
+    ASSERT_EQ(cache.prefill(1, 24, nullptr, q.data(), kv.data(), kv.data(), out.data()), KVP_OK) << cache.last_error();
+    EXPECT_EQ(calls, before);
+    EXPECT_EQ(kvprune::Cache{}.set_parallel(count_and_run, &calls), KVP_ERR_ARG);
+}

@@ -127,6 +127,10 @@ public:
                                uint32_t n_units) {
         return kvp_query_stats_set(handle_, layer, q_head, mean, abs_mean, n_units);
     }
+    // The host's parallel-for (kvp_set_parallel; config thread_pool=host starts no workers): fn
+    // must call task(arg, t) once for every t in [0, n) and return after all returned; user must
+    // outlive the setting. nullptr restores the default.
+    kvp_status set_parallel(kvp_parallel_fn fn, void *user) { return kvp_set_parallel(handle_, fn, user); }
     // Speculative decoding (kvp_draft_begin / kvp_draft_commit).
     kvp_status draft_begin() { return kvp_draft_begin(handle_); }
     kvp_status draft_commit(uint32_t accepted) { return kvp_draft_commit(handle_, accepted); }

@@ -22,6 +22,20 @@ static void *kvp_go_arena(size_t n) {
 	size_t r = (n + 63) & ~(size_t)63;
 	return aligned_alloc(64, r ? r : 64);
 }
+
+// The host's parallel-for (kvp_set_parallel): cgo cannot call a C function pointer, so the
+// library's task is called here; kvp_go_parallel is the kvp_parallel_fn, and its `user` is an
+// integer (a registry id, never a Go pointer). The definitions are static: this file has an
+// //export, so the preamble is compiled twice.
+extern void kvpGoParallel(uintptr_t id, uint32_t n, void *task, void *arg);
+static void kvp_go_parallel(void *user, uint32_t n, void (*task)(void *arg, uint32_t t), void *arg) {
+	kvpGoParallel((uintptr_t)user, n, (void *)task, arg);
+}
+static void kvp_go_run_task(void *task, void *arg, uint32_t t) {
+	((void (*)(void *, uint32_t))task)(arg, t);
+}
+static kvp_parallel_fn kvp_go_parallel_fn(void) { return kvp_go_parallel; }
+static void *kvp_go_user(uintptr_t id) { return (void *)id; }
 */
 import "C"
 
@@ -32,6 +46,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -148,6 +163,9 @@ const (
 
 	PoolAvg = C.KVP_POOL_AVG
 	PoolMax = C.KVP_POOL_MAX
+
+	ThreadPoolOwn  = C.KVP_THREAD_POOL_OWN  // thread_pool=own: the cache starts threads-1 workers
+	ThreadPoolHost = C.KVP_THREAD_POOL_HOST // thread_pool=host: none; SetParallel gives the host's
 )
 
 // Model is the geometry (kvp_model). RopeDim 0 means HeadDim.
@@ -430,6 +448,7 @@ type Cache struct {
 	arena    unsafe.Pointer
 	arenaLen int
 	model    Model
+	par      *hostParallel // SetParallel's function, registered under par.id; nil: none
 }
 
 // NewCache creates a cache for model m configured by spec.
@@ -537,6 +556,7 @@ func (c *Cache) Close() error {
 		C.kvp_destroy(c.c)
 		C.free(c.arena)
 		c.c, c.arena = nil, nil
+		c.par = c.par.unregister() // after kvp_destroy: the library no longer calls it
 		runtime.SetFinalizer(c, nil)
 	}
 	return nil
@@ -557,8 +577,15 @@ func (c *Cache) lock() error {
 	return nil
 }
 
-// status turns a kvp_status into an error with the cache's message. Holds c.mu.
+// status turns a kvp_status into an error with the cache's message. Holds c.mu. A panic of the
+// SetParallel function during the call (recovered before it could unwind through C, after every
+// task ran) continues here, in the goroutine that made the call.
 func (c *Cache) status(s C.kvp_status) error {
+	if c.par != nil && c.par.panicked != nil {
+		p := c.par.panicked
+		c.par.panicked = nil
+		panic(*p)
+	}
 	if s == C.KVP_OK {
 		return nil
 	}
@@ -1021,6 +1048,120 @@ func (c *Cache) DraftCommit(accepted int) error {
 	s := C.kvp_draft_commit(c.c, a)
 	runtime.KeepAlive(c)
 	return c.status(s)
+}
+
+// ---- the host's parallel-for (issue 30; kvp_set_parallel) ----
+
+// hostParallel is a function given to SetParallel, found by kvpGoParallel through its id (C
+// holds the id as kvp_set_parallel's user pointer: no Go pointer goes to C).
+type hostParallel struct {
+	id       uintptr
+	fn       func(n uint32, run func(t uint32))
+	panicked *interface{} // a panic of fn in the current call, re-raised by Cache.status
+}
+
+var hostParallels = struct {
+	sync.Mutex
+	m    map[uintptr]*hostParallel
+	next uintptr
+}{m: map[uintptr]*hostParallel{}}
+
+func registerParallel(fn func(n uint32, run func(t uint32))) *hostParallel {
+	hostParallels.Lock()
+	defer hostParallels.Unlock()
+	hostParallels.next++
+	p := &hostParallel{id: hostParallels.next, fn: fn}
+	hostParallels.m[p.id] = p
+	return p
+}
+
+// unregister removes p (nil: nothing) from the registry and returns nil.
+func (p *hostParallel) unregister() *hostParallel {
+	if p != nil {
+		hostParallels.Lock()
+		delete(hostParallels.m, p.id)
+		hostParallels.Unlock()
+	}
+	return nil
+}
+
+// kvpGoParallel is the kvp_parallel_fn of every Go cache (through kvp_go_parallel): it calls the
+// registered function with a run(t) that runs the library's task t at most once, then runs here
+// whatever the function skipped and waits for any task still running, so the library's call
+// always completes; a panic of the function is recovered (it must not unwind through C) and
+// re-raised by the Cache method that made the call.
+//
+//export kvpGoParallel
+func kvpGoParallel(id C.uintptr_t, n C.uint32_t, task, arg unsafe.Pointer) {
+	hostParallels.Lock()
+	p := hostParallels.m[uintptr(id)]
+	hostParallels.Unlock()
+	state := make([]uint32, int(n)) // per t: 0 not started, 1 running, 2 done
+	runTask := func(t uint32) {
+		C.kvp_go_run_task(task, arg, C.uint32_t(t))
+		atomic.StoreUint32(&state[t], 2)
+	}
+	if p != nil {
+		run := func(t uint32) {
+			if t >= uint32(n) {
+				panic(fmt.Sprintf("kvprune: parallel task %d of %d (t must be < n)", t, n))
+			}
+			if !atomic.CompareAndSwapUint32(&state[t], 0, 1) {
+				panic(fmt.Sprintf("kvprune: parallel task %d of %d run twice, or after the function returned", t, n))
+			}
+			runTask(t)
+		}
+		func() {
+			defer func() {
+				if r := recover(); r != nil {
+					p.panicked = &r
+				}
+			}()
+			p.fn(uint32(n), run)
+		}()
+	}
+	for t := range state {
+		if atomic.CompareAndSwapUint32(&state[t], 0, 1) {
+			runTask(uint32(t))
+		}
+		for atomic.LoadUint32(&state[t]) != 2 { // started by a goroutine the function did not wait for
+			runtime.Gosched()
+		}
+	}
+}
+
+// SetParallel hands the cache's parallel work to the host's goroutines (kvp_set_parallel): from
+// now on every call that would use k > 1 of the cache's `threads` calls p(k, run) on the calling
+// goroutine instead of waking the cache's own workers. p must call run(t) once for each t in
+// [0, k), on any goroutines, and return after all of them returned (e.g. go + sync.WaitGroup);
+// outputs are bit-identical whichever goroutine runs which t. A t that p skips runs after p
+// returns; run(t) with t >= k or a t that already ran panics. A panic of p (on the calling
+// goroutine) continues in the Cache method that called it, after the library's call completed.
+// p must not call methods of this cache. nil restores the default: the cache's own workers
+// (thread_pool=own) or the caller alone (thread_pool=host, the configuration that starts no
+// workers). With threads=1, p is never called. ErrUnsupported from a library built without
+// threads.
+func (c *Cache) SetParallel(p func(n uint32, run func(t uint32))) error {
+	if err := c.lock(); err != nil {
+		return err
+	}
+	defer c.mu.Unlock()
+	var s C.kvp_status
+	var hp *hostParallel
+	if p == nil {
+		s = C.kvp_set_parallel(c.c, nil, nil)
+	} else {
+		hp = registerParallel(p)
+		s = C.kvp_set_parallel(c.c, C.kvp_go_parallel_fn(), C.kvp_go_user(C.uintptr_t(hp.id)))
+	}
+	runtime.KeepAlive(c)
+	if err := c.status(s); err != nil {
+		hp.unregister() // not taken: the cache keeps what it had
+		return err
+	}
+	c.par.unregister() // the one it replaced
+	c.par = hp
+	return nil
 }
 
 // StateSize is the bytes StateSave writes now (kvp_state_size); 0 for a closed cache.

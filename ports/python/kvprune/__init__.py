@@ -57,6 +57,7 @@ DTYPE_F32, DTYPE_F16, DTYPE_Q8, DTYPE_Q4 = 0, 1, 2, 3
 SCORE_FLOAT, SCORE_FIXED = 0, 1
 POOL_AVG, POOL_MAX = 0, 1
 IO_F32, IO_F16, IO_BF16 = 0, 1, 2  # kvp_io_dtype: element type of the *_half calls' rows
+THREAD_POOL_OWN, THREAD_POOL_HOST = 0, 1  # kvp_thread_pool (key thread_pool; Cache.set_parallel)
 
 _u32, _f32, _enum = ctypes.c_uint32, ctypes.c_float, ctypes.c_uint32  # C enums are int-sized
 
@@ -94,6 +95,7 @@ class _Config(ctypes.Structure):
         ("tri_mode", _enum), ("tri_stats", _enum),  # issue 32: TriAttention
         ("duo_sink", _u32), ("duo_window", _u32),  # issue 32: DuoAttention's streaming heads
         ("head_budget", _enum), ("ada_floor", _f32),  # issue 32: AdaKV's per-head budgets
+        ("thread_pool", _enum),  # issue 30: running on the host's threads (Cache.set_parallel)
     ]
 
 
@@ -126,6 +128,10 @@ _FP = ctypes.POINTER(ctypes.c_float)
 _DP = ctypes.POINTER(ctypes.c_double)
 _IP = ctypes.POINTER(ctypes.c_int32)
 _CP = ctypes.c_void_p  # kvp_cache *
+# kvp_parallel_fn and its task (issue 30): void fn(void *user, uint32_t n, void (*task)(void *arg,
+# uint32_t t), void *arg). CFUNCTYPE: calling the task releases the GIL.
+_TASK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, _u32)
+_PARALLEL_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, _u32, _TASK, ctypes.c_void_p)
 
 _lib = None
 _lib_lock = threading.Lock()
@@ -168,6 +174,7 @@ def _declare(lib):
         "kvp_prompt_end": (_u32, [_CP]),
         "kvp_query_stats_set": (_u32, [_CP, _u32, _u32, _FP, _FP, _u32]),
         "kvp_draft_commit": (_u32, [_CP, _u32]),
+        "kvp_set_parallel": (_u32, [_CP, _PARALLEL_FN, ctypes.c_void_p]),  # issue 30
         "kvp_state_size": (ctypes.c_size_t, [_CP]),
         "kvp_state_save": (_u32, [_CP, ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_size_t)]),
         "kvp_state_load": (_u32, [_CP, ctypes.c_void_p, ctypes.c_size_t]),
@@ -671,6 +678,56 @@ def _role_table(roles):
     return (ctypes.c_uint8 * len(r))(*r), _uint32(len(r), "len(roles)")
 
 
+class _Parallel:
+    """A host's parallel-for given to Cache.set_parallel, and the kvp_parallel_fn around it (kept
+    alive by the Cache while the library holds it)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.error = None  # what fn raised in the current call; Cache._check raises it
+        self.c_fn = _PARALLEL_FN(self._call)
+
+    def _call(self, user, n, task, arg):
+        # Nothing may propagate into C (ctypes would print it and return early): fn's exception is
+        # kept for the Cache method that made the call, and every t fn skipped runs here.
+        cond = threading.Condition()
+        state = [0] * n  # per t: 0 not started, 1 running, 2 done
+
+        def claim(t):
+            with cond:
+                if state[t]:
+                    return False
+                state[t] = 1
+                return True
+
+        def run_task(t):
+            try:
+                task(arg, t)
+            finally:
+                with cond:
+                    state[t] = 2
+                    cond.notify_all()
+
+        def run(t):
+            t = operator.index(t)
+            if not 0 <= t < n:
+                raise IndexError("kvprune: parallel task %d of %d (t must be < n)" % (t, n))
+            if not claim(t):
+                raise RuntimeError("kvprune: parallel task %d of %d run twice, or after the function returned"
+                                   % (t, n))
+            run_task(t)
+
+        try:
+            self.fn(n, run)
+        except BaseException as e:  # noqa: B902 - nothing may unwind into C
+            self.error = e
+        for t in range(n):
+            if claim(t):
+                run_task(t)
+        with cond:  # tasks started on threads fn did not wait for
+            cond.wait_for(lambda: all(s == 2 for s in state))
+
+
 class Cache:
     """A KV cache in its own 64-byte aligned arena. Calls on one Cache are serialised by a lock."""
 
@@ -683,6 +740,7 @@ class Cache:
         cfg = config if config is not None else Config(model, spec)
         self.model = cfg.model
         self._handle = None
+        self._parallel = None  # set_parallel's function
         self._lock = threading.Lock()
         rtab, rn = _role_table(roles)
         tab, nt = _rope_table(rope_freqs)
@@ -724,6 +782,7 @@ class Cache:
                 if self._handle is not None:
                     self._lib.kvp_destroy(self._handle)
                     self._handle = None
+                    self._parallel = None  # after kvp_destroy: the library no longer calls it
 
     def __del__(self):
         try:
@@ -743,6 +802,10 @@ class Cache:
         return self._handle
 
     def _check(self, st):
+        p = self._parallel
+        if p is not None and p.error is not None:  # set_parallel's function raised during the call
+            e, p.error = p.error, None
+            raise e
         if st != OK:
             raise KvpError(st, self._lib.kvp_last_error(self._handle).decode("utf-8", "replace"))
 
@@ -971,6 +1034,25 @@ class Cache:
             raise _arg_error("mean has %d floats, expected head_dim %d" % (mn, self._hd))
         with self._lock:
             self._check(self._lib.kvp_query_stats_set(self._h(), layer, q_head, _fp(ma), _fp(aa), an))
+
+    # -- the host's threads (issue 30) --
+    def set_parallel(self, fn):
+        """kvp_set_parallel: hands the cache's parallel work to the host's threads. From now on
+        every call that would use k > 1 of the cache's ``threads`` calls ``fn(k, run)`` on the
+        calling thread instead of waking the cache's own workers; ``fn`` must call ``run(t)`` once
+        for each t in range(k), on any threads (e.g. threading.Thread, joined before it returns, or
+        in a row: run releases the GIL while the library works), and return after all of them
+        returned. Outputs are bit-identical whichever thread runs which t. A t that fn skips runs
+        after fn returns; run(t) with t outside range(k) or a t that already ran raises. What fn
+        raises is raised by the Cache method that called it, after the library's call completed.
+        fn must not call this cache's methods (their lock is held). ``None`` restores the default:
+        the cache's own workers (thread_pool=own) or the caller alone (thread_pool=host, the
+        configuration that starts no workers). With threads=1, fn is never called. ERR_UNSUPPORTED
+        from a library built without threads."""
+        p = _Parallel(fn) if fn is not None else None
+        with self._lock:
+            self._check(self._lib.kvp_set_parallel(self._h(), p.c_fn if p is not None else _PARALLEL_FN(), None))
+            self._parallel = p  # the one it replaced is no longer called
 
     # -- speculative decoding (issue 21) --
     def prompt_end(self):

@@ -3,7 +3,7 @@
 //! declared here as `u32` type aliases with their pinned values as constants.
 #![allow(non_camel_case_types)]
 
-use std::os::raw::c_char;
+use std::os::raw::{c_char, c_void};
 
 pub type kvp_status = u32;
 pub const KVP_OK: kvp_status = 0;
@@ -56,6 +56,11 @@ pub const KVP_IO_BF16: kvp_io_dtype = 2;
 pub type kvp_score_mode = u32;
 pub const KVP_SCORE_FLOAT: kvp_score_mode = 0;
 pub const KVP_SCORE_FIXED: kvp_score_mode = 1;
+
+/// `kvp_thread_pool` (the config key `thread_pool`): whose threads run a call's parallel work.
+pub type kvp_thread_pool = u32;
+pub const KVP_THREAD_POOL_OWN: kvp_thread_pool = 0;
+pub const KVP_THREAD_POOL_HOST: kvp_thread_pool = 1;
 
 pub type kvp_pool = u32;
 pub const KVP_POOL_AVG: kvp_pool = 0;
@@ -153,6 +158,8 @@ pub struct kvp_config {
     // appended for issue 32: AdaKV's per-head budgets (kvp_head_budget)
     pub head_budget: u32,
     pub ada_floor: f32,
+    // appended for issue 30: running on the host's threads (kvp_thread_pool; kvp_set_parallel)
+    pub thread_pool: kvp_thread_pool,
 }
 
 #[repr(C)]
@@ -215,6 +222,14 @@ pub struct kvp_selection {
     pub n: u32,
     pub selected: i32,
 }
+
+/// The task a [`kvp_parallel_fn`] runs: `task(arg, t)` once for every t in [0, n).
+pub type kvp_parallel_task = unsafe extern "C" fn(arg: *mut c_void, t: u32);
+
+/// `kvp_parallel_fn`: a host's parallel-for, given to `kvp_set_parallel`. It must call
+/// `task(arg, t)` exactly once for every t in [0, n) (any threads, concurrently or in a row) and
+/// return only after every one of those calls returned; it must not unwind.
+pub type kvp_parallel_fn = unsafe extern "C" fn(user: *mut c_void, n: u32, task: kvp_parallel_task, arg: *mut c_void);
 
 /// Opaque cache handle; lives at the start of its arena.
 #[repr(C)]
@@ -324,6 +339,8 @@ extern "C" {
         n_units: u32,
     ) -> kvp_status;
     pub fn kvp_draft_commit(c: *mut kvp_cache, accepted: u32) -> kvp_status;
+    // issue 30: the host's parallel-for (None restores the default)
+    pub fn kvp_set_parallel(c: *mut kvp_cache, f: Option<kvp_parallel_fn>, user: *mut c_void) -> kvp_status;
     pub fn kvp_state_size(c: *const kvp_cache) -> usize;
     pub fn kvp_state_save(c: *const kvp_cache, buf: *mut u8, size: usize, written: *mut usize) -> kvp_status;
     pub fn kvp_state_load(c: *mut kvp_cache, buf: *const u8, size: usize) -> kvp_status;

@@ -23,11 +23,15 @@
 pub mod ffi;
 
 use std::alloc::{self, Layout};
+use std::any::Any;
+use std::cell::Cell;
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::marker::PhantomData;
-use std::os::raw::c_char;
+use std::os::raw::{c_char, c_void};
+use std::panic::{self, AssertUnwindSafe};
 use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Library version `(major, minor, patch)` of the linked libkvprune.a.
 pub fn version() -> (u32, u32, u32) {
@@ -552,10 +556,82 @@ pub struct Cache<'a> {
     config: Config,
     // The caller's memory stays borrowed (unusable by the caller) while the cache lives.
     _mem: PhantomData<&'a mut [u8]>,
+    // The closure of Cache::set_parallel_fn (Box::into_raw; the library holds the pointer as
+    // `user`), freed once the library no longer holds it: replaced, cleared, or after kvp_destroy.
+    parallel: Option<NonNull<HostParallel>>,
 }
 
 // The cache is plain memory plus worker threads the library manages; one caller at a time.
+// A host parallel-for it holds (set_parallel_fn) is `Send`, and is only called from the thread
+// that is making a call on the cache.
 unsafe impl<'a> Send for Cache<'a> {}
+
+// ---- the host's parallel-for (issue 30; kvp_set_parallel) ----
+
+/// A host parallel-for as [`Cache::set_parallel_fn`] takes it: `f(n, run)` must see `run(t)`
+/// called for every t in 0..n (from any threads that finish before `f` returns).
+type ParallelFn = dyn Fn(u32, &(dyn Fn(u32) + Sync)) + Send;
+
+/// What `kvp_set_parallel`'s `user` points to for [`Cache::set_parallel_fn`].
+struct HostParallel {
+    f: Box<ParallelFn>,
+    /// Per participant (n <= the cache's `threads`): whether its task ran in the current call.
+    done: Box<[AtomicBool]>,
+    /// A panic of `f` (or of a `run(t)` misuse), caught before it reaches C; resumed by the Rust
+    /// method that made the C call once that call returned ([`Cache::check`]).
+    panic: Cell<Option<Box<dyn Any + Send>>>,
+}
+
+/// The library's task of one call, shared with `f`'s threads as `run`.
+struct Tasks<'d> {
+    task: ffi::kvp_parallel_task,
+    arg: *mut c_void,
+    done: &'d [AtomicBool],
+}
+
+// The library's task may run on any threads, concurrently (kvprune.h, kvp_parallel_fn); each t
+// runs at most once (the `done` flags).
+unsafe impl<'d> Sync for Tasks<'d> {}
+
+impl<'d> Tasks<'d> {
+    fn run(&self, t: u32) {
+        let n = self.done.len();
+        match self.done.get(t as usize) {
+            None => panic!("kvprune: parallel task {} of {} (t must be < n)", t, n),
+            Some(d) if d.swap(true, Ordering::AcqRel) => panic!("kvprune: parallel task {} of {} run twice", t, n),
+            Some(_) => unsafe { (self.task)(self.arg, t) },
+        }
+    }
+}
+
+/// The `kvp_parallel_fn` of [`Cache::set_parallel_fn`]: calls the closure with a `run` that
+/// runs each t at most once, then runs here whatever it skipped (so the library's call always
+/// completes), and keeps a panic from unwinding into C.
+unsafe extern "C" fn host_parallel_call(user: *mut c_void, n: u32, task: ffi::kvp_parallel_task, arg: *mut c_void) {
+    let hp = &*(user as *const HostParallel);
+    if n as usize > hp.done.len() {
+        // more participants than the cache's `threads` (the library never asks): in a row, here
+        for t in 0..n {
+            task(arg, t);
+        }
+        return;
+    }
+    let done = &hp.done[..n as usize];
+    for d in done {
+        d.store(false, Ordering::Relaxed);
+    }
+    let tasks = Tasks { task, arg, done };
+    let run = |t: u32| tasks.run(t);
+    let r = panic::catch_unwind(AssertUnwindSafe(|| (hp.f)(n, &run)));
+    for t in 0..n {
+        if !done[t as usize].swap(true, Ordering::AcqRel) {
+            task(arg, t);
+        }
+    }
+    if let Err(p) = r {
+        hp.panic.set(Some(p));
+    }
+}
 
 /// A RoPE table as (pointer, length) for `kvp_create_rope` (NULL, 0: theta's).
 fn rope_arg(inv_freq: Option<&[f64]>) -> Result<(*const f64, u32)> {
@@ -627,7 +703,7 @@ impl Cache<'static> {
         };
         check_with_buf(s, &buf)?;
         let handle = NonNull::new(h).ok_or_else(|| Error::new(Status::State, "kvp_create_heads returned NULL"))?;
-        Ok(Cache { handle, arena: Some(arena), arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData })
+        Ok(Cache { handle, arena: Some(arena), arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData, parallel: None })
     }
 
     /// Allocates the exact arena (`kvp_arena_size`) and creates the cache in it.
@@ -642,7 +718,7 @@ impl Cache<'static> {
         let n = arena_bytes(cfg)?;
         let arena = Arena::new(n)?;
         let handle = create_at(cfg, inv_freq, arena.ptr.as_ptr(), n)?;
-        Ok(Cache { handle, arena: Some(arena), arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData })
+        Ok(Cache { handle, arena: Some(arena), arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData, parallel: None })
     }
 
     /// `Config::from_spec` then `Cache::new`.
@@ -688,7 +764,7 @@ impl<'a> Cache<'a> {
             ));
         }
         let handle = create_at(cfg, inv_freq, unsafe { mem.as_mut_ptr().add(off) }, n)?;
-        Ok(Cache { handle, arena: None, arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData })
+        Ok(Cache { handle, arena: None, arena_len: n, model: cfg.model(), config: *cfg, _mem: PhantomData, parallel: None })
     }
 
     pub fn model(&self) -> &Model {
@@ -719,6 +795,13 @@ impl<'a> Cache<'a> {
     }
 
     fn check(&self, s: ffi::kvp_status) -> Result<()> {
+        if let Some(hp) = self.parallel {
+            // A panic in the host's parallel-for, caught in host_parallel_call: the C call has
+            // completed (every task ran), so it continues here, in the caller's thread.
+            if let Some(p) = unsafe { hp.as_ref() }.panic.take() {
+                panic::resume_unwind(p);
+            }
+        }
         match Status::from_raw(s) {
             None => Ok(()),
             Some(status) => Err(Error { status, message: self.last_error() }),
@@ -1000,6 +1083,67 @@ impl<'a> Cache<'a> {
         self.check(s)
     }
 
+    /// `kvp_set_parallel`, raw: from now on the cache's parallel work (the calls that would use
+    /// k > 1 of its `threads`) runs as `f(user, k, task, arg)` on the calling thread instead of on
+    /// the cache's own workers; `None` restores the default (its own workers with
+    /// `thread_pool=own`, the caller alone with `thread_pool=host`). Outputs are bit-identical
+    /// either way. Replaces a closure of [`Cache::set_parallel_fn`]. A cache with `threads=1`
+    /// never calls `f`. [`Status::Unsupported`] in a library built without threads.
+    ///
+    /// # Safety
+    ///
+    /// `f` must keep the contract of [`ffi::kvp_parallel_fn`]: call `task(arg, t)` exactly once
+    /// for every t in 0..n (on any threads) and return after all of them returned, without
+    /// unwinding. `user` must stay valid for `f` until `f` is replaced or cleared or the cache is
+    /// dropped, on whichever thread the cache is used from (the cache is `Send`).
+    pub unsafe fn set_parallel(&mut self, f: Option<ffi::kvp_parallel_fn>, user: *mut c_void) -> Result<()> {
+        let s = ffi::kvp_set_parallel(self.handle.as_ptr(), f, user);
+        self.check(s)?;
+        self.free_parallel();
+        Ok(())
+    }
+
+    /// `kvp_set_parallel` with a Rust closure: every call that would use k > 1 of the cache's
+    /// `threads` calls `f(k, run)` on the calling thread instead of waking the cache's workers;
+    /// `f` must call `run(t)` for each t in 0..k, on any threads that finish before `f` returns
+    /// (e.g. `std::thread::scope`, a pool's scoped spawn, or in a row), and may run them
+    /// concurrently: outputs are bit-identical whichever thread runs which t. A t that `f` skips
+    /// runs on the calling thread after `f` returns; `run(t)` with t >= k or a t that already ran
+    /// panics. A panic of `f` continues in the cache method that called it (the library's call
+    /// completes first). Use a cache with `thread_pool=host` so its own workers are not started.
+    /// [`Cache::clear_parallel`] restores the default.
+    pub fn set_parallel_fn<F>(&mut self, f: F) -> Result<()>
+    where
+        F: Fn(u32, &(dyn Fn(u32) + Sync)) + Send + 'static,
+    {
+        let slots = self.config.raw.threads.max(1) as usize;
+        let hp = Box::into_raw(Box::new(HostParallel {
+            f: Box::new(f),
+            done: (0..slots).map(|_| AtomicBool::new(false)).collect(),
+            panic: Cell::new(None),
+        }));
+        let s = unsafe { ffi::kvp_set_parallel(self.handle.as_ptr(), Some(host_parallel_call), hp as *mut c_void) };
+        if let Err(e) = self.check(s) {
+            drop(unsafe { Box::from_raw(hp) }); // not taken: the library keeps what it had
+            return Err(e);
+        }
+        self.free_parallel(); // the one it replaced
+        self.parallel = NonNull::new(hp);
+        Ok(())
+    }
+
+    /// `kvp_set_parallel(c, NULL, NULL)`: the cache's parallel work goes back to its own workers
+    /// (`thread_pool=own`) or to the caller alone (`thread_pool=host`).
+    pub fn clear_parallel(&mut self) -> Result<()> {
+        unsafe { self.set_parallel(None, ptr::null_mut()) }
+    }
+
+    fn free_parallel(&mut self) {
+        if let Some(hp) = self.parallel.take() {
+            drop(unsafe { Box::from_raw(hp.as_ptr()) });
+        }
+    }
+
     /// `kvp_state_size`: bytes [`Cache::state_save`] writes now (0 while the cache cannot be saved).
     pub fn state_size(&self) -> usize {
         unsafe { ffi::kvp_state_size(self.handle.as_ptr()) }
@@ -1027,6 +1171,7 @@ impl<'a> Cache<'a> {
 impl<'a> Drop for Cache<'a> {
     fn drop(&mut self) {
         unsafe { ffi::kvp_destroy(self.handle.as_ptr()) };
+        self.free_parallel(); // the library no longer calls it
         // An owned `arena` is freed after this, by its own Drop; caller memory goes back to the caller.
     }
 }
