@@ -489,10 +489,11 @@ constexpr uint32_t kParShiftMax = 16;
 uint32_t threads_for(kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries) {
     const uint32_t T = c->cfg.threads;
     if (T <= 1 || !pool_parallel(c->tpool)) return 1;
-    if (c->par_work == 0) return T;
+    const uint64_t pw = par_work_now(c);
+    if (pw == 0) return T;
     const double work = step_work(c, layer, n, mode, queries);
-    if (work < double(c->par_work)) return 1;
-    const double thr = double(c->par_work) * double(uint64_t(1) << c->par_shift);
+    if (work < double(pw)) return 1;
+    const double thr = double(pw) * double(uint64_t(1) << c->par_shift);
     if (work < thr) {
         if (++c->par_skips >= kParProbe) {
             c->par_skips = 0;

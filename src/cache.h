@@ -128,6 +128,13 @@ extern const uint64_t kParallelWork;
 // tile of kTileTokens queries; appends count the bytes they write. queries: decode, or prefill
 // with q.
 double step_work(const kvp_cache *c, uint32_t layer, uint32_t n, StepMode mode, bool queries);
+// The step_work from which a call takes a second participant (0: always, as its items allow):
+// par_work for the own workers; with a host function (kvp_set_parallel) the host's threads are
+// taken to be awake, so every call that has items for them uses them (DECISIONS "kvprune on a
+// host's thread pool").
+inline uint64_t par_work_now(const kvp_cache *c) {
+    return c->tpool && c->tpool->host_fn ? c->tpool->host_par_work : c->par_work;
+}
 
 // Builds a cache in `arena` (>= plan.total bytes, 64-aligned) for a checked config and starts
 // its worker threads. NULL when a thread could not be started (*thread_err = the

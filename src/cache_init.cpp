@@ -209,6 +209,9 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         c->magic = kDeadMagic;  // not a live cache: a later kvp_create over this arena may proceed
         return nullptr;
     }
+#if !defined(KVP_NO_HEAP)
+    if (c->tpool && getenv("KVP_PAR_WORK")) c->tpool->host_par_work = c->par_work;  // host functions too
+#endif
     return c;
 }
 

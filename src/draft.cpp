@@ -185,7 +185,7 @@ void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     uint32_t nt = 1;
     if (pool_parallel(c->tpool) && c->cfg.threads > 1 && (out || decode)) {
         const double work = step_work(c, layer, n, decode ? StepMode::kDecode : StepMode::kPrefill, true);
-        if (c->par_work == 0 || work >= double(c->par_work)) nt = c->cfg.threads < m.n_kv_heads ? c->cfg.threads : m.n_kv_heads;
+        if (par_work_now(c) == 0 || work >= double(par_work_now(c))) nt = c->cfg.threads < m.n_kv_heads ? c->cfg.threads : m.n_kv_heads;
     }
     if (out || decode) pool_run(c->tpool, nt, draft_worker, &j);
 }

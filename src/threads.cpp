@@ -94,6 +94,7 @@ ThreadPool *pool_start(uint32_t threads, bool host, void *mem, int *err) {
     tp->nworkers = 0;
     tp->host_fn = nullptr;
     tp->host_user = nullptr;
+    tp->host_par_work = 0;
     tp->handles = nullptr;
     if (host) return tp;  // the host's threads, once kvp_set_parallel gives them
     tp->handles = reinterpret_cast<pthread_t *>(static_cast<char *>(mem) + (sizeof(ThreadPool) + 63) / 64 * 64);

@@ -63,6 +63,7 @@ struct ThreadPool {
 #endif
     kvp_parallel_fn host_fn;  // kvp_set_parallel: the host's parallel-for (NULL: the workers, if any)
     void *host_user;
+    uint64_t host_par_work;   // cache.cpp par_work while host_fn is set: 0 (KVP_PAR_WORK overrides)
 };
 
 // Bytes of the arena region for a pool of `threads` participants (0 when threads <= 1 or

@@ -132,6 +132,10 @@ TEST(Cxx, SetParallel) {
     ASSERT_EQ(cache.create(cfg.get()), KVP_OK);
     unsetenv("KVP_PAR_WORK");
     int calls = 0;
+#if !KVP_THREADS
+    EXPECT_EQ(cache.set_parallel(count_and_run, &calls), KVP_ERR_UNSUPPORTED);
+    return;
+#endif
     ASSERT_EQ(cache.set_parallel(count_and_run, &calls), KVP_OK);
     std::vector<float> q(24 * 4 * 32, 0.1f), kv(24 * 2 * 32, 0.2f), out(q.size());
     ASSERT_EQ(cache.prefill(0, 24, nullptr, q.data(), kv.data(), kv.data(), out.data()), KVP_OK) << cache.last_error();

@@ -757,10 +757,12 @@ kvp_status kvp_draft_commit(kvp_cache *c, uint32_t accepted);
 typedef void (*kvp_parallel_fn)(void *user, uint32_t n, void (*task)(void *arg, uint32_t t), void *arg);
 
 /**
- * Hands the cache's parallel work to the host's threads: from now on every call that would use
- * k > 1 participants (the cache decides k <= `threads` from the call's work, as for its own
- * workers) calls fn(user, k, task, arg) from the calling thread instead of waking the cache's
- * workers, and returns after fn returned. fn is called only from inside calls on this cache
+ * Hands the cache's parallel work to the host's threads: from now on every call that has work
+ * items for k > 1 participants (k <= `threads`: KV heads, or chunks of few heads) calls
+ * fn(user, k, task, arg) from the calling thread instead of waking the cache's workers, and
+ * returns after fn returned. The host's threads are taken to be awake (an engine's compute team
+ * at its op), so small calls use them too, where the cache's own sleeping workers are woken only
+ * for calls of about 4 MiB of work; a host whose hand-over is costly gives a smaller `threads`. fn is called only from inside calls on this cache
  * (kvp_prefill, kvp_decode, kvp_append and their _ex forms, kvp_prompt_end, kvp_draft_commit),
  * on the thread that made the call; neither fn nor task allocates memory of kvprune's. fn NULL
  * restores the default: the cache's own workers (thread_pool=own) or the caller alone
