@@ -11,6 +11,8 @@
 #      --kvp gives the same tokens as unmodified llama.cpp;
 #   3. scored policies (h2o budget=64, snapkv compression_ratio=0.5 of the prompt) run to completion,
 #      generate every token and evict;
+#      kvprune's calls on both of ggml's threads (KVP_PAR_WORK=0: every call through the port's
+#      parallel_for) give the tokens of kvprune on one thread (threads=1), and the log counts them;
 #   4. snapkv over the prompt's 5 micro-batches gives the tokens of snapkv over one (max_prompt);
 #   5. streaming with a capacity below the micro-batch runs (prefill chunked by the layer's room);
 #   6. speculative decoding (llama-speculative-simple, draft model induction6 written as GGUF, the
@@ -178,6 +180,19 @@ fi
 # -v: llama.cpp's info log, where the kvprune memory prints its counters when it is destroyed
 run h2o "$DIR/bin" -v --kvp "policy=h2o budget=64" && generated h2o
 run snapkv "$DIR/bin" -v --kvp "policy=snapkv compression_ratio=0.5 ratio_tokens=$N_PROMPT" && generated snapkv
+# 3b. ggml's threads (thread_pool=host, kvp_set_parallel): with every kvprune call handed to the op's
+# two threads (KVP_PAR_WORK=0) the tokens are those of kvprune alone on thread 0 (threads=1)
+KVP_PAR_WORK=0 run h2o-par "$DIR/bin" -v --kvp "policy=h2o budget=64" || true
+run h2o-t1 "$DIR/bin" --kvp "policy=h2o budget=64 threads=1" || true
+same h2o-t1 h2o-par "h2o on ggml's 2 threads = on one"
+same h2o-t1 h2o "h2o, kvprune's own choice of threads = on one"
+jobs=$(sed -n "s/.*kvprune: \([0-9]*\) calls ran on more than one of ggml's threads.*/\1/p" "$T/h2o-par.log" | tail -1)
+if [ "${jobs:-0}" -gt 0 ]; then
+    echo "ok   h2o-par: $jobs kvprune calls ran on both of ggml's threads"
+else
+    echo "FAIL h2o-par: no kvprune call ran on ggml's threads ('${jobs:-}')"
+    fail=1
+fi
 # 4. whole-prompt selection: the prompt in 5 micro-batches selects what one micro-batch selects
 run snapkv-ub512 "$DIR/bin" -ub 512 --kvp "policy=snapkv compression_ratio=0.5 ratio_tokens=$N_PROMPT" || true
 same snapkv snapkv-ub512 "snapkv over 5 micro-batches (max_prompt) = over one"
@@ -274,11 +289,12 @@ ppl() {
         -c 256 -b 256 -ub 64 -t 2 "$@"
 }
 # stat NAME PATTERN: the first number after PATTERN's colon in NAME's output
-stat() { cat "$T/$1.txt" "$T/$1.log" | grep -a "$2" | tail -1 | sed 's/^[^:]*: *\([-0-9.]*\).*/\1/'; }
+# (empty when absent: the check then reports FAIL; under set -e a failing grep would end the script)
+stat() { { cat "$T/$1.txt" "$T/$1.log" | grep -a "$2" || true; } | tail -1 | sed 's/^[^:]*: *\([-0-9.]*\).*/\1/'; }
 if [ -x "$DIR/bin/llama-perplexity" ]; then
     head -c 20000 "$MODELS/enbytes-1m.eval.txt" > "$T/ppl.txt"
     if ppl ppl-base -f "$T/ppl.txt" -ctk f32 -ctv f32 -fa off --kl-divergence-base "$T/kld-base.bin" &&
-            ppl ppl-full --kl-divergence-base "$T/kld-base.bin" --kl-divergence --kvp "policy=full"; then
+            PPL_MARK='Same top p' ppl ppl-full --kl-divergence-base "$T/kld-base.bin" --kl-divergence --kvp "policy=full"; then
         r=$(stat ppl-full 'Mean PPL(Q)/PPL(base)')
         rms=$(stat ppl-full 'RMS .p')
         mx=$(stat ppl-full 'Maximum .p')

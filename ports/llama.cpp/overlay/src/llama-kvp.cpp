@@ -141,6 +141,12 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
     if (keys.count("compression_ratio") && !keys.count("ratio_tokens")) {
         spec += " ratio_tokens=" + n_ctx; // compression_ratio is a fraction of the context size
     }
+    if (!keys.count("threads") && !keys.count("thread_pool")) {
+        // kvprune's parallel part runs on the graph's own threads (parallel_for): as many
+        // participants as the larger of the two thread counts, no worker threads of its own
+        const int nt = std::max(std::max(cparams.n_threads, cparams.n_threads_batch), 1);
+        spec += " thread_pool=host threads=" + std::to_string(std::min(nt, 256));
+    }
     if (!keys.count("max_draft")) {
         spec += " max_draft=" + std::to_string(kvp_default_max_draft); // seq_rm of a suffix (speculative decoding)
     }
@@ -168,6 +174,8 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
             }
             throw std::runtime_error(format("kvprune: create: %s", err));
         }
+        // (KVP_ERR_UNSUPPORTED from a kvprune built without threads: every call runs on thread 0)
+        kvp_set_parallel(s.cache, parallel_for, &par);
     }
 
     ops.resize(n_layer);
@@ -191,6 +199,8 @@ llama_kvp_memory::~llama_kvp_memory() {
         }
         kvp_destroy(seqs[i].cache);
     }
+    LLAMA_LOG_INFO("%s: kvprune: %llu calls ran on more than one of ggml's threads (kvp_set_parallel)\n", __func__,
+            (unsigned long long) par.jobs);
     if (seqs.size() > 1) {
         LLAMA_LOG_INFO("%s: kvprune: %zu sequences, %llu batches carried tokens of several sequences\n", __func__,
                 seqs.size(), (unsigned long long) n_batch_multi_seq);
@@ -528,7 +538,15 @@ bool llama_kvp_memory::begin_ubatch(const llama_ubatch & ub, bool draft) {
     return true;
 }
 
-void llama_kvp_memory::compute(int il, ggml_tensor * dst) {
+void llama_kvp_memory::compute(int il, ggml_tensor * dst, int nth) {
+    par.nth = nth;
+    compute_layer(il, dst);
+    if (nth > 1) {
+        par.call_done.store(1, std::memory_order_release); // the other threads leave the op
+    }
+}
+
+void llama_kvp_memory::compute_layer(int il, ggml_tensor * dst) {
     const ggml_tensor * q = dst->src[0];
     const ggml_tensor * k = dst->src[1];
     const ggml_tensor * v = dst->src[2];
@@ -584,13 +602,82 @@ void llama_kvp_memory::compute(int il, ggml_tensor * dst) {
     }
 }
 
-static void llama_kvp_attn_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
-    GGML_UNUSED(nth);
-    if (ith != 0) {
-        return; // kvprune runs the whole layer on the first thread of the graph's pool
+static inline void llama_kvp_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+// job word: generation (bits 63..32) | n (31..16) | next participant id (15..0)
+static inline uint32_t par_n(uint64_t j)    { return (uint32_t) (j >> 16) & 0xffffu; }
+static inline uint32_t par_next(uint64_t j) { return (uint32_t) j & 0xffffu; }
+
+bool llama_kvp_memory::par_claim(par_slot & p) {
+    uint64_t j = p.job.load(std::memory_order_acquire);
+    while (par_next(j) < par_n(j)) {
+        // the id belongs to this generation: its job cannot end (nor task/arg change) before it ran
+        if (p.job.compare_exchange_weak(j, j + 1, std::memory_order_acq_rel, std::memory_order_acquire)) {
+            p.task(p.arg, par_next(j));
+            p.done.fetch_add(1, std::memory_order_release);
+            return true;
+        }
     }
+    return false;
+}
+
+// kvp_parallel_fn: called by kvprune on the op's first thread, inside its kvp_prefill/kvp_decode
+void llama_kvp_memory::parallel_for(void * user, uint32_t n, void (*task)(void *, uint32_t), void * arg) {
+    par_slot & p = *(par_slot *) user;
+    if (p.nth <= 1) {
+        for (uint32_t t = 0; t < n; ++t) {
+            task(arg, t);
+        }
+        return;
+    }
+    ++p.jobs;
+    p.task = task;
+    p.arg  = arg;
+    p.done.store(0, std::memory_order_relaxed);
+    const uint64_t gen = (p.job.load(std::memory_order_relaxed) >> 32) + 1;
+    p.job.store(gen << 32 | (uint64_t) n << 16, std::memory_order_release); // publish: ids 0..n-1 open
+    while (par_claim(p)) {
+    }
+    // every id is claimed; wait for the ones other threads run (each is short: its work items)
+    while (p.done.load(std::memory_order_acquire) < n) {
+        llama_kvp_relax();
+    }
+}
+
+void llama_kvp_memory::op_help(int nth) {
+    par_slot & p = par;
+    for (;;) {
+        if (par_claim(p)) {
+            continue;
+        }
+        if (p.call_done.load(std::memory_order_acquire)) {
+            break;
+        }
+        llama_kvp_relax();
+    }
+    // the last thread out resets the slot for the next op: the first thread (which set call_done)
+    // and every other thread are held at ggml's barrier after this op until then
+    if (p.left.fetch_add(1, std::memory_order_acq_rel) + 1 == nth - 1) {
+        p.left.store(0, std::memory_order_relaxed);
+        p.call_done.store(0, std::memory_order_release);
+    }
+}
+
+static void llama_kvp_attn_op(ggml_tensor * dst, int ith, int nth, void * userdata) {
+    // every thread of the graph enters the op; the first makes the kvprune call and the others
+    // run the tasks it hands over (kvp_set_parallel), so kvprune uses exactly ggml's threads
     auto * op = (llama_kvp_memory::layer_op *) userdata;
-    op->mem->compute(op->il, dst);
+    if (ith != 0) {
+        op->mem->op_help(nth);
+        return;
+    }
+    op->mem->compute(op->il, dst, nth);
 }
 
 ggml_tensor * llama_kvp_memory::build_attn(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
@@ -608,7 +695,7 @@ ggml_tensor * llama_kvp_memory::build_attn(ggml_context * ctx0, ggml_tensor * q,
 
     ggml_tensor * args[3] = { q, k, v };
     ggml_tensor * cur = ggml_custom_4d(ctx0, GGML_TYPE_F32, q->ne[0] * q->ne[1], q->ne[2], 1, 1,
-            args, 3, llama_kvp_attn_op, 1, &ops[il]);
+            args, 3, llama_kvp_attn_op, GGML_N_TASKS_MAX, &ops[il]);
     return cur;
 }
 

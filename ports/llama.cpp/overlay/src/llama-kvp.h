@@ -8,6 +8,8 @@
 #include "llama-graph.h"
 #include "llama-batch.h"
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -77,8 +79,10 @@ public:
     // (draft: it goes into the sequence's open kvprune draft, opened if none is)
     bool begin_ubatch(const llama_ubatch & ubatch, bool draft);
 
-    // the custom op of layer il: attention of dst->src[0..2] (q, k, v) into dst
-    void compute(int il, ggml_tensor * dst);
+    // the custom op of layer il on the first of its nth threads: attention of dst->src[0..2]
+    // (q, k, v) into dst; then the other threads (op_help) leave the op
+    void compute(int il, ggml_tensor * dst, int nth);
+    void compute_layer(int il, ggml_tensor * dst);
 
     // graph side: the op that replaces build_attn_mha for layer il
     ggml_tensor * build_attn(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
@@ -89,7 +93,28 @@ public:
         int il;
     };
 
+    // the op's threads other than the first: run the tasks kvprune's call (on the first thread)
+    // hands to the graph's threads, until that call returned
+    void op_help(int nth);
+
 private:
+    // kvprune's parallel part on the graph's threads (thread_pool=host, kvp_set_parallel): the
+    // op's first thread makes the kvprune call; the host function it calls publishes the job here,
+    // and every thread of the op (the first included) claims participant ids until none is left
+    struct alignas(64) par_slot {
+        std::atomic<uint64_t> job{0};   // generation (bits 63..32) | n (31..16) | next id (15..0)
+        std::atomic<uint32_t> done{0};  // ids of the current job that returned
+        void (*task)(void *, uint32_t) = nullptr;
+        void * arg = nullptr;
+        int nth = 1;                    // threads in the op now (the first thread sets it)
+        uint64_t jobs = 0;              // jobs published to the op's other threads (logged at exit)
+        alignas(64) std::atomic<int> call_done{0};  // the first thread's kvprune call returned
+        std::atomic<int> left{0};       // the other threads that left the op
+    };
+    par_slot par;
+    static void parallel_for(void * user, uint32_t n, void (*task)(void *, uint32_t), void * arg);
+    static bool par_claim(par_slot & p);  // runs one id of the open job, false when none is left
+
     size_t arena_bytes = 0;      // of one sequence's cache (each has its own arena)
     float attn_scale = 0.0f;
     uint32_t n_layer = 0;
