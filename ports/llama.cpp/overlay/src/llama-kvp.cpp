@@ -21,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 const char * llama_kvp_spec() {
     const char * s = getenv("KVP_SPEC");
@@ -602,7 +603,13 @@ void llama_kvp_memory::compute_layer(int il, ggml_tensor * dst) {
     }
 }
 
-static inline void llama_kvp_relax() {
+// a waiting thread's spin: pause, and from the 1024th round on give the core away each round
+// (a busy machine: the thread being waited for may be the one that needs it)
+static inline void llama_kvp_relax(uint32_t & round) {
+    if (++round > 1024) {
+        std::this_thread::yield();
+        return;
+    }
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #elif defined(__aarch64__)
@@ -645,21 +652,22 @@ void llama_kvp_memory::parallel_for(void * user, uint32_t n, void (*task)(void *
     while (par_claim(p)) {
     }
     // every id is claimed; wait for the ones other threads run (each is short: its work items)
-    while (p.done.load(std::memory_order_acquire) < n) {
-        llama_kvp_relax();
+    for (uint32_t round = 0; p.done.load(std::memory_order_acquire) < n;) {
+        llama_kvp_relax(round);
     }
 }
 
 void llama_kvp_memory::op_help(int nth) {
     par_slot & p = par;
-    for (;;) {
+    for (uint32_t round = 0;;) {
         if (par_claim(p)) {
+            round = 0;
             continue;
         }
         if (p.call_done.load(std::memory_order_acquire)) {
             break;
         }
-        llama_kvp_relax();
+        llama_kvp_relax(round);
     }
     // the last thread out resets the slot for the next op: the first thread (which set call_done)
     // and every other thread are held at ggml's barrier after this op until then
