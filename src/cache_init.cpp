@@ -198,10 +198,14 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     c->par_work = kParallelWork;
     c->par_shift = c->par_skips = 0;
     c->par_late = 0.0f;
+    bool par_forced = false;
 #if !defined(KVP_NO_HEAP)
     // Tests and benchmarks force the parallel paths on small work: KVP_PAR_WORK=<units>
-    // (0: every call uses all threads its items allow).
-    if (const char *e = getenv("KVP_PAR_WORK")) c->par_work = strtoull(e, nullptr, 10);
+    // (0: every call uses all threads its items allow), for host functions too.
+    if (const char *e = getenv("KVP_PAR_WORK")) {
+        c->par_work = strtoull(e, nullptr, 10);
+        par_forced = true;
+    }
 #endif
     // The worker threads start now and wait, asleep, for calls (threads.h).
     c->tpool = pool_start(cfg.threads, cfg.thread_pool == KVP_THREAD_POOL_HOST, base + plan.off_threads, thread_err);
@@ -209,9 +213,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         c->magic = kDeadMagic;  // not a live cache: a later kvp_create over this arena may proceed
         return nullptr;
     }
-#if !defined(KVP_NO_HEAP)
-    if (c->tpool && getenv("KVP_PAR_WORK")) c->tpool->host_par_work = c->par_work;  // host functions too
-#endif
+    if (c->tpool && par_forced) c->tpool->host_par_work = c->par_work;
     return c;
 }
 

@@ -184,8 +184,8 @@ void draft_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     // Threads as an ordinary call of this size would take them (the same bits for any count).
     uint32_t nt = 1;
     if (pool_parallel(c->tpool) && c->cfg.threads > 1 && (out || decode)) {
-        const double work = step_work(c, layer, n, decode ? StepMode::kDecode : StepMode::kPrefill, true);
-        if (par_work_now(c) == 0 || work >= double(par_work_now(c))) nt = c->cfg.threads < m.n_kv_heads ? c->cfg.threads : m.n_kv_heads;
+        const uint64_t pw = par_work_now(c);
+        if (pw == 0 || step_work(c, layer, n, decode ? StepMode::kDecode : StepMode::kPrefill, true) >= double(pw)) nt = c->cfg.threads < m.n_kv_heads ? c->cfg.threads : m.n_kv_heads;
     }
     if (out || decode) pool_run(c->tpool, nt, draft_worker, &j);
 }
