@@ -105,38 +105,37 @@ func TestThreadPoolKey(t *testing.T) {
 
 func TestSetParallelGoroutinesGiveTheBitsOfOneThread(t *testing.T) {
 	want := parRun(t, parCache(t, "threads=1"))
-	var calls int32
-	c := parCache(t, "threads=3 thread_pool=host")
-	if err := c.SetParallel(goroutines(&calls)); err != nil {
-		t.Fatal(err)
-	}
-	if got := parRun(t, c); !reflect.DeepEqual(got, want) {
-		t.Fatal("goroutines: bits differ from threads=1")
-	}
-	if calls == 0 {
-		t.Fatal("the parallel function was never called")
-	}
-	// in a row, the last t first, on a thread_pool=own cache too
-	for _, spec := range []string{"threads=3 thread_pool=host", "threads=3"} {
-		var calls int32
-		c := parCache(t, spec)
-		err := c.SetParallel(func(n uint32, run func(t uint32)) {
-			atomic.AddInt32(&calls, 1)
+	// in a row, the last t first
+	reverse := func(calls *int32) func(n uint32, run func(t uint32)) {
+		return func(n uint32, run func(t uint32)) {
+			atomic.AddInt32(calls, 1)
 			if n < 2 || n > 3 {
 				panic("n out of range")
 			}
 			for t := n; t > 0; t-- {
 				run(t - 1)
 			}
-		})
-		if err != nil {
+		}
+	}
+	cases := []struct {
+		name, spec string
+		fn         func(*int32) func(n uint32, run func(t uint32))
+	}{
+		{"goroutines", "threads=3 thread_pool=host", goroutines},
+		{"reverse", "threads=3 thread_pool=host", reverse},
+		{"reverse, own pool", "threads=3", reverse},
+	}
+	for _, cs := range cases {
+		var calls int32
+		c := parCache(t, cs.spec)
+		if err := c.SetParallel(cs.fn(&calls)); err != nil {
 			t.Fatal(err)
 		}
 		if got := parRun(t, c); !reflect.DeepEqual(got, want) {
-			t.Fatalf("%s, reverse: bits differ from threads=1", spec)
+			t.Fatalf("%s: bits differ from threads=1", cs.name)
 		}
 		if calls == 0 {
-			t.Fatalf("%s: never called", spec)
+			t.Fatalf("%s: the parallel function was never called", cs.name)
 		}
 	}
 }

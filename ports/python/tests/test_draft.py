@@ -1,5 +1,4 @@
 """Issue 21 through the Python binding: draft rollback against a twin, state save/load, errors."""
-import array
 import os
 import struct
 import sys
@@ -11,28 +10,11 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import kvprune  # noqa: E402
 from kvprune import KvpError  # noqa: E402
+from _rng import Rng  # noqa: E402
 
 MODEL = kvprune.Model(2, 4, 2, 16, rope=kvprune.ROPE_NEOX)
 NQ, NKV, HD = 4, 2, 16
 SPEC = "policy=streaming sinks=2 window=6 capacity=32 max_draft=4"
-
-
-class Rng:
-    """xorshift64: multiples of 2^-9 in [-1, 1), identical everywhere."""
-
-    def __init__(self, seed):
-        self.s = seed
-
-    def next(self):
-        x = self.s
-        x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 7
-        x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
-        self.s = x
-        return ((x >> 54) - 512) / 512.0
-
-    def vec(self, n):
-        return array.array("f", [self.next() for _ in range(n)])
 
 
 def toks(r, n):

@@ -17,6 +17,7 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import kvprune  # noqa: E402
 from kvprune import KvpError  # noqa: E402
+from _rng import Rng  # noqa: E402
 
 try:
     import numpy as np
@@ -24,24 +25,6 @@ except Exception:
     np = None
 
 MODEL = kvprune.Model(2, 4, 2, 16, rope=kvprune.ROPE_NEOX)
-
-
-class Rng:
-    """xorshift64: multiples of 2^-9 in [-1, 1), identical everywhere."""
-
-    def __init__(self, seed):
-        self.s = seed
-
-    def next(self):
-        x = self.s
-        x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 7
-        x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
-        self.s = x
-        return ((x >> 54) - 512) / 512.0
-
-    def vec(self, n):
-        return array.array("f", [self.next() for _ in range(n)])
 
 
 class ConfigTest(unittest.TestCase):

@@ -1,6 +1,5 @@
 """Issue 30 through the Python binding: the host's parallel-for (thread_pool=host, set_parallel)
 gives the bits of one thread, is called, and None restores the default."""
-import array
 import os
 import struct
 import sys
@@ -13,28 +12,11 @@ except ImportError:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     import kvprune  # noqa: E402
 from kvprune import KvpError  # noqa: E402
+from _rng import Rng  # noqa: E402
 
 LAYERS, NQ, NKV, HD = 2, 4, 2, 32
 MODEL = kvprune.Model(LAYERS, NQ, NKV, HD)
 PROMPT, DECODES = 24, 4
-
-
-class Rng:
-    """xorshift64: multiples of 2^-9 in [-1, 1), identical everywhere."""
-
-    def __init__(self, seed):
-        self.s = seed
-
-    def next(self):
-        x = self.s
-        x ^= (x << 13) & 0xFFFFFFFFFFFFFFFF
-        x ^= x >> 7
-        x ^= (x << 17) & 0xFFFFFFFFFFFFFFFF
-        self.s = x
-        return ((x >> 54) - 512) / 512.0
-
-    def vec(self, n):
-        return array.array("f", [self.next() for _ in range(n)])
 
 
 def cache(spec):

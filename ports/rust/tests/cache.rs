@@ -1,19 +1,8 @@
 //! Integration tests of the safe layer against the real libkvprune.a.
 use kvprune::{ffi, Cache, Config, Model, Rope, Status};
 
-/// Deterministic inputs: multiples of 2^-10 in [-1, 1) from an integer PRNG.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 54) as i32 - 512) as f32 / 512.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+mod common;
+use common::Rng;
 
 fn model() -> Model {
     Model::new(2, 4, 2, 16).rope(Rope::Neox, 0, 10000.0)

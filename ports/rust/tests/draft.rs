@@ -1,19 +1,8 @@
 //! Issue 21 through the Rust binding: draft rollback against a twin, state save/load, errors.
 use kvprune::{Cache, Config, Model, Rope, Status};
 
-/// Deterministic inputs: multiples of 2^-9 in [-1, 1) from an integer PRNG.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 54) as i32 - 512) as f32 / 512.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+mod common;
+use common::Rng;
 
 const NQ: usize = 4;
 const NKV: usize = 2;

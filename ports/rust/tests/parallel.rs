@@ -7,19 +7,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Once};
 
-/// Deterministic inputs: multiples of 2^-9 in [-1, 1) from an integer PRNG.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        ((self.0 >> 54) as i32 - 512) as f32 / 512.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.next()).collect()
-    }
-}
+mod common;
+use common::Rng;
 
 const LAYERS: u32 = 2;
 const NQ: usize = 4;
