@@ -254,6 +254,40 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
     }
 }
 
+// A host's parallel-for (kvp_set_parallel) that runs the tasks in a row on the calling thread,
+// counting its calls.
+std::atomic<int> g_host_calls{0};
+void host_in_a_row(void *, uint32_t n, void (*task)(void *, uint32_t), void *arg) {
+    g_host_calls.fetch_add(1);
+    for (uint32_t t = n; t-- > 0;) task(arg, t);
+}
+
+// thread_pool=host: every call handed to the host's function (one head per participant, 4 and
+// 2 KV heads on 3 threads) allocates nothing.
+TEST(NoAllocation, HostParallelForAllocatesNothing) {
+    for (const auto &cs : {std::make_pair("policy=h2o budget=120 recent=16 capacity=260 threads=3 thread_pool=host", 4u),
+                           std::make_pair("policy=streaming sinks=4 window=200 capacity=260 threads=3 thread_pool=host", 2u)}) {
+        kvp_config cfg = config(cs.first, 8, cs.second);
+        const size_t bytes = kvp_arena_size(&cfg);
+        ASSERT_GT(bytes, 0u) << cs.first;
+        void *arena = __libc_memalign(64, bytes);
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << cs.first;
+        const kvp_status st = kvp_set_parallel(c, host_in_a_row, nullptr);
+        if (st == KVP_ERR_UNSUPPORTED) {  // a build without threads
+            kvp_destroy(c);
+            __libc_free(arena);
+            GTEST_SKIP() << "KVP_THREADS=OFF";
+        }
+        ASSERT_EQ(st, KVP_OK);
+        g_host_calls.store(0);
+        EXPECT_EQ(allocations_during_workload(c, 2, 8, cs.second), 0) << cs.first;
+        EXPECT_GT(g_host_calls.load(), 0) << cs.first << ": the host's function was never called";
+        kvp_destroy(c);
+        __libc_free(arena);
+    }
+}
+
 // Every parallel path (KVP_PAR_WORK=0 puts every call on all threads): prefill one thread per
 // KV head (4 heads), split decode (owned and stolen chunk ranges, any head count) and
 // tile-split prefill (MQA: 1 KV head, 2 KV heads on 3 threads).
