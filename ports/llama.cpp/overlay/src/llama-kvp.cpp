@@ -147,7 +147,7 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
         // participants as the larger of the two thread counts, no worker threads of its own, and
         // no more than the machine's hardware threads: a context created with llama.cpp's default
         // of 4 threads and run with fewer (llama-bench sets them after creation) would otherwise
-        // reserve per-thread scratch that can never be used (13 MiB each for a 16K-token snapkv
+        // reserve per-thread scratch that can never be used (about 12 MiB each for a 16K-token snapkv
         // cache of the 0.5B shape)
         int nt = std::max(std::max(cparams.n_threads, cparams.n_threads_batch), 1);
         const unsigned hw = std::thread::hardware_concurrency();  // 0: unknown, no cap
