@@ -2,7 +2,8 @@
 """Write a llama2.c checkpoint (../shared/models/*.bin, legacy format) as an f32 GGUF file that
 llama.cpp loads as LLM_ARCH_LLAMA. Pure Python (struct only): no numpy, no gguf-py.
 
-    python3 llama2c_to_gguf.py enbytes-1m.bin enbytes-1m.gguf [--arch llama|qwen2|qwen3]
+    python3 llama2c_to_gguf.py enbytes-1m.bin enbytes-1m.gguf [--arch llama|qwen2|qwen3|gemma2|gemma3]
+        [--swa W:P] [--softcap C] [--bias]
 
 The vocabulary is byte-level: token i is byte i (GPT-2 byte-to-unicode spelling, tokenizer model
 "gpt2", no merges), which is exactly the enbytes-1m model's (vocab 256, no BOS). Another vocab size
@@ -16,7 +17,22 @@ path): Q and K rows are permuted within each head from interleaved to NEOX pairs
 which qwen2/qwen3 rotate, so the attention scores are those of the llama file; qwen3's
 attn_q_norm/attn_k_norm are ones (an RMS norm of q and k per head: a different model, the same
 shapes). No biases.
+
+--arch gemma3 writes them as a Gemma 3 graph: NEOX pairs as for qwen, q/k norms and the post-attention
+and post-FFN norms all ones; llama.cpp's gemma3 graph also scales the embeddings by sqrt(dim), uses a
+GELU-gated FFN and scales q by 1/sqrt(head_dim) itself: a different model again, on the same
+weights. --swa W:P gives it sliding-window layers (gemma3.attention.sliding_window = W,
+sliding_window_pattern = P: layer l is global iff (l+1) % P == 0, the others see W keys); without
+--swa every layer is global.
+
+--arch gemma2 is gemma3 without the q/k norms, plus attention logit soft-capping: --softcap C
+(gemma2.attn_logit_softcapping; Gemma 2 ships 50, and llama.cpp's gemma2 caps always). Its
+layers are always windowed (llama.cpp's default W 4096, period 2), so give --swa W:P to see it.
+
+--bias (qwen2) adds q/k/v biases, as Qwen2 checkpoints have: b[j] = 0.1 sin(0.7 j + layer + 1),
+0.2 cos(...) and 0.3 sin(...) for q, k and v (deterministic; again another model).
 """
+import math
 import struct
 import sys
 
@@ -99,8 +115,24 @@ def main():
         i = args.index("--arch")
         arch = args[i + 1]
         del args[i:i + 2]
-    if len(args) != 2 or arch not in ("llama", "qwen2", "qwen3"):
-        sys.exit("usage: llama2c_to_gguf.py CHECKPOINT.bin OUT.gguf [--arch llama|qwen2|qwen3]")
+    swa = None
+    softcap = 50.0
+    bias = "--bias" in args
+    if bias:
+        args.remove("--bias")
+    if "--softcap" in args:
+        i = args.index("--softcap")
+        softcap = float(args[i + 1])
+        del args[i:i + 2]
+    if "--swa" in args:
+        i = args.index("--swa")
+        swa = [int(x) for x in args[i + 1].split(":")]
+        del args[i:i + 2]
+    if len(args) != 2 or arch not in ("llama", "qwen2", "qwen3", "gemma2", "gemma3") or \
+            (swa is not None and (not arch.startswith("gemma") or len(swa) != 2 or swa[0] < 1)) or \
+            (bias and arch != "qwen2"):
+        sys.exit("usage: llama2c_to_gguf.py CHECKPOINT.bin OUT.gguf [--arch llama|qwen2|qwen3|gemma2|gemma3] "
+                 "[--swa W:P (gemma)] [--softcap C (gemma2)] [--bias (qwen2)]")
     raw = open(args[0], "rb").read()
     dim, hidden, L, nh, nkv, vocab, seq_len = struct.unpack_from("<7i", raw, 0)
     shared = vocab > 0
@@ -163,6 +195,11 @@ def main():
     if arch == "qwen3":
         w.u32(arch + ".attention.key_length", hd)
         w.u32(arch + ".attention.value_length", hd)
+    if swa is not None:
+        w.u32(arch + ".attention.sliding_window", swa[0])
+        w.u32(arch + ".attention.sliding_window_pattern", swa[1])
+    if arch == "gemma2":
+        w.f32(arch + ".attn_logit_softcapping", softcap)
     w.u32("general.file_type", 0)  # all f32
 
     b2u = bytes_to_unicode()
@@ -182,11 +219,21 @@ def main():
         w.tensor("blk.%d.attn_norm.weight" % i, [dim], rms_att[i])
         w.tensor("blk.%d.attn_q.weight" % i, [dim, nh * hd], neox(wq[i], nh))
         w.tensor("blk.%d.attn_k.weight" % i, [dim, nkv * hd], neox(wk[i], nkv))
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             ones = struct.pack("<%df" % hd, *([1.0] * hd))
             w.tensor("blk.%d.attn_q_norm.weight" % i, [hd], ones)
             w.tensor("blk.%d.attn_k_norm.weight" % i, [hd], ones)
+        if arch in ("gemma2", "gemma3"):
+            ones = struct.pack("<%df" % dim, *([1.0] * dim))
+            w.tensor("blk.%d.post_attention_norm.weight" % i, [dim], ones)
+            w.tensor("blk.%d.post_ffw_norm.weight" % i, [dim], ones)
         w.tensor("blk.%d.attn_v.weight" % i, [dim, nkv * hd], wv[i])
+        if bias:
+            for name, n, f in (("attn_q", nh * hd, lambda x: 0.1 * math.sin(x)),
+                               ("attn_k", nkv * hd, lambda x: 0.2 * math.cos(x)),
+                               ("attn_v", nkv * hd, lambda x: 0.3 * math.sin(x))):
+                vals = [f(0.7 * j + i + 1) for j in range(n)]
+                w.tensor("blk.%d.%s.bias" % (i, name), [n], struct.pack("<%df" % n, *vals))
         w.tensor("blk.%d.attn_output.weight" % i, [nh * hd, dim], wo[i])
         w.tensor("blk.%d.ffn_norm.weight" % i, [dim], rms_ffn[i])
         w.tensor("blk.%d.ffn_gate.weight" % i, [dim, hidden], w1[i])

@@ -5,8 +5,8 @@
 # the enbytes-1m llama2.c checkpoint as an f32 llama GGUF, and with llama-completion (greedy, a
 # 300-byte prompt in micro-batches of 64, 96 generated tokens) checks:
 #   1. --kvp "policy=full" gives the same tokens as llama.cpp's own cache (the same binary without
-#      --kvp), and so does KVP_SPEC="policy=full" in the environment; also written as qwen2 and
-#      qwen3 files (llama2c_to_gguf.py --arch);
+#      --kvp), and so does KVP_SPEC="policy=full" in the environment; also written as qwen2 (also with
+#      q/k/v biases, --bias) and qwen3 files (llama2c_to_gguf.py --arch);
 #   2. with BASE_DIR (an unmodified build: KVP_PORT=0 build.sh BASE_DIR), the port's binary without
 #      --kvp gives the same tokens as unmodified llama.cpp;
 #   3. scored policies (h2o budget=64, snapkv compression_ratio=0.5 of the prompt) run to completion,
@@ -46,7 +46,15 @@
 #      in the correct token's probability below 0.005 % and its largest change below 0.05 %, the
 #      same top token for >= 99.9 % of tokens (measured 2026-11-28: 0.999999, 0.001 %, 0.005 %,
 #      99.99 %; kv_dtype=q4 fails every bound: 1.000245, 0.652 %, 17.4 %, 99.45 %); and
-#      policy=h2o budget=64 max_prompt=0 (selection per micro-batch) runs and evicts.
+#      policy=h2o budget=64 max_prompt=0 (selection per micro-batch) runs and evicts;
+#  12. gemma3 (llama2c_to_gguf.py --arch gemma3, with sliding-window layers --swa 48:3 and without):
+#      --kvp "policy=full" gives the tokens of llama.cpp's f32 cache (its two caches, iswa, for the
+#      windowed file), the windows change the text, the cache takes sliding_window/sliding_pattern from
+#      the model and its local layers end holding 47 tokens each (live bytes); snapkv and h2o run and
+#      evict; a session saved under h2o loads and continues as the run that saved it;
+#      gemma2 (--swa 48:2, soft-capping at 2): --kvp "policy=full" = llama.cpp's f32 cache, the cap
+#      changes the text, the cache takes the window, period and cap from the model; h2o runs and evicts;
+#  13. the KV memory llama.cpp reports (memory breakdown, whole MiB) is the kvprune arena (-c 8192).
 # The vocabulary is byte-level (one token per byte), so equal text is equal tokens.
 set -euo pipefail
 
@@ -70,6 +78,7 @@ T=$DIR/test
 mkdir -p "$T"
 python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-1m.gguf"
 for a in qwen2 qwen3; do python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-$a.gguf" --arch $a; done
+python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-qwen2-bias.gguf" --arch qwen2 --bias # Qwen2's q/k/v biases
 python3 "$HERE/llama2c_to_gguf.py" "$MODELS/induction6.bin" "$T/induction6.gguf" # the speculative draft model
 head -c 300 "$MODELS/enbytes-1m.eval.txt" > "$T/prompt.txt"
 N_PROMPT=$(wc -c < "$T/prompt.txt")
@@ -77,9 +86,11 @@ N_PROMPT=$(wc -c < "$T/prompt.txt")
 fail=0
 # attempt NAME MARK PROGRAM [ARGS...]: PROGRAM's stdout into $T/NAME.txt and stderr into
 # $T/NAME.log. llama.cpp's common log (which prints the text too) is written by a worker thread
-# that is not joined at exit, so on a loaded machine the end of the output can be lost (llama.cpp
-# issue 22142): a run whose output lacks MARK (an ERE: its last line, e.g. the perf summary, or
-# with -v the kvprune counters printed when the context is freed) is run again, 5 times at most.
+# that unmodified llama.cpp does not join at exit, so the end of the output can be lost (llama.cpp
+# issue 22142; on a Zen 4 with an -O1 build most runs lost their last lines). port.patch drains
+# the log at exit (common/log.cpp), which leaves only an unmodified baseline (BASE_DIR) exposed: a
+# run whose output lacks MARK (an ERE: its last line, e.g. the perf summary, or with -v the
+# kvprune counters printed when the context is freed) is run again, 5 times at most.
 # RM_BEFORE: a file removed before each try (a run that must start without the prompt cache it writes).
 attempt() {
     local name=$1 mark=$2 try
@@ -99,11 +110,13 @@ attempt() {
     fail=1
     return 1
 }
-# run NAME BIN [ARGS...]: greedy completion (MODEL: the GGUF, default the llama file)
+# run NAME BIN [ARGS...]: greedy completion (MODEL: the GGUF, default the llama file; MARK: the
+# attempt mark, default the perf summary, or with -v and --kvp the kvprune counters)
 run() {
     local name=$1 bin=$2 mark='graphs reused'
     shift 2
     case " $* " in *" -v "*"--kvp "*) mark='kvprune: [1-9][0-9]* tokens seen' ;; esac
+    mark=${MARK:-$mark}
     attempt "$name" "$mark" "$bin/llama-completion" -m "${MODEL:-$T/enbytes-1m.gguf}" -f "$T/prompt.txt" -n $N_GEN \
         --temp 0 -c 512 -b 512 -ub 64 -t 2 -no-cnv --simple-io --no-warmup "$@"
 }
@@ -151,6 +164,31 @@ same() { # same A B WHAT
         fail=1
     fi
 }
+# full_f32 NAME: the file enbytes-NAME.gguf under --kvp "policy=full" gives the tokens of llama.cpp's
+# f32 cache without flash attention (its exact-attention path)
+full_f32() {
+    MODEL=$T/enbytes-$1.gguf run plain-$1 "$DIR/bin" -ctk f32 -ctv f32 -fa off || true
+    MODEL=$T/enbytes-$1.gguf run full-$1 "$DIR/bin" -v --kvp "policy=full" || true
+    same plain-$1 full-$1 "${2:-$1}: --kvp policy=full = llama.cpp's f32 cache (-fa off)"
+}
+# differs A B WHAT: the texts of A and B differ (WHAT changes the text, so a check can see it)
+differs() {
+    if cmp -s "$T/$1.txt" "$T/$2.txt"; then
+        echo "FAIL $3: llama.cpp's text is the same ($1 = $2)"
+        fail=1
+    else
+        echo "ok   $3: llama.cpp's text differs ($1 != $2)"
+    fi
+}
+# spec_has NAME TEXT: NAME's cache was created with TEXT in its spec (the port's log line)
+spec_has() {
+    if grep -q "kvprune cache '.*$2" "$T/$1.log"; then
+        echo "ok   $1: the cache's spec has $2"
+    else
+        echo "FAIL $1: the cache's spec lacks $2"
+        fail=1
+    fi
+}
 generated() { # generated NAME: every token generated and the cache evicted (the target's, last in the log)
     local n ev
     n=$(wc -c < "$T/$1.txt")
@@ -173,6 +211,10 @@ for a in qwen2 qwen3; do
     MODEL=$T/enbytes-$a.gguf run full-$a "$DIR/bin" --kvp "policy=full" || true
     same plain-$a full-$a "$a: --kvp policy=full = llama.cpp's cache"
 done
+# the biases make larger keys, whose f16 rounding in llama.cpp's default cache parts the text at the
+# 19th generated byte: compared with its f32 cache (-fa off), as the quantized files are
+full_f32 qwen2-bias "qwen2 with q/k/v biases"
+differs plain-qwen2 plain-qwen2-bias "qwen2: the q/k/v biases"
 if [ -n "$BASE" ]; then
     run base "$BASE/bin" || true
     same base plain "the port without --kvp = unmodified llama.cpp"
@@ -231,8 +273,9 @@ run_spec spec-h2o-ckpt "$DIR/bin" --kvp "policy=h2o budget=64 max_draft=0" && ge
 # last token and continues
 for p in "full:policy=full" "h2o:policy=h2o budget=64"; do
     n=${p%%:*} spec=${p#*:}
-    RM_BEFORE=$T/session-$n.bin run session-$n-save "$DIR/bin" -v --kvp "$spec" --prompt-cache "$T/session-$n.bin" || true
-    run session-$n-load "$DIR/bin" -v --kvp "$spec" --prompt-cache "$T/session-$n.bin" --prompt-cache-ro || true
+    # (-v for the log's session lines; no check reads the counters, whose line is the most often cut)
+    MARK='graphs reused' RM_BEFORE=$T/session-$n.bin run session-$n-save "$DIR/bin" -v --kvp "$spec" --prompt-cache "$T/session-$n.bin" || true
+    MARK='graphs reused' run session-$n-load "$DIR/bin" -v --kvp "$spec" --prompt-cache "$T/session-$n.bin" --prompt-cache-ro || true
     same session-$n-save session-$n-load "$spec: generation continued from a loaded state = the run that saved it"
     if grep -q 'replayed last token from session' "$T/session-$n-load.log"; then
         echo "ok   session-$n-load: the state was loaded ($(wc -c < "$T/session-$n.bin") bytes)"
@@ -274,9 +317,7 @@ if [ -x "$DIR/bin/llama-quantize" ]; then
             fail=1
             continue
         fi
-        MODEL=$T/enbytes-$q.gguf run plain-$q "$DIR/bin" -ctk f32 -ctv f32 -fa off || true
-        MODEL=$T/enbytes-$q.gguf run full-$q "$DIR/bin" --kvp "policy=full" || true
-        same plain-$q full-$q "$q file: --kvp policy=full = llama.cpp's f32 cache (-fa off)"
+        full_f32 $q "$q file"
     done
 fi
 
@@ -317,6 +358,62 @@ if [ -x "$DIR/bin/llama-perplexity" ]; then
             fail=1
         fi
     fi
+fi
+
+# 12. gemma3 with sliding-window layers (llama2c_to_gguf.py --arch gemma3 --swa 48:3: layers 2 and 5
+# global, the other four see 48 keys, the query's own included): llama.cpp's two caches (iswa) are
+# one kvprune cache whose local layers take the window and the period from the model
+python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-gemma3.gguf" --arch gemma3
+python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-gemma3-swa.gguf" --arch gemma3 --swa 48:3
+full_f32 gemma3
+full_f32 gemma3-swa
+differs plain-gemma3 plain-gemma3-swa "gemma3: the sliding windows"
+spec_has full-gemma3-swa 'sliding_window=48 sliding_pattern=3 '
+# memory: at the end every global layer holds every token, every local layer the 47 its next query sees
+live() { sed -n 's/.*kvprune: \([0-9]*\) tokens seen.* live \([0-9.]*\) KiB.*/\1 \2/p' "$T/$1.log" | tail -1; }
+read -r seen live_all <<<"$(live full-gemma3)" || true
+read -r _ live_swa <<<"$(live full-gemma3-swa)" || true
+if awk -v n="${seen:-0}" -v a="${live_all:-0}" -v s="${live_swa:-0}" 'BEGIN {
+        per = a / (6 * n); want = per * (2 * n + 4 * 47); d = s - want; if (d < 0) d = -d; exit !(n > 0 && d < 0.01) }'; then
+    echo "ok   full-gemma3-swa: live $live_swa KiB = 2 global layers x $seen tokens + 4 local x 47 (all layers global: $live_all KiB)"
+else
+    echo "FAIL full-gemma3-swa: live '${live_swa:-}' KiB, want 2 layers x '${seen:-}' tokens + 4 x 47 at the per-token size of '${live_all:-}' KiB / 6 layers"
+    fail=1
+fi
+MODEL=$T/enbytes-gemma3-swa.gguf run snapkv-gemma3-swa "$DIR/bin" -v --kvp "policy=snapkv compression_ratio=0.5 ratio_tokens=$N_PROMPT" &&
+    generated snapkv-gemma3-swa
+MODEL=$T/enbytes-gemma3-swa.gguf run h2o-gemma3-swa "$DIR/bin" -v --kvp "policy=h2o budget=64" && generated h2o-gemma3-swa
+MARK='graphs reused' RM_BEFORE=$T/session-gemma3.bin MODEL=$T/enbytes-gemma3-swa.gguf run session-gemma3-save "$DIR/bin" -v --kvp "policy=h2o budget=64" \
+    --prompt-cache "$T/session-gemma3.bin" || true
+MARK='graphs reused' MODEL=$T/enbytes-gemma3-swa.gguf run session-gemma3-load "$DIR/bin" -v --kvp "policy=h2o budget=64" \
+    --prompt-cache "$T/session-gemma3.bin" --prompt-cache-ro || true
+if grep -q 'replayed last token from session' "$T/session-gemma3-load.log"; then
+    same session-gemma3-save session-gemma3-load "gemma3-swa, h2o: generation continued from a loaded state = the run that saved it"
+else
+    echo "FAIL session-gemma3-load: the state was not loaded"
+    fail=1
+fi
+
+# 12b. gemma2: windows (--swa 48:2, every second layer global) and attention logit soft-capping;
+# capped at 2 (Gemma 2 ships 50, which these small logits never reach) so that the cap shapes the text
+python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-gemma2.gguf" --arch gemma2 --swa 48:2 --softcap 2
+python3 "$HERE/llama2c_to_gguf.py" "$MODELS/enbytes-1m.bin" "$T/enbytes-gemma2-nocap.gguf" --arch gemma2 --swa 48:2 --softcap 1e6
+full_f32 gemma2
+full_f32 gemma2-nocap
+differs plain-gemma2-nocap plain-gemma2 "gemma2: soft-capping at 2 (against 1e6, no cap in effect)"
+spec_has full-gemma2 'sliding_window=48 sliding_pattern=2 logit_softcap=2 '
+MODEL=$T/enbytes-gemma2.gguf run h2o-gemma2 "$DIR/bin" -v --kvp "policy=h2o budget=64" && generated h2o-gemma2
+
+# 13. the KV memory llama.cpp reports (its memory breakdown's "context" column, whole MiB) is the
+# kvprune arena (kvp_arena_size, logged when the context is freed); -c 8192 so that MiB tell
+run kvbytes "$DIR/bin" -v -c 8192 -n 8 --kvp "policy=snapkv compression_ratio=0.5" || true
+ctx=$(grep -a 'memory_breakdown_print: |   - Host' "$T/kvbytes.log" | tail -1 | awk -F'|' '{ split($3, a, /[=+]/); print a[3] + 0 }')
+arena=$(sed -n 's/.*of an arena of \([0-9.]*\) KiB (sequence 0).*/\1/p' "$T/kvbytes.log" | tail -1)
+if awk -v c="${ctx:-x}" -v a="${arena:-0}" 'BEGIN { exit !(c ~ /^[0-9]+$/ && c >= 8 && c == int(a / 1024)) }'; then
+    echo "ok   kvbytes: llama.cpp reports $ctx MiB of KV memory, the kvprune arena is $arena KiB (snapkv, -c 8192)"
+else
+    echo "FAIL kvbytes: llama.cpp reports '${ctx:-}' MiB of KV memory, the kvprune arena is '${arena:-}' KiB (want floor(arena / 1024), >= 8)"
+    fail=1
 fi
 
 # 8. llama-server (only when it was built)

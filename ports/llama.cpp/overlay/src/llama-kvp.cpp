@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <set>
@@ -79,14 +80,18 @@ static const uint32_t kvp_state_version = 1;
 llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparams & cparams, const std::string & user_spec) {
     const auto & hp = model.hparams;
 
-    // the architectures whose graph builder reaches kvprune through build_attn_inp_kv + build_attn
-    // and that test.sh checks
-    if (model.arch != LLM_ARCH_LLAMA && model.arch != LLM_ARCH_QWEN2 && model.arch != LLM_ARCH_QWEN3) {
+    // the architectures whose graph builder reaches kvprune through build_attn_inp_kv (or
+    // build_attn_inp_kv_iswa) + build_attn and that test.sh checks
+    if (model.arch != LLM_ARCH_LLAMA && model.arch != LLM_ARCH_QWEN2 && model.arch != LLM_ARCH_QWEN3 &&
+        model.arch != LLM_ARCH_GEMMA2 && model.arch != LLM_ARCH_GEMMA3) {
         throw std::runtime_error(format("kvprune: architecture '%s' is not supported by this port yet "
-                    "(llama, qwen2, qwen3)", llm_arch_name(model.arch)));
+                    "(llama, qwen2, qwen3, gemma2, gemma3)", llm_arch_name(model.arch)));
     }
-    if (hp.swa_type != LLAMA_SWA_TYPE_NONE || !cparams.causal_attn || cparams.embeddings) {
-        throw std::runtime_error("kvprune: only causal decoder models without sliding-window layers, no embeddings");
+    if (!cparams.causal_attn || cparams.embeddings) {
+        throw std::runtime_error("kvprune: only causal decoder models, no embeddings");
+    }
+    if (hp.swa_type != LLAMA_SWA_TYPE_NONE && hp.swa_type != LLAMA_SWA_TYPE_STANDARD) {
+        throw std::runtime_error("kvprune: sliding windows other than the standard one (chunked, symmetric) are not supported");
     }
 
     n_layer = hp.n_layer();
@@ -164,6 +169,58 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
             if (policy == p) {
                 spec += " max_prompt=" + n_ctx; // whole-prompt selection across micro-batches
             }
+        }
+    }
+    // sliding-window layers (gemma3): kvprune's local layers, window and period from the model.
+    // llama.cpp masks a key at p0 for a query at p1 when p1 - p0 >= n_swa: the query sees n_swa keys,
+    // itself included, which is kvprune's sliding_window; its layer il is local unless
+    // (il + 1) % pattern == 0, which is kvprune's sliding_pattern (0: every layer local)
+    if (hp.swa_type == LLAMA_SWA_TYPE_STANDARD) {
+        if (keys.count("sliding_window") || keys.count("sliding_pattern")) {
+            throw std::runtime_error("kvprune: sliding_window and sliding_pattern come from the model's "
+                    "sliding-window layers; leave them out of the spec");
+        }
+        int64_t pattern = -1;
+        for (uint32_t p = 0; p <= n_layer + 1 && pattern < 0; ++p) {
+            bool fits = true;
+            for (uint32_t il = 0; il < n_layer && fits; ++il) {
+                fits = hp.is_swa(il) == !(p > 0 && (il + 1) % p == 0);
+            }
+            if (fits) {
+                pattern = p;
+            }
+        }
+        if (pattern < 0) {
+            throw std::runtime_error("kvprune: the model's sliding-window layers follow no period "
+                    "(kvprune's sliding_pattern: layer l is global iff (l + 1) % P == 0)");
+        }
+        spec += " sliding_window=" + std::to_string(hp.n_swa) + " sliding_pattern=" + std::to_string(pattern);
+    }
+    // attention logit soft-capping (gemma2): llama.cpp caps the logits of the scaled q (kq_scale 1)
+    // as c * tanh(logits / c) before the softmax, which is kvprune's logit_softcap
+    if (hp.attn_soft_cap) {
+        if (keys.count("logit_softcap")) {
+            throw std::runtime_error("kvprune: logit_softcap comes from the model's attention soft-capping; "
+                    "leave it out of the spec");
+        }
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%.9g", hp.f_attn_logit_softcapping);
+        spec += std::string(" logit_softcap=") + buf;
+    }
+    // the scale the architecture's graph passes to build_attn: gemma2 and gemma3 scale q themselves
+    // and pass 1 (src/models/gemma2.cpp, gemma3.cpp), llama takes f_attention_scale when the file
+    // gives one
+    if (!keys.count("attn_scale")) {
+        float scale = 1.0f / sqrtf((float) head_dim);
+        if (model.arch == LLM_ARCH_GEMMA2 || model.arch == LLM_ARCH_GEMMA3) {
+            scale = 1.0f;
+        } else if (model.arch == LLM_ARCH_LLAMA && hp.f_attention_scale != 0.0f) {
+            scale = hp.f_attention_scale;
+        }
+        if (scale != 1.0f / sqrtf((float) head_dim)) {
+            char buf[32];
+            snprintf(buf, sizeof(buf), "%.9g", scale);
+            spec += std::string(" attn_scale=") + buf;
         }
     }
     if (kvp_config_apply(&cfg, spec.c_str(), err, sizeof(err)) != KVP_OK) {
@@ -699,6 +756,7 @@ static void llama_kvp_attn_op(ggml_tensor * dst, int ith, int nth, void * userda
 ggml_tensor * llama_kvp_memory::build_attn(ggml_context * ctx0, ggml_tensor * q, ggml_tensor * k, ggml_tensor * v,
         float kq_scale, int il) {
     GGML_ASSERT(il >= 0 && (uint32_t) il < n_layer);
+    GGML_ASSERT(k && v && "kvprune: layers that reuse another layer's KV are not supported");
     GGML_ASSERT(q->type == GGML_TYPE_F32 && k->type == GGML_TYPE_F32 && v->type == GGML_TYPE_F32);
     if (fabsf(kq_scale - attn_scale) > 1e-6f * attn_scale) {
         GGML_ABORT("kvprune: layer %d uses the attention scale %g, the cache was created with %g", il, kq_scale, attn_scale);

@@ -177,3 +177,18 @@ public:
 
     llama_kvp_memory * mem;
 };
+
+// the same for a model with sliding-window layers (gemma3: build_attn_inp_kv_iswa): kvprune's
+// local layers (sliding_window/sliding_pattern, set from the model) hold the windows, so both
+// branches of llama.cpp's input are one kvprune cache; build_attn hands `kvp` to the overload above
+class llm_graph_input_attn_kvp_iswa : public llm_graph_input_attn_kv_iswa {
+public:
+    llm_graph_input_attn_kvp_iswa(const llama_hparams & hparams, const llama_cparams & cparams, llama_kvp_memory * mem)
+        : llm_graph_input_attn_kv_iswa(hparams, cparams, nullptr), kvp(hparams, cparams, mem) {}
+
+    void set_input(const llama_ubatch * ubatch) override { GGML_UNUSED(ubatch); }
+
+    bool can_reuse(const llm_graph_params & params) override { return kvp.can_reuse(params); }
+
+    llm_graph_input_attn_kvp kvp;
+};
