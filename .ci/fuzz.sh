@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # libFuzzer stage (issue 11): builds tests/fuzz with clang (coverage + ASan + UBSan; OpenMP off, as
-# Debian's clang has no libomp by default) and runs each target for FUZZ_SECONDS (default 60) from
+# Debian's clang has no libomp by default) and runs each target for FUZZ_SECONDS (default 40) from
 # its committed seed corpus tests/fuzz/corpus/<target>/ (read only: new inputs go to a scratch
 # folder). A crash or a violated invariant fails the stage; the input is kept under
 # build-fuzz/artifacts/ and printed as hex so it can be committed to the corpus with its fix.
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 JOBS=${JOBS:-2}
-SECONDS_PER=${FUZZ_SECONDS:-60}
+SECONDS_PER=${FUZZ_SECONDS:-40}
 TARGETS=("$@")
 [ ${#TARGETS[@]} -eq 0 ] && TARGETS=(config calls state checkpoint results gguf)
 t0=$(date +%s)
