@@ -134,6 +134,7 @@ const char *kUsageTask =
     "kvprune eval --task passkey|niah|niah-multikey|recall[,...] [--model M] [--text FILE] [--lengths L,...]\n"
     "             [--depths D,...] [--samples S] [--seed S] [--setting query-aware|query-agnostic|both]\n"
     "             [--policy SPEC]... [--compression-ratio R,...] [--threads T] [--answers] [--json FILE] [--csv FILE]\n"
+    "             [--port-rows FILE | --port-results FILE]\n"
     "    Retrieval tasks: a needle (or passage) at each depth of held-out text, every prompt exactly\n"
     "    L bytes; the answer is greedy-decoded after the question and scored by exact match (recall:\n"
     "    per byte), with the answer's teacher-forced NLL and live/peak KV bytes per cell. A model with a\n"
@@ -147,7 +148,10 @@ const char *kUsageTask =
     "    policy (window, streaming, h2o, snapkv, pyramidkv, lethe, simlayerkv, asl, think over snapkv,\n"
     "    snapkv with q8/q4 storage, random with keep_prompt=0); threads: the machine's cores (results do not depend on them).\n"
     "    Prints the summary table (kvprune report), after one line per cell with --answers (expected and\n"
-    "    answered bytes, right or wrong, live KV); --json/--csv write one row per cell.\n";
+    "    answered bytes, right or wrong, live KV); --json/--csv write one row per cell.\n"
+    "    --port-rows FILE writes the grid's prompts (token ids, specs) for llama.cpp with the kvprune port and\n"
+    "    runs nothing; --port-results FILE reads what the port's llama-kvp-tasks answered and reports it as\n"
+    "    above (ports/llama.cpp/tasks.sh does the three steps; answer NLL and times are not measured there).\n";
 const char *kUsageDuo =
     "kvprune duo-calibrate --out FILE [--model M] [--text FILE] [--length N] [--samples S] [--seed S]\n"
     "             [--streaming F]\n"
@@ -809,6 +813,22 @@ int cmd_task(const Args &a) {
     g.text_name = display_name(a, "text", kDefaultText);
     std::vector<TaskResult> rows;
     if (!expand_task_grid(ck, text, g, &rows, &err)) return error("eval", err);
+    if (a.has("port-rows") && a.has("port-results"))
+        return usage_error("eval", "--port-rows and --port-results are two steps (ports/llama.cpp/tasks.sh)", kUsageTask);
+    if (a.has("port-rows")) {  // the grid's prompts for llama.cpp (the port's llama-kvp-tasks); nothing runs here
+        if (!write_port_rows(ck, text, rows, a.get("port-rows"), &err)) return error("eval", err);
+        std::fprintf(stderr, "kvprune eval: %zu rows written to %s\n", rows.size(), a.get("port-rows").c_str());
+        return 0;
+    }
+    if (a.has("port-results")) {  // what llama.cpp with the port answered, scored and reported as a run here is
+        std::string data;
+        if (!read_text_file(a.get("port-results"), &data, &err) ||
+            !read_port_results(ck, text, data, a.get("port-results"), &rows, &err))
+            return error("eval", err);
+        std::printf("%s", task_report(rows).c_str());
+        std::printf("%zu cells run by llama.cpp with the kvprune port (%s)\n", rows.size(), a.get("port-results").c_str());
+        return finish_task(a, rows, "");
+    }
     TaskBar bar;
     bar.on = !a.has("no-progress");
     bar.tty = isatty(2) != 0;
@@ -889,7 +909,7 @@ int cmd_eval(int argc, char **argv) {
     if (!parse_args(argc, argv, 2,
                     {"model", "text", "tokens", "prefill", "policy", "json", "csv", "preset", "replay", "progress-every", "random-lazy",
                      "task", "lengths", "depths", "samples", "seed", "setting", "compression-ratio", "threads", "replay-every",
-                     "tri-calibrate", "duo-roles"},
+                     "tri-calibrate", "duo-roles", "port-rows", "port-results"},
                     {"no-progress", "answers"}, &a))
         return usage_error("eval", a.err, kUsageEval);
     if (a.help) return help(kUsageEval);
@@ -902,7 +922,7 @@ int cmd_eval(int argc, char **argv) {
     for (const char *k : {"json", "csv"})
         if (a.has(k) && !check_writable(a.get(k), &err)) return error("eval", "--" + std::string(k) + ": " + err);
     if (a.has("task")) return cmd_task(a);
-    for (const char *k : {"lengths", "depths", "samples", "seed", "setting", "compression-ratio", "answers"})
+    for (const char *k : {"lengths", "depths", "samples", "seed", "setting", "compression-ratio", "answers", "port-rows", "port-results"})
         if (a.has(k)) return usage_error("eval", std::string("--") + k + " applies to --task only", kUsageEval);
     if (a.has("threads") && !a.has("replay")) return usage_error("eval", "--threads applies to --task and --replay only", kUsageEval);
     if (a.has("replay-every") && !a.has("replay")) return usage_error("eval", "--replay-every applies to --replay only", kUsageEval);

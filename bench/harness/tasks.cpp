@@ -392,6 +392,28 @@ double nll_at(const float *lg, int V, int target) {
     return std::log(z) + m - (double)lg[target];
 }
 
+// Fills a row's answer, text, scores and bytes from the generated ids and the cache's counters
+// after the answer. Token prompts: the decoded text cut to the answer's bytes is what is judged (tasks.h).
+void score_row(const Tokenizer *tok, const ModelConfig &mc, const TaskPrompt &p, const std::vector<int32_t> &gen_ids,
+               const kvp_stats &st, TaskResult *r) {
+    std::string gen;
+    if (p.tokens()) {
+        gen = tok ? tok->decode(gen_ids) : std::string();
+    } else {
+        for (int32_t t : gen_ids) gen += (char)t;
+    }
+    const TaskScore sc = score_answer(p.answer, p.tokens() ? gen.substr(0, std::min(gen.size(), p.answer.size())) : gen);
+    r->answer = p.answer;
+    r->generated = gen;
+    r->correct = sc.correct;
+    r->byte_accuracy = sc.byte_accuracy;
+    r->live_bytes = st.live_bytes;
+    r->peak_live_bytes = st.peak_live_bytes;
+    r->arena_bytes = st.arena_bytes;
+    const double full = 2.0 * 4.0 * (double)mc.kv_dim() * (double)mc.n_layers * (double)st.tokens_seen;
+    r->kv_ratio = full > 0 ? (double)st.live_bytes / full : 0;
+}
+
 // Feeds the prompt: all of it by prefill (query-aware), or the context by prefill and the
 // question by decode (query-agnostic). logits: the prediction of the first answer token.
 bool feed_prompt(Session &s, const TaskPrompt &p, bool aware, float *logits, std::string *err) {
@@ -450,25 +472,8 @@ bool run_task_cell(Session &s, const TaskPrompt &p, bool aware, TaskResult *r, s
             if (j + 1 < ans.size() && !s.decode(t, lg.data(), err)) return false;
         }
     }
-    std::string gen;
-    if (p.tokens()) {
-        gen = s.tokenizer() ? s.tokenizer()->decode(gen_ids) : std::string();
-    } else {
-        for (int32_t t : gen_ids) gen += (char)t;
-    }
-    // Token prompts: the decoded text cut to the answer's bytes is what is judged (tasks.h).
-    const TaskScore sc = score_answer(p.answer, p.tokens() ? gen.substr(0, std::min(gen.size(), p.answer.size())) : gen);
-    r->answer = p.answer;
-    r->generated = gen;
-    r->correct = sc.correct;
-    r->byte_accuracy = sc.byte_accuracy;
+    score_row(s.tokenizer(), s.model(), p, gen_ids, st, r);
     r->answer_nll = ans.empty() ? 0 : nll / (double)ans.size();
-    r->live_bytes = st.live_bytes;
-    r->peak_live_bytes = st.peak_live_bytes;
-    r->arena_bytes = st.arena_bytes;
-    const ModelConfig &mc = s.model();
-    const double full = 2.0 * 4.0 * (double)mc.kv_dim() * (double)mc.n_layers * (double)st.tokens_seen;
-    r->kv_ratio = full > 0 ? (double)st.live_bytes / full : 0;
     r->version = library_version();
     r->prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     r->decode_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
@@ -533,6 +538,13 @@ bool takes_ratio(const Checkpoint &ck, const std::string &spec, std::string *err
 }
 
 }  // namespace
+
+// The prompt of a row: token prompts for a model with a tokenizer (text_ids: task_text_ids), else bytes.
+static bool row_prompt(const Checkpoint &ck, const std::string &text, const std::vector<int32_t> &text_ids,
+                       const TaskResult &r, TaskPrompt *p, std::string *err) {
+    return ck.tok ? make_task_prompt_tokens(r.task, *ck.tok, text_ids, (int)r.length, r.depth, (int)r.sample, r.seed, p, err)
+                  : make_task_prompt(r.task, text, (int)r.length, r.depth, (int)r.sample, r.seed, p, err);
+}
 
 // A policy as run, resolved for prompts of `length` tokens. compression_ratio means the fraction of
 // the prompt's tokens removed for every policy; under ThinK it goes to the token policy's
@@ -677,9 +689,7 @@ bool run_task_rows(const Checkpoint &ck, const std::string &text, std::vector<Ta
                 r.spec = resolved;
                 TaskPrompt p;
                 std::string re = e;
-                const bool made = ok && (ck.tok ? make_task_prompt_tokens(r.task, *ck.tok, text_ids, (int)r.length, r.depth,
-                                                                          (int)r.sample, r.seed, &p, &re)
-                                                : make_task_prompt(r.task, text, (int)r.length, r.depth, (int)r.sample, r.seed, &p, &re));
+                const bool made = ok && row_prompt(ck, text, text_ids, r, &p, &re);
                 if (made)
                     run_task_cell(s, p, r.setting == kSettings[0], &r, &re);
                 errs[i] = re;
@@ -1092,6 +1102,79 @@ std::string task_memory_script(const std::vector<TaskResult> &rs, const std::str
         s += plot + "\n";
     }
     return s + "unset multiplot\n";
+}
+
+// ---------------------------------------------------------------- the grid through llama.cpp
+// (ports/llama.cpp/tasks.sh; tasks.h "Task rows for the llama.cpp port")
+
+namespace {
+
+void put_ids(std::string *o, const std::vector<int32_t> &ids) {
+    for (size_t i = 0; i < ids.size(); i++) *o += (i ? " " : "") + std::to_string(ids[i]);
+    *o += '\n';
+}
+
+}  // namespace
+
+bool write_port_rows(const Checkpoint &ck, const std::string &text, const std::vector<TaskResult> &rows,
+                     const std::string &path, std::string *err) {
+    const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
+    std::string o = "kvprune-task-rows 1\n" + std::to_string(rows.size()) + "\n";
+    for (size_t i = 0; i < rows.size(); i++) {
+        const TaskResult &r = rows[i];
+        TaskPrompt p;
+        std::string e, spec;
+        if (!row_prompt(ck, text, text_ids, r, &p, &e) || !resolve_task_spec(ck, r.policy, r.length, &spec, &e))
+            return *err = "row " + std::to_string(i) + ": " + e, false;
+        const std::vector<int32_t> c = p.tokens() ? p.context_ids : bytes_of(p.context);
+        const std::vector<int32_t> q = p.tokens() ? p.question_ids : bytes_of(p.question);
+        const size_t na = p.tokens() ? p.answer_ids.size() : p.answer.size();
+        o += "row " + std::to_string(i) + " " + (r.setting == kSettings[0] ? "1" : "0") + " " + std::to_string(na) + " " +
+             std::to_string(c.size()) + " " + std::to_string(q.size()) + " " + spec + "\n";
+        put_ids(&o, c);
+        put_ids(&o, q);
+    }
+    FILE *f = std::fopen(path.c_str(), "wb");
+    if (!f) return *err = "cannot write " + path, false;
+    const bool ok = std::fwrite(o.data(), 1, o.size(), f) == o.size();
+    return (std::fclose(f) == 0 && ok) || (*err = "cannot write " + path, false);
+}
+
+bool read_port_results(const Checkpoint &ck, const std::string &text, const std::string &data, const std::string &path,
+                       std::vector<TaskResult> *rows, std::string *err) {
+    std::istringstream in(data);
+    std::string head;
+    int version = 0;
+    if (!(in >> head >> version) || head != "kvprune-task-results" || version != 1)
+        return *err = path + ": not a task results file of the port (first line 'kvprune-task-results 1')", false;
+    const std::vector<int32_t> text_ids = ck.tok ? task_text_ids(*ck.tok, text) : std::vector<int32_t>();
+    std::vector<bool> seen(rows->size(), false);
+    std::string word;
+    while (in >> word) {
+        unsigned long long i = 0, live = 0, peak = 0, arena = 0, tokens = 0, n = 0;
+        if (word != "row" || !(in >> i >> live >> peak >> arena >> tokens >> n) || i >= rows->size() || seen[i] || n > 1000000)
+            return *err = path + ": a malformed or repeated row line, or a row the grid does not have", false;
+        std::vector<int32_t> gen(n);
+        for (auto &t : gen)
+            if (!(in >> t)) return *err = path + ": row " + std::to_string(i) + " has fewer ids than it says", false;
+        TaskResult &r = (*rows)[i];
+        TaskPrompt p;
+        std::string e;
+        if (!row_prompt(ck, text, text_ids, r, &p, &e) || !resolve_task_spec(ck, r.policy, r.length, &r.spec, &e))
+            return *err = "row " + std::to_string(i) + ": " + e, false;
+        kvp_stats st = {};
+        st.live_bytes = live;
+        st.peak_live_bytes = peak;
+        st.arena_bytes = arena;
+        st.tokens_seen = tokens;
+        score_row(ck.tok.get(), ck.cfg, p, gen, st, &r);  // as run_task_cell scores
+        r.answer_nll = 0;  // not computed through the port (no teacher-forced pass)
+        r.version = std::string(library_version()) + " llama.cpp port";
+        seen[i] = true;
+    }
+    for (size_t i = 0; i < seen.size(); i++)
+        if (!seen[i]) return *err = path + ": row " + std::to_string(i) + " of the grid has no result", false;
+    return true;
 }
 
 }  // namespace kvh

@@ -175,4 +175,23 @@ std::string task_heatmap_script(const std::vector<TaskResult> &rs, const std::st
 std::string task_memory_script(const std::vector<TaskResult> &rs, const std::string &task, const std::string &out_path,
                                int *width, int *height);
 
+// Task rows for the llama.cpp port (ports/llama.cpp/tasks.sh: the grid through llama.cpp with
+// --kvp, scored here). write_port_rows writes, for each row of an expanded grid, its prompt as
+// token ids and the spec as applied, to be run by the port's llama-kvp-tasks:
+//   kvprune-task-rows 1
+//   <rows>
+//   row <i> <query-aware 1|0> <answer tokens> <context tokens> <question tokens> <spec as applied>
+//   <context ids, space-separated>
+//   <question ids>
+// llama-kvp-tasks answers each row with
+//   row <i> <live bytes> <peak live bytes> <arena bytes> <tokens seen> <n> <n generated ids>
+// after the line "kvprune-task-results 1"; read_port_results (data: that file's text, path: its
+// name for messages) fills the rows from it and scores them as run_task_cell does (the answer's
+// teacher-forced NLL is not computed through the port: 0; times 0). Errors: a prompt that cannot
+// be made, a malformed or missing row.
+bool write_port_rows(const Checkpoint &ck, const std::string &text, const std::vector<TaskResult> &rows,
+                     const std::string &path, std::string *err);
+bool read_port_results(const Checkpoint &ck, const std::string &text, const std::string &data, const std::string &path,
+                       std::vector<TaskResult> *rows, std::string *err);
+
 }  // namespace kvh

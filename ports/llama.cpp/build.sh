@@ -25,7 +25,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 JOBS=${JOBS:-2}
 PORT=${KVP_PORT:-1}
-TARGETS=${LLAMA_TARGETS:-"llama-completion llama-cli llama-server llama-perplexity llama-bench llama-speculative-simple"}
+TARGETS=${LLAMA_TARGETS:-"llama-completion llama-cli llama-server llama-perplexity llama-bench llama-speculative-simple llama-kvp-tasks"}
 
 log() { echo "build.sh: $*" >&2; }
 # quiet LOGFILE CMD...: runs CMD with its output in LOGFILE, which is shown (its end) if CMD fails

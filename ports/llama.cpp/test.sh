@@ -54,7 +54,11 @@
 #      evict; a session saved under h2o loads and continues as the run that saved it;
 #      gemma2 (--swa 48:2, soft-capping at 2): --kvp "policy=full" = llama.cpp's f32 cache, the cap
 #      changes the text, the cache takes the window, period and cap from the model; h2o runs and evicts;
-#  13. the KV memory llama.cpp reports (memory breakdown, whole MiB) is the kvprune arena (-c 8192).
+#  13. the KV memory llama.cpp reports (memory breakdown, whole MiB) is the kvprune arena (-c 8192);
+#  14. when DIR/bin holds llama-kvp-tasks: kvprune's retrieval task grid through llama.cpp (tasks.sh;
+#      passkey and niah on induction6, 4 policies at 25 %, both settings) gives the harness's grid row
+#      for row (right/wrong, live KV bytes); kvprune's CLI is KVP_CLI or this
+#      repository's build/bench/harness/kvprune.
 # The vocabulary is byte-level (one token per byte), so equal text is equal tokens.
 set -euo pipefail
 
@@ -69,7 +73,7 @@ N_GEN=96
 t0=$(date +%s)
 
 if [ -z "${KVP_SKIP_BUILD:-}" ]; then
-    LLAMA_TARGETS=${LLAMA_TARGETS:-"llama-completion llama-speculative-simple llama-quantize llama-perplexity"} \
+    LLAMA_TARGETS=${LLAMA_TARGETS:-"llama-completion llama-speculative-simple llama-quantize llama-perplexity llama-kvp-tasks"} \
         bash "$HERE/build.sh" "$DIR"
 fi
 t1=$(date +%s)
@@ -414,6 +418,44 @@ if awk -v c="${ctx:-x}" -v a="${arena:-0}" 'BEGIN { exit !(c ~ /^[0-9]+$/ && c >
 else
     echo "FAIL kvbytes: llama.cpp reports '${ctx:-}' MiB of KV memory, the kvprune arena is '${arena:-}' KiB (want floor(arena / 1024), >= 8)"
     fail=1
+fi
+
+# 14. the retrieval task grid through llama.cpp (tasks.sh: kvprune eval's prompts, run by llama-kvp-tasks,
+# scored by kvprune eval) on induction6 (the retrieval model) gives the harness's own grid row for
+# row: right/wrong and the live KV bytes after the answer (the peak differs: llama.cpp's
+# micro-batches make the prompt an open one, max_prompt, held whole until its selection)
+if [ -x "$DIR/bin/llama-kvp-tasks" ]; then
+    grid=(--task passkey,niah --lengths 256 --depths 0,0.5,1 --samples 2 --setting both --compression-ratio 0.75
+          --policy policy=snapkv --policy policy=h2o --policy "policy=streaming sinks=4" --policy policy=pyramidkv)
+    if THREADS=2 bash "$HERE/tasks.sh" "$DIR" "$T/induction6.gguf" "${grid[@]}" --json "$T/grid-port.json" \
+            >"$T/grid-port.txt" 2>"$T/grid-port.log" &&
+        "${KVP_CLI:-$REPO/build/bench/harness/kvprune}" eval "${grid[@]}" --model "$T/induction6.gguf" --no-progress \
+            --json "$T/grid-harness.json" >"$T/grid-harness.txt" 2>"$T/grid-harness.log"; then
+        if out=$(python3 - "$T/grid-harness.json" "$T/grid-port.json" <<'PYEOF'
+import json, sys
+h, p = (json.load(open(f)) for f in sys.argv[1:3])
+keys = ("task", "spec", "setting", "length", "depth", "sample", "answer", "correct", "live_bytes")
+diff = [i for i, (a, b) in enumerate(zip(h, p)) if any(a[k] != b[k] for k in keys)]
+right = sum(r["correct"] for r in p)
+# a wrong answer's text can differ: the model has lost the needle and its logits are near ties, which
+# llama.cpp's matrix products (not the harness's) can order otherwise
+text = sum(a["generated"] != b["generated"] for a, b in zip(h, p))
+print("%d rows, %d answered right; right/wrong and live bytes as the harness's in every row, "
+      "the text in %d (the others: wrong answers)%s" % (len(p), right, len(p) - text,
+      "".join("\n  row %d differs: %s" % (i, {k: (h[i][k], p[i][k]) for k in keys if h[i][k] != p[i][k]}) for i in diff[:5])))
+sys.exit(0 if len(h) == len(p) and not diff and 0 < right < len(p) else 1)
+PYEOF
+        ); then
+            echo "ok   grid-port: the task grid through llama.cpp = the harness's, row for row: $out"
+        else
+            echo "FAIL grid-port: the task grid through llama.cpp differs from the harness's (or every row is right, or none): $out"
+            fail=1
+        fi
+    else
+        echo "FAIL grid-port: tasks.sh or the harness failed (see $T/grid-port.log, $T/grid-harness.log)"
+        tail -3 "$T/grid-port.log" "$T/grid-harness.log"
+        fail=1
+    fi
 fi
 
 # 8. llama-server (only when it was built)

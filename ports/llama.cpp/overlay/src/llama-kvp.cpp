@@ -29,6 +29,19 @@ const char * llama_kvp_spec() {
     return s && *s ? s : nullptr;
 }
 
+bool llama_kvp_seq_stats(llama_context * ctx, int seq_id, kvp_stats * out) {
+    auto * mem = dynamic_cast<llama_kvp_memory *>(llama_get_memory(ctx));
+    return mem && mem->seq_stats(seq_id, out);
+}
+
+bool llama_kvp_memory::seq_stats(int seq_id, kvp_stats * out) const {
+    if (seq_id < 0 || (size_t) seq_id >= seqs.size()) {
+        return false;
+    }
+    out->struct_size = sizeof(*out);
+    return kvp_get_stats(seqs[seq_id].cache, out) == KVP_OK;
+}
+
 //
 // llama_kvp_context
 //

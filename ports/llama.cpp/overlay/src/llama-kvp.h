@@ -22,6 +22,12 @@ struct ggml_tensor;
 // the kvprune spec of this process (env KVP_SPEC), nullptr when unset or empty
 const char * llama_kvp_spec();
 
+struct llama_context;
+struct kvp_stats;
+// kvprune's counters of sequence seq_id of a context whose memory is kvprune's (kvp_get_stats);
+// false when the memory is llama.cpp's own or seq_id is not one of its sequences (tools/kvp-tasks)
+bool llama_kvp_seq_stats(llama_context * ctx, int seq_id, kvp_stats * out);
+
 class llama_kvp_memory;
 
 class llama_kvp_context : public llama_memory_context_i {
@@ -96,6 +102,9 @@ public:
     // the op's threads other than the first: run the tasks kvprune's call (on the first thread)
     // hands to the graph's threads, until that call returned
     void op_help(int nth);
+
+    // kvp_get_stats of sequence seq_id's cache; false for an id outside [0, n_seq_max)
+    bool seq_stats(int seq_id, kvp_stats * out) const;
 
 private:
     // kvprune's parallel part on the graph's threads (thread_pool=host, kvp_set_parallel): the
