@@ -24,6 +24,13 @@
 #include <stdexcept>
 #include <thread>
 
+// a float as a spec value that reads back as the same float
+static std::string kvp_float(float x) {
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%.9g", x);
+    return buf;
+}
+
 const char * llama_kvp_spec() {
     const char * s = getenv("KVP_SPEC");
     return s && *s ? s : nullptr;
@@ -184,7 +191,7 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
             }
         }
     }
-    // sliding-window layers (gemma3): kvprune's local layers, window and period from the model.
+    // sliding-window layers (gemma2, gemma3): kvprune's local layers, window and period from the model.
     // llama.cpp masks a key at p0 for a query at p1 when p1 - p0 >= n_swa: the query sees n_swa keys,
     // itself included, which is kvprune's sliding_window; its layer il is local unless
     // (il + 1) % pattern == 0, which is kvprune's sliding_pattern (0: every layer local)
@@ -216,9 +223,7 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
             throw std::runtime_error("kvprune: logit_softcap comes from the model's attention soft-capping; "
                     "leave it out of the spec");
         }
-        char buf[32];
-        snprintf(buf, sizeof(buf), "%.9g", hp.f_attn_logit_softcapping);
-        spec += std::string(" logit_softcap=") + buf;
+        spec += " logit_softcap=" + kvp_float(hp.f_attn_logit_softcapping);
     }
     // the scale the architecture's graph passes to build_attn: gemma2 and gemma3 scale q themselves
     // and pass 1 (src/models/gemma2.cpp, gemma3.cpp), llama takes f_attention_scale when the file
@@ -231,9 +236,7 @@ llama_kvp_memory::llama_kvp_memory(const llama_model & model, const llama_cparam
             scale = hp.f_attention_scale;
         }
         if (scale != 1.0f / sqrtf((float) head_dim)) {
-            char buf[32];
-            snprintf(buf, sizeof(buf), "%.9g", scale);
-            spec += std::string(" attn_scale=") + buf;
+            spec += " attn_scale=" + kvp_float(scale);
         }
     }
     if (kvp_config_apply(&cfg, spec.c_str(), err, sizeof(err)) != KVP_OK) {
