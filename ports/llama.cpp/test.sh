@@ -440,8 +440,8 @@ right = sum(r["correct"] for r in p)
 # a wrong answer's text can differ: the model has lost the needle and its logits are near ties, which
 # llama.cpp's matrix products (not the harness's) can order otherwise
 text = sum(a["generated"] != b["generated"] for a, b in zip(h, p))
-print("%d rows, %d answered right; right/wrong and live bytes as the harness's in every row, "
-      "the text in %d (the others: wrong answers)%s" % (len(p), right, len(p) - text,
+print("%d rows, %d answered right; right/wrong and live bytes as the harness's in %d, "
+      "the text in %d (the others: wrong answers)%s" % (len(p), right, len(p) - len(diff), len(p) - text,
       "".join("\n  row %d differs: %s" % (i, {k: (h[i][k], p[i][k]) for k in keys if h[i][k] != p[i][k]}) for i in diff[:5])))
 sys.exit(0 if len(h) == len(p) and not diff and 0 < right < len(p) else 1)
 PYEOF
