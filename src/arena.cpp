@@ -162,8 +162,13 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     off = z.add(off, z.al(z.mul(z.mul(sizeof(uint32_t), L), homes)));
     p->off_pools = off;
     off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
+    // per-block bookkeeping of every pool as three arrays indexed by block id over all pools
+    // (pool.h "One slot space"), then each pool's free-stack tops and held counts
     p->off_pool_meta = off;
-    p->pool_meta_bytes = z.add(z.mul(3, z.al(z.mul(sizeof(int32_t), p->nblocks))), z.al(z.mul(2 * sizeof(uint32_t), L)));
+    p->block_meta_bytes = z.al(z.mul(z.mul(sizeof(int32_t), p->nblocks), H));
+    off = z.add(off, z.mul(3, p->block_meta_bytes));
+    p->off_pool_tops = off;
+    p->pool_meta_bytes = z.al(z.mul(2 * sizeof(uint32_t), L));
     off = z.add(off, z.mul(p->pool_meta_bytes, H));
     p->off_freqs = off;
     off = z.add(off, z.al(sizeof(double) * pairs));
@@ -193,7 +198,16 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
 
     // The last `draft` slots of a pool hold the rows of one layer's draft tokens during a draft
     // call (draft.h), after the staging slots.
-    const size_t slots = z.add(z.add(z.mul(p->nblocks, p->block), p->stage), draft);
+    // Plain f32 storage lays the pools' slots out as one slot space (pool.h "One slot space"):
+    // each array holds every pool's slots, all blocks first, then each pool's staging and draft
+    // slots; formatted storage keeps one data region per pool (quant/store_fmt.h).
+    p->one_space = !fp.on;
+    const size_t pool_slots = z.add(z.add(z.mul(p->nblocks, p->block), p->stage), draft);
+    const size_t slots = p->one_space ? z.mul(pool_slots, H) : pool_slots;
+    if (uint64_t(slots) > 0xffffffffu || (p->one_space && uint64_t(p->nblocks) * H > 0x7fffffffu)) {
+        if (why) *why = "the pools need more than 2^32-1 slots or 2^31-1 blocks in all";
+        return false;
+    }
     const size_t rows = z.mul(z.mul(slots, p->stride), sizeof(float));
     p->data_v = rows;
     p->data_pos = fp.on ? fp.end : z.mul(rows, 2);
@@ -207,7 +221,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
         p->pool_data_bytes = z.add(p->data_kexp, z.al(z.mul(slots, sizeof(int16_t))));
     }
     p->off_data = off;
-    off = z.add(off, z.mul(p->pool_data_bytes, H));
+    off = z.add(off, p->one_space ? p->pool_data_bytes : z.mul(p->pool_data_bytes, H));
 
     const Policy &pol = policy_of(cfg);
     p->pstate_bytes = pol.state_bytes ? pol.state_bytes(cfg, p->stage) : 0;

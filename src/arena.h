@@ -6,12 +6,16 @@
 //   [block tables]        uint32 per (layer, head): pinned blocks then the circular body list
 //   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared)
 //   [BlockPool x n_kv_heads]
-//   [pool bookkeeping]    per pool: next[nblocks], dead[nblocks], bseq[nblocks], top[L], held[L]
+//   [pool bookkeeping]    next, dead, bseq [n_kv_heads*nblocks] (by block id over all pools), then
+//                         per pool top[L], held[L]
 //   [inv_freq x rope_dim/2 doubles]  (and score=fixed: its deterministic copy, score_fixed.h)
 //   [RoPE tables for positions 0..2*max_cap-1]          realign with a compacting policy only
 //   [score=fixed: Q14 RoPE tables for positions 0..2*(max_cap+stage)-1]  same condition
 //   [formatted storage: FmtCache, FmtStore per store, FmtPool per pool, side rows, ThinK channel lists]
-//   per KV head pool, nblocks*block + stage slots:       (head-major)
+//   pool data, nblocks*block + stage + max_draft slots per KV head pool: plain f32 storage lays
+//   them out as one slot space (pool.h "One slot space": each array below holds every pool's
+//   slots, all pools' blocks first, then each pool's staging and draft slots); formatted storage
+//   keeps one region per pool (head-major):
 //     K [slots][stride] f32, V [slots][stride] f32, pos [slots] i32, rot [slots] i32, score [slots] f32
 //     (formatted storage: K rows, V rows, V scale pairs, key grids, repack scratch, and with a
 //      staged policy f32 staging K/V rows [stage][stride] each, instead of K, V)
@@ -126,11 +130,15 @@ struct ArenaPlan {
     bool decode_scores;      // some layer's decode scores its tokens (split areas keep logits)
     uint64_t sum_cap;        // sum of the layers' capacities (tokens per KV head)
     size_t max_runs;
-    size_t off_layers, off_heads, off_tables, off_home, off_minb, off_pools, off_pool_meta, pool_meta_bytes;
+    size_t off_layers, off_heads, off_tables, off_home, off_minb, off_pools;
+    size_t off_pool_meta, block_meta_bytes;  // next, dead, bseq: one array each over all pools' block ids
+    size_t off_pool_tops, pool_meta_bytes;   // per pool: top[L], held[L]
+    bool one_space;          // plain f32 storage: one slot space and block-id space for all pools (pool.h)
     uint32_t rope_full_n;    // precomputed RoPE positions (0: none)
     size_t off_rope_full;
     uint32_t fixed_rope_n;   // score=fixed: precomputed Q14 RoPE tables (positions 0..n-1), like rope_full_n
     size_t off_fixed_rope;
+    // pool_data_bytes: the one slot space's bytes (one_space), else one pool's data region
     size_t off_freqs, off_fixed_freqs, off_data, pool_data_bytes, data_v, data_pos, data_rot, data_score;
     size_t data_kq, data_kexp;  // score=fixed (pool data offsets; 0 otherwise)
     uint32_t rope_call_n;    // RoPE call tables per range (0: none)

@@ -156,12 +156,16 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     for (uint32_t h = 0; h < H; ++h) {
         BlockPool *p = new (&c->pools[h]) BlockPool;
         memset(p, 0, sizeof *p);
-        char *meta = base + plan.off_pool_meta + size_t(h) * plan.pool_meta_bytes;
-        char *data = base + plan.off_data + size_t(h) * plan.pool_data_bytes;
-        p->next = reinterpret_cast<int32_t *>(meta);
-        p->dead = reinterpret_cast<uint32_t *>(meta + align_up(sizeof(int32_t) * plan.nblocks, kAlign));
-        p->bseq = reinterpret_cast<uint32_t *>(meta + 2 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
-        p->top = reinterpret_cast<int32_t *>(meta + 3 * align_up(sizeof(int32_t) * plan.nblocks, kAlign));
+        // pool.h "One slot space": block ids and slots are over all pools (plain storage), or
+        // the pool's own (formatted storage: its data region, its part of the per-block arrays)
+        char *meta = base + plan.off_pool_meta;
+        const size_t own = plan.one_space ? 0 : size_t(h) * plan.nblocks;
+        char *data = base + plan.off_data + (plan.one_space ? 0 : size_t(h) * plan.pool_data_bytes);
+        p->base = plan.one_space ? h * plan.nblocks : 0;
+        p->next = reinterpret_cast<int32_t *>(meta) + own;
+        p->dead = reinterpret_cast<uint32_t *>(meta + plan.block_meta_bytes) + own;
+        p->bseq = reinterpret_cast<uint32_t *>(meta + 2 * plan.block_meta_bytes) + own;
+        p->top = reinterpret_cast<int32_t *>(base + plan.off_pool_tops + size_t(h) * plan.pool_meta_bytes);
         p->held = reinterpret_cast<uint32_t *>(p->top + L);
         p->home_lo = roles ? home_lo + size_t(h) * (L + 1) : home_lo;
         p->min_blocks = roles ? min_blocks + size_t(h) * L : min_blocks;
@@ -175,7 +179,9 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
             p->kexp = reinterpret_cast<int16_t *>(data + plan.data_kexp);
             p->kq_stride = plan.kq_stride;
         }
-        p->stage_slot = plan.nblocks * plan.block;
+        // staging, then draft slots (draft.cpp): after every pool's blocks in one slot space
+        p->stage_slot = plan.one_space ? H * plan.nblocks * plan.block + h * (plan.stage + cfg.max_draft)
+                                       : plan.nblocks * plan.block;
         p->stage = plan.stage;
         p->n_layers = L;
         p->nblocks = plan.nblocks;

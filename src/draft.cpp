@@ -67,7 +67,7 @@ void draft_head(DraftJob &j, uint32_t h, size_t tid) {
     const bool realign = c->positions == KVP_POS_REALIGN;
     const DraftLayer dl = draft_layer(c, j.layer);
     const uint32_t D = j.d0 + j.n, L = hs.len(), hd = m.head_dim;
-    const uint32_t dslot = p.nblocks * p.block + p.stage;
+    const uint32_t dslot = pool.stage_slot + pool.stage;  // after the pool's staging slots (cache_init.cpp)
     // Draft token d sits at logical L + d; a twin prefill would pin it (streaming's sinks) while
     // the body is empty and the pinned prefix not full, and rotate it where store_token does.
     const uint32_t npin = hs.count == 0 && hs.npin < hs.pin_cap ? (hs.pin_cap - hs.npin < D ? hs.pin_cap - hs.npin : D) : 0;

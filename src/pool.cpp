@@ -21,7 +21,7 @@ void BlockPool::release(uint32_t layer, uint32_t b) {
     uint32_t lo = 0, hi = n_layers;
     while (hi - lo > 1) {
         const uint32_t mid = (lo + hi) / 2;
-        if (home_lo[mid] <= b) lo = mid;
+        if (home_lo[mid] <= b - base) lo = mid;
         else hi = mid;
     }
     next[b] = top[lo];
@@ -35,14 +35,14 @@ void BlockPool::reset() {
     deficit = 0;
     for (uint32_t l = 0; l < n_layers; ++l) {
         top[l] = -1;
-        for (uint32_t b = home_lo[l + 1]; b > home_lo[l]; --b) {  // pushed descending: pops ascending
+        for (uint32_t b = base + home_lo[l + 1]; b > base + home_lo[l]; --b) {  // pushed descending: pops ascending
             next[b - 1] = top[l];
             top[l] = int32_t(b - 1);
         }
         held[l] = 0;
         deficit += min_blocks[l];
     }
-    for (uint32_t b = 0; b < nblocks; ++b) dead[b] = bseq[b] = 0;  // bseq too: a saved state (state.h) is a function of the calls
+    for (uint32_t b = base; b < base + nblocks; ++b) dead[b] = bseq[b] = 0;  // bseq too: a saved state (state.h) is a function of the calls
     nfree = nblocks;
 }
 

@@ -19,6 +19,14 @@
 // reads them as few runs; only when its home is empty does it borrow from the other layers'
 // homes (scanning layer+1, layer+2, ... in that fixed order). A freed block returns to its home.
 //
+// One slot space (plain f32 storage, arena.h): the pools' slot arrays and per-block arrays
+// (next, dead, bseq) are each one array over all pools, so a block id and a slot number mean the
+// same place in every pool. Pool h's own blocks are ids [base, base + nblocks), base = h *
+// nblocks; its staging and draft slots follow all pools' blocks. Nothing moves a block between
+// pools yet, so a pool touches only its own ids and slots (threads stay apart as before).
+// Formatted storage keeps one data region per pool: base = 0 and the per-block arrays point at
+// the pool's own part.
+//
 // Reservation: each layer may always reach `min_blocks` blocks (what its policy needs to make
 // progress), so a layer is never starved by the others: a layer at or above its minimum may take
 // a block only while the free blocks exceed the other layers' unmet minimums. When it may not,
@@ -40,6 +48,7 @@ struct BlockPool {
     int16_t *kq, *kexp;          // score=fixed: [slots][kq_stride] rotated int16 key, [slots] exponent; else NULL
     uint32_t kq_stride;
     uint32_t stage_slot, stage;  // prompt staging slots (0 when the policy does not stage)
+    uint32_t base;               // the pool's first block id (one slot space: h * nblocks; else 0)
     int32_t *next;               // [nblocks] free-stack links, -1 ends a stack
     uint32_t *dead;              // [nblocks] dead (evicted, not yet compacted) slots per block
     uint32_t *bseq;              // [nblocks] a body block's sequence number in its store (storage.h)
@@ -61,7 +70,7 @@ struct BlockPool {
     }
     // Takes a block for `layer` (home first); -1 when allowed(layer) == 0.
     int32_t alloc(uint32_t layer);
-    // Returns block b, held by `layer`, to its home.
+    // Returns block b (an id in [base, base + nblocks)), held by `layer`, to its home.
     void release(uint32_t layer, uint32_t b);
     // All blocks free, in ascending order within each home.
     void reset();

@@ -424,22 +424,27 @@ void visit(kvp_cache *c, Ar &ar) {
         ar.u(deficit);
         ar.require(nfree <= p.nblocks, "a pool's free count exceeds its blocks");
         if (ar.loading()) pool.nfree = nfree, pool.deficit = deficit;
+        // Block ids are stored as the pool's own (0..nblocks-1, pool.h "One slot space": id - base).
+        const int32_t base = int32_t(pool.base);
+        auto own = [base](int32_t id) { return id < 0 ? id : id - base; };
+        auto global = [base](int32_t id) { return id < 0 ? id : id + base; };
         for (uint32_t b = 0; b < p.nblocks && ar.ok; ++b) {
-            int32_t nx = pool.next[b];
-            uint32_t dead = pool.dead[b], seq = pool.bseq[b];
+            const uint32_t g = pool.base + b;
+            int32_t nx = own(pool.next[g]);
+            uint32_t dead = pool.dead[g], seq = pool.bseq[g];
             ar.u(nx);
             ar.u(dead);
             ar.u(seq);
             ar.require(nx >= -1 && nx < int32_t(p.nblocks) && dead <= B, "a pool's block list is corrupt");
-            if (ar.loading()) pool.next[b] = nx, pool.dead[b] = dead, pool.bseq[b] = seq;
+            if (ar.loading()) pool.next[g] = global(nx), pool.dead[g] = dead, pool.bseq[g] = seq;
         }
         for (uint32_t l = 0; l < L && ar.ok; ++l) {
-            int32_t top = pool.top[l];
+            int32_t top = own(pool.top[l]);
             uint32_t held = pool.held[l];
             ar.u(top);
             ar.u(held);
             ar.require(top >= -1 && top < int32_t(p.nblocks) && held <= p.nblocks, "a pool's free stacks are corrupt");
-            if (ar.loading()) pool.top[l] = top, pool.held[l] = held;
+            if (ar.loading()) pool.top[l] = global(top), pool.held[l] = held;
         }
         if (v && ar.ok) {
             if (h == 0) v->pool_rec = ar.pos - v->pool0;
@@ -500,7 +505,7 @@ void visit(kvp_cache *c, Ar &ar) {
             blocks[1] = hs.nb;
             for (uint32_t i = 0; i < blocks[0] + blocks[1] && ar.ok; ++i) {
                 uint32_t &slot = i < blocks[0] ? real.pin_blk[i] : real.blk[(hs.bhead + i - blocks[0]) % hs.blk_cap];
-                uint32_t bid = slot;
+                uint32_t bid = slot - pool.base;  // the pool's own id (pool.h)
                 ar.u(bid);
                 ar.require(bid < p.nblocks, "a store's block table names a block beyond the pool");
                 if (v && ar.ok) {
@@ -508,7 +513,7 @@ void visit(kvp_cache *c, Ar &ar) {
                     ar.require(i < blocks[0] ? v->dead(h, bid) == 0 : v->bseq(h, bid) == hs.seq_head + (i - blocks[0]),
                                "a block's dead count or sequence word does not match its store");
                 }
-                if (ar.loading()) slot = bid;
+                if (ar.loading()) slot = bid + pool.base;
             }
             uint32_t pconv = 0;  // formatted: pinned tokens converted (the buffer's value when reading)
             uint32_t sel_rd = 0;  // formatted: the channel lists are set (the buffer's value when reading)

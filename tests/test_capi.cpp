@@ -157,10 +157,11 @@ TEST(Config, CheckCatchesContradictions) {
 // tflite-micro style: the arena's size is pinned, so a layout change is a visible decision.
 // 2 layers x 2 KV heads, head_dim 32 (stride 32), full policy, capacity 100, block 16:
 //   each (layer, head) needs ceil(100/16) = 7 blocks, so each KV head's pool has 14 blocks = 224
-//   slots: K+V 224 x 2 x 128 B = 57344, pos/rot/score 3 x 896 -> 60032 B per pool, 120064 for 2;
+//   slots: K+V 224 x 2 x 128 B = 57344, pos/rot/score 3 x 896 -> 60032 B per pool, 120064 for 2 (one slot space, pool.h);
 //   fixed part: cache object 960, layer states 256, head stores 448, block tables 128, home
 //   ranges + reservations 128, pool structs 256, pool free lists + dead counts + block
-//   sequence numbers 512, RoPE
+//   sequence numbers 512 (3 arrays over both pools' 28 blocks, 3 x 128, and per pool its
+//   free-stack tops and held counts, 2 x 64), RoPE
 //   frequencies 128, RoPE tables of a call's positions (original positions: min(capacity, 512)
 //   tables of 16 pairs) 100 x 128 = 12800,
 //   one RoPE memo 320: 15936 (threads=1: no worker threads, no pool region);
@@ -177,17 +178,19 @@ TEST(Config, CheckCatchesContradictions) {
 //   targets only) +64 B: 150144 on 64-bit targets; on 32-bit ones, with smaller pointers in the
 //   fixed part, 149632, and (issue 32: kvp_config's seed, keep_prompt, tri_mode and tri_stats,
 //   16 B more in the cache object, whose 64-byte rounding shows on 32-bit targets only) +64 B:
-//   149696.
+//   149696; and (issue 32, the pools' one slot space, pool.h) each pool's first block id, which
+//   fits the 64-bit pool struct's padding, +64 B of pool structs on 32-bit targets: 149760.
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);
-    EXPECT_EQ(n, sizeof(void *) == 8 ? 150144u : 149696u);  // 32-bit targets: smaller pointers in the fixed part
+    EXPECT_EQ(n, sizeof(void *) == 8 ? 150144u : 149760u);  // 32-bit targets: smaller pointers in the fixed part
     kvp_config cfg2 = base_config("capacity=164");
     // 4 more blocks (64 slots) per (layer, head): 4 x 64 x (256 B of K+V + 4 B each of pos, rot,
-    // score); the block tables (+64), the pools' free lists, dead counts and sequence numbers
-    // (+2 x 3 x 64), the run list (+66 runs x 24 -> +1600) and the RoPE call tables (+64 x 128)
-    // grow with them; the attention scratch is unchanged.
-    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 384 + 1600 + 64 * 128);
+    // score); the block tables (+64), the free-list links, dead counts and sequence numbers (one
+    // array of each over both pools' 28 -> 44 blocks: 3 x (192 - 128)), the run list (+66 runs
+    // x 24 -> +1600) and the RoPE call tables (+64 x 128) grow with them; the attention scratch
+    // is unchanged.
+    EXPECT_EQ(kvp_arena_size(&cfg2) - n, 4u * 64 * (256 + 12) + 64 + 3 * 64 + 1600 + 64 * 128);
     // Threads: each thread beyond the first adds its scratch (13568 B above), its RoPE memo and
     // a thread handle; from 2 threads on, the worker pool's object and one split area per KV head
     // (arena.h head_area_plan: runs 2624 + one split-K chunk's partials 320 = 2944 B, as a

@@ -420,4 +420,21 @@ TEST(Sizes, PoolSlotsBeyond32Bits) {
     EXPECT_GT(kvp_arena_size(&ok), 0u);
 }
 
+// Plain f32 storage numbers the slots of all KV heads' pools in one space (pool.h "One slot
+// space"): 2 KV heads of 2^31 slots each fit a pool each, but not one space. Formatted storage
+// keeps a space per pool, so the same geometry in q8 passes this check.
+TEST(Sizes, OneSlotSpaceBeyond32Bits) {
+    const kvp_model m = ref::model(64, 2, 2, 1, KVP_ROPE_NONE);
+    kvp_config cfg = make_config(m, "policy=full");
+    cfg.capacity = 1u << 25;  // 64 layers x 2^25 = 2^31 slots per KV head, 2^32 for both
+    EXPECT_EQ(kvp_arena_size(&cfg), 0u);
+    char err[256];
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_CONFIG);
+    EXPECT_NE(strstr(err, "2^32"), nullptr) << err;
+    cfg.capacity = (1u << 25) - 64;  // a little under: the space fits (sizing only on 32-bit targets)
+    if (sizeof(size_t) == 8) {
+        EXPECT_GT(kvp_arena_size(&cfg), 0u);
+    }
+}
+
 }  // namespace
