@@ -27,12 +27,19 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     const uint32_t pin = g->lp.pin_cap < cap ? g->lp.pin_cap : cap;
     g->pin_blk_cap = ceil_div(pin, block);
     // max_prompt (prompt.h): an open prompt may hold cap + P tokens in the layer's body
-    const uint64_t body = uint64_t(cap) + layer_prompt_room(cfg, layer) - pin + g->lp.hole_cap +
-                          (g->lp.front_evict ? block - 1 : 0);
-    g->blk_cap = cap > pin ? ceil_div(body, block) : 0;
-    g->max_blocks = g->pin_blk_cap + g->blk_cap;
+    auto body_blocks = [&](uint32_t c) {
+        const uint64_t body = uint64_t(c) + layer_prompt_room(cfg, layer) - pin + g->lp.hole_cap +
+                              (g->lp.front_evict ? block - 1 : 0);
+        return c > pin ? uint32_t(ceil_div(body, block)) : 0u;
+    };
+    g->blk_cap = body_blocks(cap);
     g->min_blocks = g->pin_blk_cap + (g->blk_cap ? 1 : 0);
-    if (local) g->min_blocks = g->max_blocks;  // a local layer never self-prunes: it always gets its window
+    if (local) g->min_blocks = g->max_blocks();  // a local layer never self-prunes: it always gets its window
+    // Heads that lend (pool.h "Lending"): the home holds the capacity's blocks; a store may take
+    // up to store_cap tokens, with the blocks its layer's other heads (or other layers) leave.
+    g->home_blocks = g->max_blocks();
+    g->lp.store_cap = local ? cap : store_cap(cfg, cap);
+    if (g->lp.store_cap != cap) g->blk_cap = body_blocks(g->lp.store_cap);
 }
 
 void stream_geom(const kvp_config &cfg, LayerGeom *g) {
@@ -45,8 +52,9 @@ void stream_geom(const kvp_config &cfg, LayerGeom *g) {
     g->lp.front_evict = true;
     g->pin_blk_cap = ceil_div(S, block);
     g->blk_cap = ceil_div(uint64_t(2) * W - 1 + block - 1, block);
-    g->max_blocks = g->pin_blk_cap + g->blk_cap;
-    g->min_blocks = g->max_blocks;  // never self-prunes: its sinks and window are always there
+    g->min_blocks = g->max_blocks();  // never self-prunes: its sinks and window are always there
+    g->home_blocks = g->max_blocks();
+    g->lp.store_cap = g->lp.cap;
 }
 
 bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uint8_t *roles) {
@@ -77,7 +85,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
             for (uint32_t l = 0; l < L; ++l) {
                 LayerGeom g;
                 layer_geom(cfg, l, &g);
-                need += store_geom(g, sg, roles, H, l, h).max_blocks;
+                need += store_geom(g, sg, roles, H, l, h).home_blocks;
             }
             if (need > sum_blocks) sum_blocks = need;
         }
@@ -85,15 +93,15 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
         layer_geom(cfg, l, &g);
-        if (!roles) sum_blocks += g.max_blocks;
+        if (!roles) sum_blocks += g.home_blocks;
         sum_min += g.min_blocks;
         sum_cap += g.lp.cap;
-        if (!roles) tables += uint64_t(g.max_blocks) * H;
+        if (!roles) tables += uint64_t(g.max_blocks()) * H;
         else
-            for (uint32_t h = 0; h < H; ++h) tables += store_geom(g, sg, roles, H, l, h).max_blocks;
+            for (uint32_t h = 0; h < H; ++h) tables += store_geom(g, sg, roles, H, l, h).max_blocks();
         // a layer's store holds up to cap + its prompt room (prompt.h): every size that follows
         // the longest store (logits, runs, RoPE tables, formatted rows) takes that
-        const uint32_t scap = g.lp.cap + layer_prompt_room(cfg, l);
+        const uint32_t scap = g.lp.store_cap + layer_prompt_room(cfg, l);
         if (scap > max_cap) max_cap = scap;
         if (g.lp.cap > max_pcap) max_pcap = g.lp.cap;
         if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
@@ -118,7 +126,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
         // per token covers every policy's per-token needs there)
         const uint64_t pr = layer_prompt_room(cfg, l);
         const size_t per = g.lp.scratch_per_token > kPromptScratchPerToken || !pr ? g.lp.scratch_per_token : kPromptScratchPerToken;
-        const size_t b = z.add(z.add(g.lp.scratch_bytes, z.mul(per, uint64_t(g.lp.cap) + p->stage)), z.mul(per, pr));
+        const size_t b = z.add(z.add(g.lp.scratch_bytes, z.mul(per, uint64_t(g.lp.store_cap) + p->stage)), z.mul(per, pr));
         if (b > pol_scratch) pol_scratch = b;
     }
     if (staged) max_runs += 1;  // the staged tokens' run
@@ -202,6 +210,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     // each array holds every pool's slots, all blocks first, then each pool's staging and draft
     // slots; formatted storage keeps one data region per pool (quant/store_fmt.h).
     p->one_space = !fp.on;
+    p->lend = p->one_space && heads_lend(cfg);
     const size_t pool_slots = z.add(z.add(z.mul(p->nblocks, p->block), p->stage), draft);
     const size_t slots = p->one_space ? z.mul(pool_slots, H) : pool_slots;
     if (uint64_t(slots) > 0xffffffffu || (p->one_space && uint64_t(p->nblocks) * H > 0x7fffffffu)) {

@@ -95,8 +95,11 @@ struct LayerGeom {
     LayerPlan lp;
     uint32_t pin_blk_cap;   // pinned blocks
     uint32_t blk_cap;       // body block list entries
-    uint32_t max_blocks;    // pin_blk_cap + blk_cap: all the layer can ever hold per head
     uint32_t min_blocks;    // reservation (pool.h)
+    uint32_t home_blocks;   // the layer's home per pool (pool.h): max_blocks(), or where heads lend
+                            // (policy.h heads_lend) the blocks of the layer's capacity only
+    // all one head's store can ever hold (for lp.store_cap tokens)
+    uint32_t max_blocks() const { return pin_blk_cap + blk_cap; }
 };
 void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g);
 
@@ -134,6 +137,7 @@ struct ArenaPlan {
     size_t off_pool_meta, block_meta_bytes;  // next, dead, bseq: one array each over all pools' block ids
     size_t off_pool_tops, pool_meta_bytes;   // per pool: top[L], held[L]
     bool one_space;          // plain f32 storage: one slot space and block-id space for all pools (pool.h)
+    bool lend;               // heads lend blocks (one space and policies/policy.h heads_lend; pool.h)
     uint32_t rope_full_n;    // precomputed RoPE positions (0: none)
     size_t off_rope_full;
     uint32_t fixed_rope_n;   // score=fixed: precomputed Q14 RoPE tables (positions 0..n-1), like rope_full_n

@@ -643,6 +643,8 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
               !(mode == StepMode::kPrefill && ls.geom.lp.staged_prefill && !prompt) &&
               !(mode == StepMode::kPrefill && ls.geom.lp.obs_all) &&  // colsum: a head's tiles in order
               !(mode == StepMode::kDecode && ls.observe_decode);
+    // heads that lend (pool.h): blocks move between pools here, before any head appends
+    if (!(mode == StepMode::kPrefill && q && ls.geom.lp.staged_prefill && !prompt)) lend_blocks(c, layer, n);
     uint32_t parts = H;  // the most participants the call can use
     if (j.split) {
         Sz z;  // the plan was checked at create

@@ -114,6 +114,26 @@ void local_evict(kvp_cache *c, HeadStore &hs, BlockPool &pool, uint32_t layer, i
 
 
 
+void lend_blocks(kvp_cache *c, uint32_t layer, uint32_t n) {
+    if (!c->plan.lend || layer_local(c->cfg, layer)) return;
+    const uint32_t H = c->cfg.model.n_kv_heads;
+    auto need = [&](uint32_t h) -> uint32_t {
+        const HeadStore &hs = head_of(c, layer, h);
+        return head_streaming(hs) ? 0 : store_blocks_needed(hs, c->plan.block, n);  // a streaming head's are reserved
+    };
+    for (uint32_t h = 0; h < H; ++h) {
+        BlockPool &to = c->pools[h];
+        const uint32_t nh = need(h);
+        for (uint32_t g = 0; g < H && to.allowed(layer) < nh; ++g) {
+            if (g == h) continue;
+            BlockPool &from = c->pools[g];
+            const uint32_t ng = need(g);
+            while (to.allowed(layer) < nh && from.allowed(layer) > ng && from.lend(to, layer)) {
+            }
+        }
+    }
+}
+
 // Makes room in one head and appends the call's n tokens (thread tid's memo and policy
 // scratch): to the staging slots when `staged` (policy.h), else to the store; a formatted
 // store stages prefill/append rows when `fmt_stage`.

@@ -98,7 +98,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         LayerState *ls = new (&c->layers[l]) LayerState;
         memset(ls, 0, sizeof *ls);
         layer_geom(cfg, l, &ls->geom);
-        sum_max += ls->geom.max_blocks;
+        sum_max += ls->geom.home_blocks;
     }
     LayerGeom sg;  // a streaming head's store (DuoAttention)
     stream_geom(cfg, &sg);
@@ -108,7 +108,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
     for (uint32_t l = 0; l < L; ++l) {
         const LayerGeom &lg = c->layers[l].geom;
         home_lo[l] = plan.shared ? uint32_t(acc * plan.nblocks / (sum_max ? sum_max : 1)) : uint32_t(acc);
-        acc += lg.max_blocks;
+        acc += lg.home_blocks;
         min_blocks[l] = lg.min_blocks;
         for (uint32_t h = 0; h < H; ++h) {
             const LayerGeom &g = store_geom(lg, sg, roles, H, l, h);
@@ -116,8 +116,8 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
             memset(hs, 0, sizeof *hs);
             hs->pin_blk = tables + t;
             hs->blk = tables + t + g.pin_blk_cap;
-            t += g.max_blocks;
-            hs->cap = g.lp.cap;
+            t += g.max_blocks();
+            hs->cap = g.lp.store_cap;
             hs->pin_cap = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
             hs->pin_blk_cap = g.pin_blk_cap;
             hs->blk_cap = g.blk_cap;
@@ -136,7 +136,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
             for (uint32_t l = 0; l < L; ++l) {
                 const LayerGeom &g = store_geom(c->layers[l].geom, sg, roles, H, l, h);
                 hl[l] = a;
-                a += g.max_blocks;
+                a += g.home_blocks;
                 mb[l] = g.min_blocks;
             }
             hl[L] = plan.nblocks;

@@ -165,7 +165,7 @@ constexpr Key kKeys[] = {
     KVP_U32(duo_window, 256, 0, kMaxCapacity, kAll,
             "DuoAttention streaming heads: the most recent tokens a streaming head keeps (the reference's recent_size 256); a call adds at most this many tokens to a layer with a streaming head"),
     KVP_ENUM(head_budget, KVP_HEAD_BUDGET_UNIFORM, kHeadBudgetNames, kAllNames, "uniform|ada", P(SNAPKV) | P(PYRAMIDKV),
-             "per-head budgets: uniform = every KV head keeps the layer's budget; ada = AdaKV: the layer keeps as many tokens in total, chosen by one ranking of all its heads' votes (each head at least ada_floor of its share), plain f32 storage only"),
+             "per-head budgets: uniform = every KV head keeps the layer's budget; ada = AdaKV: the layer keeps as many tokens in total, chosen by one ranking of all its heads' votes (each head at least ada_floor of its share); while decoding heads lend blocks, so one head may hold up to 2x capacity; plain f32 storage only"),
     KVP_F32(ada_floor, 0.2, 0.0, 1.0, P(SNAPKV) | P(PYRAMIDKV),
             "head_budget=ada: every KV head keeps at least floor(a x its uniform share) tokens, its window counted (kvpress's alpha_safeguard 0.2)"),
     KVP_ENUM(thread_pool, KVP_THREAD_POOL_OWN, kThreadPoolNames, kAllNames, "own|host", kAll,

@@ -22,10 +22,17 @@
 // One slot space (plain f32 storage, arena.h): the pools' slot arrays and per-block arrays
 // (next, dead, bseq) are each one array over all pools, so a block id and a slot number mean the
 // same place in every pool. Pool h's own blocks are ids [base, base + nblocks), base = h *
-// nblocks; its staging and draft slots follow all pools' blocks. Nothing moves a block between
-// pools yet, so a pool touches only its own ids and slots (threads stay apart as before).
-// Formatted storage keeps one data region per pool: base = 0 and the per-block arrays point at
-// the pool's own part.
+// nblocks; its staging and draft slots follow all pools' blocks. Formatted storage keeps one
+// data region per pool: base = 0 and the per-block arrays point at the pool's own part.
+//
+// Lending (heads that lend, policies/policy.h heads_lend: head_budget=ada, one slot space): a
+// free block may move from one pool's free stacks to another's (lend), so a KV head whose store
+// outgrows its home uses the blocks its layer's other heads leave. Only the calling thread moves
+// blocks, between calls' parallel parts (cache_append.cpp lend_blocks: before the heads append,
+// in KV head order), so while heads run in parallel each still touches its own pool only, and
+// which block goes where is a function of the calls, not of the threads. A pool frees a block it
+// got from another (an id outside its own range) to the freeing layer's home stack; reset gives
+// every pool its own blocks back.
 //
 // Reservation: each layer may always reach `min_blocks` blocks (what its policy needs to make
 // progress), so a layer is never starved by the others: a layer at or above its minimum may take
@@ -70,7 +77,11 @@ struct BlockPool {
     }
     // Takes a block for `layer` (home first); -1 when allowed(layer) == 0.
     int32_t alloc(uint32_t layer);
-    // Returns block b (an id in [base, base + nblocks)), held by `layer`, to its home.
+    // Moves one free block to pool `to`'s home stack of `layer` (lending, above): taken where
+    // alloc(layer) would take it; false (nothing changed) when no block is free.
+    bool lend(BlockPool &to, uint32_t layer);
+    // Returns block b, held by `layer`, to its home (a lent block, not of this pool's ids: to the
+    // home of `layer`).
     void release(uint32_t layer, uint32_t b);
     // All blocks free, in ascending order within each home.
     void reset();

@@ -305,6 +305,7 @@ struct Val {
     uint64_t lo, nbits;  // this pass marks ids [lo, lo + nbits) (id = pool * nblocks + block)
     size_t body0 = 0, layer0 = 0, layer_rec = 0, pool0 = 0, pool_rec = 0;
     uint64_t rows = 0, bytes = 0, sum_rows = 0, sum_bytes = 0;  // kept tokens and live bytes: layer, cache
+    uint64_t pool_blocks = 0;  // free and held blocks of the pools checked so far
 
     uint32_t u32(size_t off) const { return uint32_t(get_le(r + off, 4)); }
     uint64_t u64(size_t off) const { return get_le(r + off, 8); }
@@ -321,6 +322,13 @@ struct Val {
     int64_t next_pos(uint32_t l) const { return int64_t(u64(layer0 + size_t(l) * layer_rec)); }
     uint64_t layer_rows(uint32_t l) const { return u64(layer0 + size_t(l) * layer_rec + 8); }
     uint64_t layer_bytes(uint32_t l) const { return u64(layer0 + size_t(l) * layer_rec + 16); }
+    // Where heads lend (pool.h "Lending") a store or free stack may name any pool's block: ids are
+    // saved over all pools (pool * nblocks + block), and a block's record is its own pool's.
+    uint32_t owner(uint32_t h, uint32_t b) const { return c->plan.lend ? b / c->plan.nblocks : h; }
+    uint32_t local(uint32_t b) const { return c->plan.lend ? b % c->plan.nblocks : b; }
+    uint32_t dead_of(uint32_t h, uint32_t b) const { return dead(owner(h, b), local(b)); }
+    uint32_t bseq_of(uint32_t h, uint32_t b) const { return bseq(owner(h, b), local(b)); }
+    bool mark_of(uint32_t h, uint32_t b) { return mark(owner(h, b), local(b)); }
     // Marks block b of pool h as taken; false when it already was (two owners).
     bool mark(uint32_t h, uint32_t b) {
         const uint64_t id = uint64_t(h) * c->plan.nblocks + b;
@@ -356,6 +364,8 @@ void pool_check(Ar &ar, Val &v, uint32_t h) {
     const kvp_cache *c = v.c;
     const BlockPool &pool = c->pools[h];
     const uint32_t L = c->cfg.model.n_layers, nb = c->plan.nblocks;
+    const bool lend = c->plan.lend;
+    const uint64_t ids = lend ? uint64_t(nb) * c->cfg.model.n_kv_heads : nb;
     uint64_t held = 0, deficit = 0, nfree = 0;
     for (uint32_t l = 0; l < L; ++l) {
         const uint32_t hl = v.held(h, l);
@@ -366,15 +376,20 @@ void pool_check(Ar &ar, Val &v, uint32_t h) {
     for (uint32_t l = 0; l < L && ar.ok; ++l) {
         const uint32_t lo = pool.home_lo[l], hi = pool.home_lo[l + 1];
         uint32_t n = 0;
-        for (int32_t b = v.top(h, l); b != -1 && ar.ok; b = v.next(h, uint32_t(b)), ++n) {
-            ar.require(uint32_t(b) >= lo && uint32_t(b) < hi && n < hi - lo, "a pool's free stack leaves its home range or loops");
+        for (int32_t b = v.top(h, l); b != -1 && ar.ok; b = v.next(v.owner(h, uint32_t(b)), v.local(uint32_t(b))), ++n) {
+            // lent blocks may sit in any home (the marks still catch a loop or a second listing)
+            ar.require(lend ? uint64_t(b) < ids && n < ids : uint32_t(b) >= lo && uint32_t(b) < hi && n < hi - lo,
+                       "a pool's free stack leaves its home range or loops");
             if (!ar.ok) break;
-            ar.require(v.dead(h, uint32_t(b)) == 0, "a free block has dead slots");
-            ar.require(v.mark(h, uint32_t(b)), "a block is listed twice (free stacks, block tables)");
+            ar.require(v.dead_of(h, uint32_t(b)) == 0, "a free block has dead slots");
+            ar.require(v.mark_of(h, uint32_t(b)), "a block is listed twice (free stacks, block tables)");
         }
         nfree += n;
     }
-    ar.require(nfree == v.u32(v.pool_at(h)) && held + nfree == nb,
+    // lending: each pool's own count moves with what it lent or borrowed; all pools' sum is fixed
+    v.pool_blocks += held + nfree;
+    ar.require(nfree == v.u32(v.pool_at(h)) && (lend || held + nfree == nb) &&
+                   (!lend || h + 1 < c->cfg.model.n_kv_heads || v.pool_blocks == ids),
                "a pool's free count does not match its free stacks and the blocks its layers hold");
 }
 
@@ -419,13 +434,15 @@ void visit(kvp_cache *c, Ar &ar) {
     if (v) v->pool0 = ar.pos;
     for (uint32_t h = 0; h < H; ++h) {
         BlockPool &pool = c->pools[h];
+        // Block ids are stored as the pool's own (0..nblocks-1, pool.h "One slot space": id - base),
+        // or where heads lend over all pools (0..H*nblocks-1: a lent block is another pool's).
+        const int32_t base = p.lend ? 0 : int32_t(pool.base);
+        const uint64_t ids = p.lend ? uint64_t(p.nblocks) * H : p.nblocks;
         uint32_t nfree = pool.nfree, deficit = pool.deficit;
         ar.u(nfree);
         ar.u(deficit);
-        ar.require(nfree <= p.nblocks, "a pool's free count exceeds its blocks");
+        ar.require(nfree <= ids, "a pool's free count exceeds its blocks");
         if (ar.loading()) pool.nfree = nfree, pool.deficit = deficit;
-        // Block ids are stored as the pool's own (0..nblocks-1, pool.h "One slot space": id - base).
-        const int32_t base = int32_t(pool.base);
         auto own = [base](int32_t id) { return id < 0 ? id : id - base; };
         auto global = [base](int32_t id) { return id < 0 ? id : id + base; };
         for (uint32_t b = 0; b < p.nblocks && ar.ok; ++b) {
@@ -435,7 +452,7 @@ void visit(kvp_cache *c, Ar &ar) {
             ar.u(nx);
             ar.u(dead);
             ar.u(seq);
-            ar.require(nx >= -1 && nx < int32_t(p.nblocks) && dead <= B, "a pool's block list is corrupt");
+            ar.require(nx >= -1 && int64_t(nx) < int64_t(ids) && dead <= B, "a pool's block list is corrupt");
             if (ar.loading()) pool.next[g] = global(nx), pool.dead[g] = dead, pool.bseq[g] = seq;
         }
         for (uint32_t l = 0; l < L && ar.ok; ++l) {
@@ -443,14 +460,16 @@ void visit(kvp_cache *c, Ar &ar) {
             uint32_t held = pool.held[l];
             ar.u(top);
             ar.u(held);
-            ar.require(top >= -1 && top < int32_t(p.nblocks) && held <= p.nblocks, "a pool's free stacks are corrupt");
+            ar.require(top >= -1 && int64_t(top) < int64_t(ids) && held <= ids, "a pool's free stacks are corrupt");
             if (ar.loading()) pool.top[l] = global(top), pool.held[l] = held;
         }
         if (v && ar.ok) {
             if (h == 0) v->pool_rec = ar.pos - v->pool0;
-            pool_check(ar, *v, h);
+            if (!p.lend) pool_check(ar, *v, h);
         }
     }
+    // lending: a free stack may link blocks whose records follow its pool's, so after all of them
+    for (uint32_t h = 0; v && p.lend && h < H && ar.ok; ++h) pool_check(ar, *v, h);
     const FmtPlan *fp = c->fmt ? &c->fmt->fp : nullptr;
     for (uint32_t l = 0; l < L && ar.ok; ++l) {
         for (uint32_t h = 0; h < H && ar.ok; ++h) {
@@ -505,15 +524,16 @@ void visit(kvp_cache *c, Ar &ar) {
             blocks[1] = hs.nb;
             for (uint32_t i = 0; i < blocks[0] + blocks[1] && ar.ok; ++i) {
                 uint32_t &slot = i < blocks[0] ? real.pin_blk[i] : real.blk[(hs.bhead + i - blocks[0]) % hs.blk_cap];
-                uint32_t bid = slot - pool.base;  // the pool's own id (pool.h)
+                const uint32_t tbase = p.lend ? 0 : pool.base;  // ids as the pool records save them
+                uint32_t bid = slot - tbase;
                 ar.u(bid);
-                ar.require(bid < p.nblocks, "a store's block table names a block beyond the pool");
+                ar.require(bid < (p.lend ? uint64_t(p.nblocks) * H : p.nblocks), "a store's block table names a block beyond the pool");
                 if (v && ar.ok) {
-                    ar.require(v->mark(h, bid), "a block is listed twice (free stacks, block tables)");
-                    ar.require(i < blocks[0] ? v->dead(h, bid) == 0 : v->bseq(h, bid) == hs.seq_head + (i - blocks[0]),
+                    ar.require(v->mark_of(h, bid), "a block is listed twice (free stacks, block tables)");
+                    ar.require(i < blocks[0] ? v->dead_of(h, bid) == 0 : v->bseq_of(h, bid) == hs.seq_head + (i - blocks[0]),
                                "a block's dead count or sequence word does not match its store");
                 }
-                if (ar.loading()) slot = bid + pool.base;
+                if (ar.loading()) slot = bid + tbase;
             }
             uint32_t pconv = 0;  // formatted: pinned tokens converted (the buffer's value when reading)
             uint32_t sel_rd = 0;  // formatted: the channel lists are set (the buffer's value when reading)
@@ -651,7 +671,7 @@ void visit(kvp_cache *c, Ar &ar) {
                             ar.require(x >= -113 && x <= 114, "a fixed-point key exponent is out of range");
                         }
                     }
-                    if (!pinned) ar.require(v->dead(h, vbid) == nd, "a block's dead count does not match its dead slots");
+                    if (!pinned) ar.require(v->dead_of(h, vbid) == nd, "a block's dead count does not match its dead slots");
                     ndead += nd;
                     if (!ar.ok) return;
                 }

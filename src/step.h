@@ -36,6 +36,12 @@ struct Appended {
     StagedNew nw;         // formatted store: the chunk's staged rows (the appending thread's scratch)
 };
 
+// Heads that lend (pool.h "Lending"): before a call's heads append n tokens to layer's stores
+// (not staged), on the calling thread, in KV head order: each head whose pool cannot give what
+// its store needs gets the other pools' spare free blocks (beyond what their own heads need for
+// the call), the lowest KV head first. Nothing happens unless the plan's heads lend.
+void lend_blocks(kvp_cache *c, uint32_t layer, uint32_t n);
+
 // Makes room in one head and appends the call's n tokens (thread tid's memo and policy
 // scratch): to the staging slots when `staged` (policy.h), else to the store; a formatted
 // store stages prefill/append rows when `fmt_stage`. A sliding-window local layer first drops

@@ -299,7 +299,9 @@ TEST(NoAllocation, ParallelPathsAllocateNothing) {
     } cases[] = {{"policy=h2o budget=120 recent=16 capacity=260 threads=2", 8, 4},
                  {"policy=h2o budget=120 recent=16 capacity=260 threads=2", 8, 1},
                  {"policy=streaming sinks=4 window=200 capacity=260 threads=3", 8, 2},
-                 {"policy=h2o budget=200 recent=16 capacity=260 positions=realign threads=3", 4, 1}};
+                 {"policy=h2o budget=200 recent=16 capacity=260 positions=realign threads=3", 4, 1},
+                 // heads that lend blocks (pool.h): moved between pools before the heads run
+                 {"policy=snapkv budget=60 obs_window=8 head_budget=ada ada_floor=0 threads=2", 8, 4}};
     for (const auto &cs : cases) {
         kvp_config cfg = config(cs.spec, cs.nq, cs.nkv);
         const size_t bytes = kvp_arena_size(&cfg);

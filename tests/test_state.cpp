@@ -561,7 +561,8 @@ void fix_checksum(std::vector<uint8_t> &b) {
 void expect_sane(const kvp_cache *c, const std::string &where) {
     const kvp_model &m = c->cfg.model;
     for (uint32_t l = 0; l < m.n_layers; ++l) {
-        const uint32_t cap = kvp_layer_capacity(c, l), len = kvp_layer_len(c, l);
+        // a head may hold twice the capacity where heads lend (kvprune.h kvp_layer_len)
+        const uint32_t cap = kvp_layer_capacity(c, l) * (c->plan.lend ? 2 : 1), len = kvp_layer_len(c, l);
         ASSERT_LE(len, cap) << where << " layer " << l;
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
             std::vector<int32_t> p(size_t(cap) + 1);
@@ -630,56 +631,88 @@ void exercise(kvp_cache *c, Feeder &f, const std::string &where) {
 
 }  // namespace
 
-TEST(State, EditedStatesLoadSafelyOrAreRefused) {
-    const kvp_model m = ref::model(2, 4, 2, 16);
+// Every word of a state of cache `s` (after a prompt of `prompt` tokens and `decodes` decodes)
+// past the header edited (+1, -1, then values): each load is refused with KVP_ERR_ARG and the
+// cache unchanged, or loads a state the cache then runs on (expect_sane, exercise).
+void edit_words(const kvp_model &m, const std::string &s, uint64_t seed, uint32_t phase, uint32_t prompt, uint32_t decodes,
+                uint64_t *loaded, uint64_t *refused) {
     const size_t body = 40 + 4 * ((sizeof(kvp_config) - 4) / 4);
     const uint32_t edits[] = {1u, 0xffffffffu, 0u, 0xffffffffu, 0x7fc00000u, 0x80000000u};  // +1, -1, then values
     const size_t kWords = 120;  // words edited per state (all when it has fewer)
+    ref::Cache a(m, s), b(m, s);
+    ASSERT_TRUE(a.c && b.c) << s;
+    Feeder fa(m, seed), fb(m, seed + 100);
+    fa.prompt(a.c, prompt);
+    fa.decodes(a.c, nullptr, decodes, s);
+    fb.prompt(b.c, 9);
+    if (::testing::Test::HasFailure()) return;
+    const std::vector<uint8_t> st = save(a.c), b0 = save(b.c);
+    const size_t words = (st.size() - body) / 4, stride = words > kWords ? (words + kWords - 1) / kWords : 1;
+    for (size_t w = phase % stride; w < words; w += stride) {
+        for (size_t e = 0; e < sizeof edits / sizeof edits[0]; ++e) {
+            std::vector<uint8_t> ed(st);
+            uint8_t *p = ed.data() + body + 4 * w;
+            uint32_t x;
+            memcpy(&x, p, 4);
+            x = e < 2 ? x + edits[e] : edits[e];
+            memcpy(p, &x, 4);
+            if (ed == st) continue;
+            fix_checksum(ed);
+            const std::string where = s + " word " + std::to_string(w) + " edit " + std::to_string(e);
+            const kvp_status r = kvp_state_load(b.c, ed.data(), ed.size());
+            if (r != KVP_OK) {
+                ++*refused;
+                ASSERT_EQ(r, KVP_ERR_ARG) << where << ": " << kvp_last_error(b.c);
+                ASSERT_TRUE(save(b.c) == b0) << where << ": a refused load changed the cache";
+                continue;
+            }
+            ++*loaded;
+            ASSERT_NO_FATAL_FAILURE(expect_sane(b.c, where));
+            Feeder f(m, seed + 7);
+            ASSERT_NO_FATAL_FAILURE(exercise(b.c, f, where));
+            ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK) << where;
+        }
+    }
+}
+
+TEST(State, EditedStatesLoadSafelyOrAreRefused) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
     uint64_t seed = 11, loaded = 0, refused = 0;
     uint32_t phase = 0;
     for (const char *spec : kEditSpecs) {
         for (const char *dt : kDtypes) {
             const std::string s = std::string(spec) + " quant_group=8 max_draft=2 kv_dtype=" + dt +
                                   " positions=" + kPositions[phase % 2];
-            ref::Cache a(m, s), b(m, s);
-            ASSERT_TRUE(a.c && b.c) << s;
-            Feeder fa(m, seed), fb(m, seed + 100);
-            fa.prompt(a.c, 14);
-            fa.decodes(a.c, nullptr, 12, s);
-            fb.prompt(b.c, 9);
+            ASSERT_NO_FATAL_FAILURE(edit_words(m, s, seed, phase, 14, 12, &loaded, &refused));
             if (HasFailure()) return;
-            const std::vector<uint8_t> st = save(a.c), b0 = save(b.c);
-            const size_t words = (st.size() - body) / 4, stride = words > kWords ? (words + kWords - 1) / kWords : 1;
-            for (size_t w = phase % stride; w < words; w += stride) {
-                for (size_t e = 0; e < sizeof edits / sizeof edits[0]; ++e) {
-                    std::vector<uint8_t> ed(st);
-                    uint8_t *p = ed.data() + body + 4 * w;
-                    uint32_t x;
-                    memcpy(&x, p, 4);
-                    x = e < 2 ? x + edits[e] : edits[e];
-                    memcpy(p, &x, 4);
-                    if (ed == st) continue;
-                    fix_checksum(ed);
-                    const std::string where = s + " word " + std::to_string(w) + " edit " + std::to_string(e);
-                    const kvp_status r = kvp_state_load(b.c, ed.data(), ed.size());
-                    if (r != KVP_OK) {
-                        ++refused;
-                        ASSERT_EQ(r, KVP_ERR_ARG) << where << ": " << kvp_last_error(b.c);
-                        ASSERT_TRUE(save(b.c) == b0) << where << ": a refused load changed the cache";
-                        continue;
-                    }
-                    ++loaded;
-                    ASSERT_NO_FATAL_FAILURE(expect_sane(b.c, where));
-                    Feeder f(m, seed + 7);
-                    ASSERT_NO_FATAL_FAILURE(exercise(b.c, f, where));
-                    ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK) << where;
-                }
-            }
             ++seed;
             ++phase;
         }
     }
     printf("edited states: %llu loaded, %llu refused\n", (unsigned long long)loaded, (unsigned long long)refused);
+    EXPECT_GT(refused, 0u);
+}
+
+// Heads that lend (head_budget=ada, pool.h "Lending"): a state whose stores hold blocks of other
+// KV heads' pools saves block ids over all pools; it loads into a fresh cache that then decodes
+// to the same bits, and every edited word is refused or loads safely (as above).
+TEST(State, LentBlocksRoundTripAndEdits) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    const std::string s = "policy=snapkv budget=10 obs_window=4 capacity=20 head_budget=ada ada_floor=0 max_draft=2";
+    ref::Cache a(m, s), b(m, s);
+    Feeder fa(m, 5);
+    fa.prompt(a.c, 40);
+    fa.decodes(a.c, nullptr, 14, s);
+    bool lent = false;
+    for (uint32_t l = 0; l < m.n_layers; ++l) lent = lent || kvp_layer_len(a.c, l) > kvp_layer_capacity(a.c, l);
+    ASSERT_TRUE(lent) << "no head outgrew its layer's capacity: the state holds no lent block";
+    const std::vector<uint8_t> st = save(a.c);
+    ASSERT_EQ(kvp_state_load(b.c, st.data(), st.size()), KVP_OK) << kvp_last_error(b.c);
+    EXPECT_TRUE(save(b.c) == st);
+    fa.decodes(a.c, b.c, 10, s);  // the same bits on both
+    uint64_t loaded = 0, refused = 0;
+    ASSERT_NO_FATAL_FAILURE(edit_words(m, s, 5, 0, 40, 14, &loaded, &refused));
+    printf("edited lent states: %llu loaded, %llu refused\n", (unsigned long long)loaded, (unsigned long long)refused);
     EXPECT_GT(refused, 0u);
 }
 

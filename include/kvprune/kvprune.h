@@ -624,13 +624,19 @@ kvp_status kvp_decode(kvp_cache *c, uint32_t layer, const float *q, const float 
 kvp_status kvp_append(kvp_cache *c, uint32_t layer, uint32_t n_tokens, const int32_t *positions,
                       const float *k, const float *v);
 
-/** Tokens kept by `layer` (max over its KV heads); 0 for NULL c or a bad layer. */
+/**
+ * Tokens kept by `layer` (max over its KV heads); 0 for NULL c or a bad layer. With
+ * head_budget=ada and more than one KV head, heads lend blocks: one head may hold up to twice
+ * kvp_layer_capacity while its layer's other heads hold less.
+ */
 uint32_t kvp_layer_len(const kvp_cache *c, uint32_t layer);
 
 /**
  * Token slots of `layer` per KV head: the resolved capacity (capacity=0 in the config means the
  * policy's minimum). A prefill chunk of n tokens fits when kvp_layer_len + n <= this.
- * 0 for NULL c or a bad layer.
+ * With head_budget=ada and more than one KV head it is each head's share: the arena holds the
+ * layer's heads this many slots each, and one head may hold up to twice it with slots the others
+ * leave (kvp_layer_len). 0 for NULL c or a bad layer.
  */
 uint32_t kvp_layer_capacity(const kvp_cache *c, uint32_t layer);
 

@@ -56,6 +56,8 @@ struct LayerPlan {
     bool decode_scores;     // decode adds each token's attention mass to its slot score
     uint32_t obs_queries;   // prefill: observe the attention rows of the chunk's last queries (0: none)
     uint32_t hole_cap;      // evicted slots a store may keep before one compaction pass (storage.h)
+    uint32_t store_cap;     // set by the core (arena.cpp layer_geom): HeadStore::cap, the most one
+                            // KV head holds: cap, or store_cap(cfg, cap) where heads lend (below)
     size_t scratch_bytes;   // per-thread scratch the policy's operations use
     size_t scratch_per_token;  // plus this many bytes per token one call may see (cap + prefill_stage)
     bool staged_prefill;    // a prefill with queries goes through the staging area (see above)
@@ -149,6 +151,17 @@ inline uint32_t config_capacity(const kvp_config &cfg, uint32_t need) {
 }
 // Tokens an open prompt may add to a layer beyond its capacity (max_prompt; prompt.cpp).
 uint32_t layer_prompt_room(const kvp_config &cfg, uint32_t layer);
+// Heads lend blocks (head_budget=ada with more than one KV head, pool.h "Lending"): a KV head
+// may hold more than its layer's capacity, up to store_cap, with blocks its layer's other heads
+// do not use; the pools (the arena's K/V part) stay sized for the layer's capacity.
+inline bool heads_lend(const kvp_config &cfg) {
+    return cfg.head_budget == KVP_HEAD_BUDGET_ADA && cfg.model.n_kv_heads > 1;
+}
+// The most tokens one KV head's store holds in a layer of capacity cap: 2 x cap where heads lend
+// (DECISIONS "Heads lend blocks"), else cap.
+inline uint32_t store_cap(const kvp_config &cfg, uint32_t cap) {
+    return heads_lend(cfg) ? (cap < kMaxCapacity ? 2 * cap : cap) : cap;
+}
 // The capacity a policy works within (what it prunes to stay below): the layer capacity less the
 // draft room.
 inline uint32_t config_policy_capacity(const kvp_config &cfg, uint32_t layer_cap) {

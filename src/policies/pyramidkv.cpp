@@ -77,7 +77,7 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
 // head_budget=ada: the layer's share is split over its heads (snapkv.cpp "AdaKV"); each head's decode
 // limit is what it kept + the generation room.
 uint32_t ada_budget_of(const PolicyCtx &ctx, uint32_t L) { return pyramid_keep(ctx.cfg(), ctx.layer, L); }
-void ada_after(const PolicyCtx &ctx, HeadStore &hs, uint32_t kept) { hs.pword[0] = uint64_t(kept) + gen_room(ctx.cfg()); }
+void ada_after(const PolicyCtx &ctx, HeadStore &hs, uint32_t kept, uint32_t) { hs.pword[0] = uint64_t(kept) + gen_room(ctx.cfg()); }
 void layer_phase(PolicyCtx &ctx, StepMode) {
     if (ctx.cfg().head_budget == KVP_HEAD_BUDGET_ADA) snapkv_ada_phase(ctx, &ada_budget_of, &ada_after);
 }

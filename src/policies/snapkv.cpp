@@ -26,6 +26,7 @@ struct AdaMeta {
     uint32_t staged, stage_slot, prompt_w;  // the head's PolicyCtx fields at that prune
     uint32_t L, P;        // tokens the selection ranks, of which the prefix (not the window)
     uint32_t mx;          // the most the head may keep (its store's room, one decode slot left)
+    uint32_t u;           // what uniform keeps (the head's share)
     uint32_t kept;        // tokens kept so far (the layer phase)
 };
 struct AdaRegion {
@@ -59,8 +60,8 @@ AdaRegion ada_region(const PolicyCtx &ctx) {
 
 SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
     // the layer's capacity, plus a staged chunk or a whole prompt beyond it (prompt.h)
-    const size_t lmax = size_t(ctx.plan().cap) + ctx.stage() +
-                        ctx.prompt_room();
+    // (a store holds up to store_cap: heads that lend, policy.h)
+    const size_t lmax = size_t(ctx.plan().store_cap) + ctx.stage() + ctx.prompt_room();
     char *b = static_cast<char *>(ctx.scratch);
     SelScratch s;
     s.vote = reinterpret_cast<double *>(b);
@@ -190,13 +191,17 @@ void mark_top(const AdaRegion &r, bool fx, uint32_t h, uint32_t P, uint32_t n, u
 // - Then the remaining sum(u_h) - sum(floors) tokens are the best over all heads' other prefix
 //   tokens, ordered by vote, then newer token, then lower head (a total order: the same choice for
 //   every thread count and ISA); a head stops taking at mx_h = min(L_h, room_h, capacity - 1)
-//   (its store must hold them, one slot left for the next decode; the reference's flat buffer
+//   (its home must hold them, one slot left for the next decode; the reference's flat buffer
 //   has no such cap, the arena does: docs/DECISIONS.md "AdaKV per-head budgets").
+// - Decoding (the reference appends every generated token to every head): heads lend blocks
+//   (pool.h "Lending"), so a head grows past the capacity, up to its store's 2 x capacity, with
+//   the blocks the layer's other heads leave; it evicts by its scores (h2o's rule) only at that
+//   store cap or when no pool has a block for it.
 // - Chunked prompts: each selection (a staged chunk, or a whole prompt's end) is one allocation
 //   over what every head holds plus the chunk, like SnapKV's.
 // Runs in the layer phase, after every head's votes were computed in its own per-head work.
 void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, uint32_t L),
-                      void (*after)(const PolicyCtx &, HeadStore &, uint32_t kept)) {
+                      void (*after)(const PolicyCtx &, HeadStore &, uint32_t kept, uint32_t share)) {
     const AdaRegion r = ada_region(ctx);
     const kvp_config &cfg = ctx.cfg();
     const uint32_t H = cfg.model.n_kv_heads;
@@ -221,8 +226,11 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         const uint32_t B = budget_of(ch, L);
         uint32_t u = B < L ? B : L;
         if (u > room) u = room;
+        // the layer's capacity bounds a head's share (not its store's: where heads lend, a store
+        // grows past it while decoding, with blocks its layer's other heads leave)
+        const uint32_t cap = ch.plan().cap;
         uint32_t mx = L < room ? L : room;
-        if (hs.cap > 1 && mx > hs.cap - 1) mx = hs.cap - 1;
+        if (cap > 1 && mx > cap - 1) mx = cap - 1;
         if (mx < u) mx = u;
         const uint32_t wk = w < u ? w : u;
         uint32_t fl = uint32_t(double(cfg.ada_floor) * double(u));
@@ -230,6 +238,7 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         m.L = L;
         m.P = L - w;
         m.mx = mx;
+        m.u = u;
         m.kept = fl;
         uint8_t *kept = r.kept + size_t(h) * r.lmax;
         for (uint32_t j = 0; j < L; ++j) kept[j] = j >= L - wk;
@@ -279,7 +288,7 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
             if (!kept[j]) s.victims[nv++] = j;
         stage_commit(ch, hs, nv ? s.victims : nullptr, nv);
         m.pending = 0;
-        if (after) after(ch, hs, m.kept);
+        if (after) after(ch, hs, m.kept, m.u);
     }
 }
 
@@ -291,7 +300,7 @@ uint64_t ada_lmax(const kvp_config &cfg, uint32_t stage) {
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
         LayerPlan lp;
         pol.plan(cfg, l, &lp);
-        const uint64_t n = uint64_t(lp.cap) + stage + layer_prompt_room(cfg, l);
+        const uint64_t n = uint64_t(store_cap(cfg, lp.cap)) + stage + layer_prompt_room(cfg, l);
         if (n > lmax) lmax = n;
     }
     return lmax;
@@ -310,8 +319,13 @@ void snapkv_reset(const PolicyCtx &ctx) {
 
 namespace {
 uint32_t snapkv_budget_of(const PolicyCtx &ctx, uint32_t) { return ctx.plan().budget; }
+// head_budget=ada: a head's decode limit is uniform's (the capacity) moved by what it kept beyond
+// its share, so the layer holds what uniform holds (pyramidkv.cpp: its share + generation room).
+void ada_after(const PolicyCtx &ctx, HeadStore &hs, uint32_t kept, uint32_t share) {
+    hs.pword[0] = uint64_t(kept) + ctx.plan().cap - share;
+}
 void layer_phase(PolicyCtx &ctx, StepMode) {
-    if (ada(ctx.cfg())) snapkv_ada_phase(ctx, &snapkv_budget_of, nullptr);
+    if (ada(ctx.cfg())) snapkv_ada_phase(ctx, &snapkv_budget_of, &ada_after);
 }
 }  // namespace
 
@@ -325,7 +339,9 @@ void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr,
 const void *snapkv_votes(const PolicyCtx &ctx, const HeadStore &hs) { return sel_scratch(ctx, hs).vote; }
 
 void snapkv_prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
-    snapkv_prune_keep(ctx, hs, mode, ctx.plan().budget, 0);
+    // head_budget=ada: the head's own decode limit (ada_after; 0 before a selection)
+    const uint64_t limit = ada(ctx.cfg()) ? hs.pword[0] : 0;
+    snapkv_prune_keep(ctx, hs, mode, ctx.plan().budget, uint32_t(limit < hs.cap ? limit : hs.cap));
 }
 
 void snapkv_keep_only(PolicyCtx &ctx, HeadStore &hs, const int32_t *keep, uint32_t n) {
@@ -357,8 +373,10 @@ void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget,
         select_and_commit(ctx, hs, budget);
         return;
     }
-    // decode (and prefill without queries): h2o's rule at capacity - 1 (or limit - 1)
-    const uint32_t L = hs.len(), D = (limit && limit < hs.cap ? limit : hs.cap) - 1;
+    // decode (and prefill without queries): h2o's rule at capacity - 1 (or limit - 1; a store
+    // where heads lend is larger than the layer's capacity: the limit comes first)
+    const uint32_t lim = limit ? limit : ctx.plan().cap;
+    const uint32_t L = hs.len(), D = (lim < hs.cap ? lim : hs.cap) - 1;
     if (L <= D) return;
     const uint32_t recent = ctx.cfg().recent < D ? ctx.cfg().recent : D;
     evict_lowest(ctx, hs, L - D, 0, L - recent, ctx.scratch);

@@ -70,9 +70,10 @@ uint32_t snapkv_evictable(const PolicyCtx &ctx, const HeadStore &hs);
 void snapkv_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n);
 // head_budget=ada (snapkv.cpp "AdaKV"): the layer phase's allocation and commit of every head whose
 // prune deferred its selection; budget_of gives a head's uniform budget for a selection over L
-// tokens, after (may be NULL) is told each head's kept count once it committed.
+// tokens, after (may be NULL) is told each head's kept count and its share (what uniform keeps)
+// once it committed.
 void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, uint32_t L),
-                      void (*after)(const PolicyCtx &, HeadStore &, uint32_t kept));
+                      void (*after)(const PolicyCtx &, HeadStore &, uint32_t kept, uint32_t share));
 // The ada votes region (policy.h state_bytes, transient; 0 bytes with head_budget=uniform), and
 // its reset.
 size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage);

@@ -207,6 +207,9 @@ thread_local uint32_t g_prompt_room = 0;
 // What a streaming head of a DuoAttention role table holds between calls (duo_sink + duo_window;
 // 0 without a table): it may exceed a small policy capacity (kvprune.h "DuoAttention heads").
 thread_local uint32_t g_duo_hold = 0;
+// Heads that lend (head_budget=ada, more than one KV head): one head may hold up to twice the
+// layer's capacity (kvprune.h kvp_layer_capacity).
+thread_local uint32_t g_lend = 1;
 
 View observe(kvp_cache *c, const kvp_model &m, const char *who) {
     View w;
@@ -222,9 +225,9 @@ View observe(kvp_cache *c, const kvp_model &m, const char *who) {
     std::vector<int32_t> pos(4096);
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         const uint32_t len = kvp_layer_len(c, l), cap = kvp_layer_capacity(c, l);
-        KVPF_CHECK(uint64_t(len) <= uint64_t(cap) + g_prompt_room || len <= g_duo_hold,
-                   "%s: layer %u len %u > capacity %u + max_prompt %u (streaming heads: %u)", who, l, len, cap, g_prompt_room,
-                   g_duo_hold);
+        KVPF_CHECK(uint64_t(len) <= uint64_t(cap) * g_lend + g_prompt_room || len <= g_duo_hold,
+                   "%s: layer %u len %u > capacity %u (x %u where heads lend) + max_prompt %u (streaming heads: %u)", who, l, len,
+                   cap, g_lend, g_prompt_room, g_duo_hold);
         kvp_layer_stats ls;
         ls.struct_size = sizeof ls;
         KVPF_CHECK(kvp_get_layer_stats(c, l, &ls) == KVP_OK, "%s: layer stats", who);
@@ -729,6 +732,7 @@ struct Sequence {
         const uint8_t *rt = roles.empty() ? nullptr : roles.data();
         const uint32_t nr = uint32_t(roles.size());
         g_prompt_room = cfg.max_prompt;
+        g_lend = cfg.head_budget == KVP_HEAD_BUDGET_ADA && cfg.model.n_kv_heads > 1 ? 2 : 1;
         g_duo_hold = nr ? cfg.duo_sink + cfg.duo_window : 0;
         g_spec += std::string(nr ? " duo_roles=alternate duo_sink=" + std::to_string(cfg.duo_sink) + " duo_window=" +
                                        std::to_string(cfg.duo_window)
