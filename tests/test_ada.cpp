@@ -4,8 +4,10 @@
 // exactly the tokens an independent double re-implementation of the allocation keeps (SnapKV
 // votes, the floor, one ranking over both heads); live bytes follow the per-head lengths and equal
 // uniform's; pyramidkv splits each layer's share the same way; chunked prompts and max_prompt
-// work; score=fixed gives the same bits for threads 1/2/3; state save/load round trips; drafts
-// commit as the prefill of the accepted tokens;
+// work; heads lend blocks while decoding (every head decodes its generation room, one past the
+// layer capacity, the layer at uniform's total); score=fixed gives the same bits for threads 1/2/3
+// (forced parallel, heads lending); state save/load round trips; drafts commit as the prefill of
+// the accepted tokens (also over lent blocks);
 // contradictory configs are refused (no allocation after create: test_alloc).
 #include <gtest/gtest.h>
 #include <math.h>
@@ -223,6 +225,27 @@ TEST(Ada, HeadsLendBlocksWhileDecoding) {
     EXPECT_EQ(ada.positions(0, 1).size(), k1 + room);
     EXPECT_EQ(ada.positions(0, 0).size() + ada.positions(0, 1).size(),
               uni.positions(0, 0).size() + uni.positions(0, 1).size());
+    // a draft over lent blocks commits as the prefill of its accepted tokens (a twin cache)
+    ref::Cache twin(in.m, spec("snapkv", "ada", "max_draft=4")), drafted(in.m, spec("snapkv", "ada", "max_draft=4"));
+    for (ref::Cache *c : {&twin, &drafted}) {
+        prefill(*c, in, 1, 0, kN);
+        decode(*c, in, 1, kN, room);
+    }
+    ASSERT_GT(kvp_layer_len(drafted.c, 0), kvp_layer_capacity(drafted.c, 0));
+    const uint32_t t0 = kN + room;
+    std::vector<float> dout(size_t(3) * in.nq);
+    ASSERT_EQ(kvp_draft_begin(drafted.c), KVP_OK) << kvp_last_error(drafted.c);
+    ASSERT_EQ(kvp_prefill(drafted.c, 0, 3, nullptr, &in.q[size_t(t0) * in.nq], &in.k[size_t(t0) * in.nkv],
+                          &in.v[size_t(t0) * in.nkv], dout.data(), nullptr),
+              KVP_OK)
+        << kvp_last_error(drafted.c);
+    ASSERT_EQ(kvp_draft_commit(drafted.c, 2), KVP_OK) << kvp_last_error(drafted.c);
+    prefill(twin, in, 1, t0, 2);
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(drafted.positions(0, h), twin.positions(0, h)) << h;
+    std::vector<float> o1, o2;
+    decode(drafted, in, 1, t0 + 2, 4, &o1);
+    decode(twin, in, 1, t0 + 2, 4, &o2);
+    EXPECT_EQ(memcmp(o1.data(), o2.data(), o1.size() * sizeof(float)), 0);
     printf("per-head lengths after decoding: ada %zu + %zu, uniform %zu + %zu (capacity %u); arena ada %zu, uniform %zu\n",
            ada.positions(0, 0).size(), ada.positions(0, 1).size(), uni.positions(0, 0).size(), uni.positions(0, 1).size(),
            kvp_layer_capacity(ada.c, 0), ada.bytes, uni.bytes);
