@@ -273,11 +273,12 @@ fn cache_moves_to_another_thread() {
 // Issue 11: a valid configuration whose arena cannot be allocated is an error, not an abort.
 #[test]
 fn huge_arena_is_an_arena_error() {
-    // 15 layers x 64 KV heads x 2^28 slots x 1024 floats x (K+V): about 2^51 bytes, beyond any
-    // address space, yet a valid configuration with an exact arena size (a KV head's pool holds
-    // 15 x 2^28 slots, below the 2^32 slot ids allow).
+    // 15 layers x 64 KV heads x 2^28 slots x 1024 halves x (K+V): about 2^50 bytes, beyond any
+    // address space, yet a valid configuration with an exact arena size (f16 storage keeps a slot
+    // space per KV head's pool, 15 x 2^28 slots, below the 2^32 slot ids allow; f32 storage numbers
+    // all pools' slots in one space, which this geometry would exceed: a config error).
     let m = Model::new(15, 64, 64, 1024);
-    let cfg = Config::from_spec(&m, "capacity=268435456").unwrap();
+    let cfg = Config::from_spec(&m, "capacity=268435456 kv_dtype=f16").unwrap();
     let n = cfg.arena_size();
     assert!(n > (1usize << 48), "arena {}", n);
     let e = Cache::new(&cfg).unwrap_err();
