@@ -277,6 +277,20 @@ kvp_status cache_room_check(const kvp_cache *c, uint32_t layer, uint32_t n, bool
         return KVP_OK;
     }
     if (layer_local(c->cfg, layer)) return KVP_OK;  // sliding.h: pieces, evictions, reserved blocks
+    // Heads that lend (pool.h): a head holds up to its store's cap, the layer's heads together up
+    // to the capacity each (what the pools hold), as uniform's
+    if (c->plan.lend) {
+        uint64_t sum = 0, heads = 0;
+        for (uint32_t h = 0; h < md.n_kv_heads; ++h)
+            if (!head_streaming(head_of(c, layer, h))) sum += head_of(c, layer, h).len(), ++heads;
+        const uint64_t cap = c->layers[layer].geom.lp.cap;
+        if (sum + heads * n > heads * cap) {
+            m.s("layer ").u(layer).s("'s KV heads hold ").u(sum).s(" tokens of ").u(heads * cap).s(" (capacity ").u(cap)
+                .s(" per head, lent between them); ").u(n).s(" more per head do not fit: ");
+            full_advice(c, uint32_t(sum / (heads ? heads : 1)), uint32_t(cap), n, m);
+            return KVP_ERR_FULL;
+        }
+    }
     for (uint32_t h = 0; h < md.n_kv_heads; ++h) {
         const HeadStore &hs = head_of(c, layer, h);
         if (head_streaming(hs)) {  // DuoAttention: a call adds at most duo_window tokens (head_append)
@@ -354,11 +368,20 @@ uint32_t cache_prefill_room(const kvp_cache *c) {
     if (c->plan.stage) return c->plan.stage;  // staged policies: any chunk up to the staging area
     for (uint32_t l = 0; l < m.n_layers; ++l) {
         if (layer_local(c->cfg, l)) continue;  // takes any chunk in pieces (sliding.h)
+        uint64_t sum = 0, heads = 0;
         for (uint32_t h = 0; h < m.n_kv_heads; ++h) {
-            const uint32_t len = head_of(c, l, h).len(), cap = c->layers[l].geom.lp.cap;
+            const HeadStore &hs = head_of(c, l, h);
+            // heads that lend (pool.h): each up to its store's cap (the layer's sum below)
+            const uint32_t len = hs.len(), cap = c->plan.lend ? hs.cap : c->layers[l].geom.lp.cap;
             // a streaming head (DuoAttention) takes up to duo_window tokens per call, whatever it holds
-            const uint32_t room = head_streaming(head_of(c, l, h)) ? c->cfg.duo_window : cap > len ? cap - len : 0;
+            const uint32_t room = head_streaming(hs) ? c->cfg.duo_window : cap > len ? cap - len : 0;
             if (room < hi) hi = room;
+            if (!head_streaming(hs)) sum += len, ++heads;
+        }
+        const uint64_t lcap = uint64_t(c->layers[l].geom.lp.cap) * heads;
+        if (c->plan.lend && heads) {
+            const uint64_t room = lcap > sum ? (lcap - sum) / heads : 0;
+            if (room < hi) hi = uint32_t(room);
         }
     }
     if (chunk_fits(c, hi)) return hi;

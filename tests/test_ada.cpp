@@ -47,6 +47,20 @@ std::string spec(const char *policy, const char *hb, const std::string &more = "
            " pool_kernel=1 head_budget=" + hb + (more.empty() ? "" : " " + more);
 }
 
+// h2o at budget kB, capacity kB + 8: a prompt goes in chunks of 8 after the first 32 tokens
+std::string h2o_spec(const char *hb, const std::string &more) {
+    return std::string("policy=h2o budget=") + std::to_string(kB) + " capacity=" + std::to_string(kB + 8) +
+           " head_budget=" + hb + " " + more;
+}
+void prefill(ref::Cache &c, const ref::Inputs &in, uint32_t layers, uint32_t t0, uint32_t n);
+void h2o_prompt(ref::Cache &c, const ref::Inputs &in, uint32_t layers, uint32_t n) {
+    for (uint32_t t = 0; t < n;) {
+        const uint32_t k = t == 0 ? (n < kB + 8 ? n : kB + 8) : (n - t < 8 ? n - t : 8);
+        prefill(c, in, layers, t, k);
+        t += k;
+    }
+}
+
 void prefill(ref::Cache &c, const ref::Inputs &in, uint32_t layers, uint32_t t0, uint32_t n) {
     for (uint32_t l = 0; l < layers; ++l)
         ASSERT_EQ(kvp_prefill(c.c, l, n, nullptr, &in.q[size_t(t0) * in.nq], &in.k[size_t(t0) * in.nkv],
@@ -397,6 +411,87 @@ TEST(Ada, DraftsCommitAsThePrefillOfTheAcceptedTokens) {
     EXPECT_EQ(memcmp(out.data(), o2.data(), o2.size() * sizeof(float)), 0);
 }
 
+// h2o with head_budget=ada (h2o.cpp "AdaKV over H2O"): with one KV head it is uniform H2O, bit
+// for bit (prefill and decode, float and fixed scores).
+TEST(Ada, H2oOneKvHeadIsUniform) {
+    for (const char *score : {"float", "fixed"}) {
+        const ref::Inputs in(ref::model(2, 4, 1, kHd), 140, 9, 2.0f);
+        const std::string more = std::string("recent=4 score=") + score;
+        ref::Cache ada(in.m, h2o_spec("ada", more)), uni(in.m, h2o_spec("uniform", more));
+        std::vector<float> oa, ou;
+        h2o_prompt(ada, in, 2, 100);
+        h2o_prompt(uni, in, 2, 100);
+        decode(ada, in, 2, 100, 40, &oa);
+        decode(uni, in, 2, 100, 40, &ou);
+        ASSERT_EQ(oa.size(), ou.size());
+        EXPECT_EQ(memcmp(oa.data(), ou.data(), oa.size() * sizeof(float)), 0) << score;
+        for (uint32_t l = 0; l < 2; ++l) EXPECT_EQ(ada.positions(l, 0), uni.positions(l, 0)) << score << " layer " << l;
+    }
+}
+
+// h2o with head_budget=ada over two KV heads: the sharp head (its mass on two tokens) gives budget
+// to the diffuse one; the layer keeps uniform's total after the prompt and after every decode
+// step, each head at least its floor (its recent tokens); the diffuse head holds more than the
+// layer capacity (budget + 8) with blocks the other leaves; live bytes equal uniform's.
+TEST(Ada, H2oSplitsTheLayersBudget) {
+    const ref::Inputs in = inputs(1, 7, kN + 40);
+    ref::Cache ada(in.m, h2o_spec("ada", "recent=4")), uni(in.m, h2o_spec("uniform", "recent=4"));
+    h2o_prompt(ada, in, 1, kN);
+    h2o_prompt(uni, in, 1, kN);
+    const size_t k0 = ada.positions(0, 0).size(), k1 = ada.positions(0, 1).size();
+    EXPECT_EQ(k0 + k1, 2 * kB);
+    EXPECT_LT(k0, kB);
+    EXPECT_GT(k1, kB + 8);
+    EXPECT_GE(k0, 4u);
+    EXPECT_GT(kvp_layer_len(ada.c, 0), kvp_layer_capacity(ada.c, 0));
+    for (uint32_t t = kN; t < kN + 40; ++t) {
+        decode(ada, in, 1, t, 1);
+        decode(uni, in, 1, t, 1);
+        ASSERT_EQ(ada.positions(0, 0).size() + ada.positions(0, 1).size(), 2 * kB) << t;
+        ASSERT_LE(kvp_layer_len(ada.c, 0), 2 * kvp_layer_capacity(ada.c, 0) - 1) << t;
+    }
+    kvp_stats sa{}, su{};
+    sa.struct_size = su.struct_size = sizeof(kvp_stats);
+    ASSERT_EQ(kvp_get_stats(ada.c, &sa), KVP_OK);
+    ASSERT_EQ(kvp_get_stats(uni.c, &su), KVP_OK);
+    EXPECT_EQ(sa.live_bytes, su.live_bytes);
+    printf("h2o per-head kept: after the prompt ada %zu + %zu, after 40 decodes %zu + %zu (uniform %u + %u, capacity %u)\n", k0,
+           k1, ada.positions(0, 0).size(), ada.positions(0, 1).size(), kB, kB, kvp_layer_capacity(ada.c, 0));
+}
+
+// h2o ada: the same bits for 1, 2 and 3 threads (every call forced parallel), and a state saved
+// with lent blocks decodes on to the same bits in a fresh cache.
+TEST(Ada, H2oThreadsAndState) {
+    const ref::Inputs in = inputs(2, 3, 200);  // the sharp and the diffuse head in both layers
+    setenv("KVP_PAR_WORK", "0", 1);
+    std::vector<float> o[3];
+    std::vector<std::vector<int32_t>> p[3];
+    for (uint32_t t = 1; t <= 3; ++t) {
+        ref::Cache c(in.m, h2o_spec("ada", "recent=4 score=fixed threads=" + std::to_string(t)));
+        h2o_prompt(c, in, 2, 120);
+        decode(c, in, 2, 120, 60, &o[t - 1]);
+        for (uint32_t l = 0; l < 2; ++l)
+            for (uint32_t h = 0; h < 2; ++h) p[t - 1].push_back(c.positions(l, h));
+    }
+    unsetenv("KVP_PAR_WORK");
+    for (int t = 1; t < 3; ++t) {
+        ASSERT_EQ(o[t].size(), o[0].size());
+        EXPECT_EQ(memcmp(o[t].data(), o[0].data(), o[0].size() * sizeof(float)), 0) << t + 1 << " threads";
+        EXPECT_EQ(p[t], p[0]) << t + 1 << " threads";
+    }
+    size_t longest = 0;
+    for (const auto &q : p[0]) longest = std::max(longest, q.size());
+    EXPECT_GT(longest, kB + 8u) << "no head outgrew the capacity";
+    ref::Cache a(in.m, h2o_spec("ada", "recent=4")), b(in.m, h2o_spec("ada", "recent=4"));
+    h2o_prompt(a, in, 2, 120);
+    decode(a, in, 2, 120, 30);
+    a.copy_state_to(b);
+    std::vector<float> oa, ob;
+    decode(a, in, 2, 150, 30, &oa);
+    decode(b, in, 2, 150, 30, &ob);
+    EXPECT_EQ(memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)), 0);
+}
+
 TEST(Ada, RefusesWhatItCannotDo) {
     const kvp_model m = ref::model(1, 4, 2, kHd);
     kvp_config cfg;
@@ -416,12 +511,14 @@ TEST(Ada, RefusesWhatItCannotDo) {
     cfg.policy = KVP_POLICY_WINDOW;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
     EXPECT_NE(strstr(err, "no per-head token budget"), nullptr) << err;
-    cfg.policy = KVP_POLICY_H2O;
+    cfg.policy = KVP_POLICY_LETHE;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
-    EXPECT_NE(strstr(err, "snapkv and pyramidkv"), nullptr) << err;
+    EXPECT_NE(strstr(err, "snapkv, pyramidkv and h2o"), nullptr) << err;
+    cfg.policy = KVP_POLICY_H2O;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
     // a spec naming a policy that ignores the key is refused by apply
     ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
-    EXPECT_NE(kvp_config_apply(&cfg, "policy=h2o head_budget=ada", err, sizeof err), KVP_OK);
+    EXPECT_NE(kvp_config_apply(&cfg, "policy=window head_budget=ada", err, sizeof err), KVP_OK);
     // ranges
     ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
     EXPECT_NE(kvp_config_apply(&cfg, "policy=snapkv ada_floor=1.5", err, sizeof err), KVP_OK);

@@ -119,7 +119,7 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
         {KVP_POLICY_FULL, {}},
         {KVP_POLICY_WINDOW, {"window", "max_prompt"}},
         {KVP_POLICY_STREAMING, {"sinks", "window", "extra", "compress_every", "slack", "max_drop", "max_prompt"}},
-        {KVP_POLICY_H2O, {"budget", "recent", "obs_window", "max_prompt", "prompt_scores"}},
+        {KVP_POLICY_H2O, {"budget", "recent", "obs_window", "max_prompt", "prompt_scores", "head_budget", "ada_floor"}},
         {KVP_POLICY_SNAPKV, {"budget", "obs_window", "pool", "pool_kernel", "recent", "prefill_stage", "max_prompt", "max_new",
                                "head_budget", "ada_floor"}},
         {KVP_POLICY_PYRAMIDKV, {"budget", "obs_window", "pool", "pool_kernel", "beta", "recent", "prefill_stage", "max_prompt", "max_new",
@@ -570,7 +570,8 @@ TEST(Apply, KeyThePolicyIgnoresIsRefusedWhenTheSpecChoosesThePolicy) {
         const char *spec, *key, *policy, *keys;
     };
     const Case cases[] = {
-        {"policy=h2o budget=64 window=48", "window", "h2o", "(its keys: budget, recent, obs_window, max_prompt, prompt_scores; common to all: policy, capacity"},
+        {"policy=h2o budget=64 window=48", "window", "h2o",
+         "(its keys: budget, recent, obs_window, max_prompt, prompt_scores, head_budget, ada_floor; common to all: policy, capacity"},
         {"policy=h2o obs_window=8", "obs_window", "h2o", "with prompt_scores=all (every prompt query scores"},
         {"policy=window sinks=3", "sinks", "window", "(its keys: window, max_prompt; common to all: policy, capacity"},
         {"policy=streaming budget=3", "budget", "streaming", "(its keys: sinks, window, extra"},

@@ -199,8 +199,8 @@ typedef enum {
 typedef enum {
     KVP_HEAD_BUDGET_UNIFORM = 0,  /**< every KV head keeps the layer's budget (the papers' default) */
     KVP_HEAD_BUDGET_ADA = 1,      /**< AdaKV: the layer keeps as many tokens as uniform in total, chosen by one
-                                       ranking of every head's votes, each head at least ada_floor of its
-                                       uniform share (snapkv, pyramidkv) */
+                                       ranking of every head's votes or scores, each head at least ada_floor
+                                       of its uniform share (snapkv, pyramidkv, h2o) */
     KVP_HEAD_BUDGET_FORCE_INT32_ = 0x7fffffff
 } kvp_head_budget;
 
@@ -364,14 +364,16 @@ typedef struct kvp_config {
                                     reference's --recent_size); a call may add at most W tokens to a layer
                                     that has a streaming head (kvp_prefill_room says so) */
     /* appended in 0.3 (issue 32): AdaKV's per-head budgets */
-    uint32_t head_budget;        /* head_budget=uniform|ada (kvp_head_budget; snapkv, pyramidkv): ada = each prompt
-                                    selection keeps the same number of tokens per layer as uniform, split over
-                                    the layer's KV heads by one ranking of all their votes (AdaKV, arXiv
-                                    2407.11550), so a head whose votes are concentrated keeps fewer tokens and a
-                                    diffuse one more, up to its store's capacity; the freed slots are real
-                                    (live_bytes follow the per-head lengths). Decided on the calling thread in
-                                    fixed head order (the same for every thread count). Plain f32 storage
-                                    (kv_dtype=f32, not think) only. Default uniform. */
+    uint32_t head_budget;        /* head_budget=uniform|ada (kvp_head_budget; snapkv, pyramidkv, h2o): ada = each
+                                    prompt selection (snapkv, pyramidkv) or prune (h2o) keeps the same number of
+                                    tokens per layer as uniform, split over the layer's KV heads by one ranking
+                                    of all their votes or scores (AdaKV, arXiv 2407.11550), so a head whose
+                                    attention is concentrated keeps fewer tokens and a diffuse one more. With
+                                    more than one KV head, heads lend blocks: one head may hold up to twice the
+                                    capacity with slots the others leave, and live_bytes follow the per-head
+                                    lengths. Decided on the calling thread in fixed head order (the same for
+                                    every thread count). Plain f32 storage (kv_dtype=f32, not think) only.
+                                    Default uniform. */
     float ada_floor;             /* ada_floor=a (head_budget=ada): every KV head keeps at least floor(a x its
                                     uniform share) tokens, its observation window counted (kvpress's
                                     alpha_safeguard); 0 <= a <= 1, default 0.2 */

@@ -1,5 +1,7 @@
 #include "policies/h2o.h"
 
+#include <algorithm>
+
 
 namespace kvp {
 
@@ -27,6 +29,25 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
     return KVP_OK;
 }
 
+inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
+
+// head_budget=ada (see "AdaKV over H2O" below): the state region, transient (policy.h
+// state_transient): a scratch row of one head's scores and slots in logical order [smax] (8 bytes
+// each), the kept count per head [H], then the layer's candidates [H * smax] (16 bytes each);
+// smax = the largest store.
+struct AdaCand {
+    uint64_t key;   // score bits << 32 | original position: the larger, the better kept
+    uint32_t head;  // its KV head, | kKept once kept
+    uint32_t slot;  // its slot
+};
+constexpr uint32_t kKept = 0x80000000u;
+uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, config_capacity(cfg, cfg.budget + 1)); }
+size_t state_bytes(const kvp_config &cfg, uint32_t) {
+    if (!ada(cfg)) return 0;
+    const size_t smax = ada_smax(cfg), H = cfg.model.n_kv_heads;
+    return align_up(8 * smax, kAlign) + align_up(4 * H, kAlign) + align_up(sizeof(AdaCand) * H * smax, kAlign);
+}
+
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
     p->cap = config_capacity(cfg, cfg.budget + 1);
@@ -45,9 +66,98 @@ void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const Ob
 
 void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
     const kvp_config &cfg = ctx.cfg();
+    if (ada(cfg)) return;  // the layer phase decides for every head at once
     const uint32_t L = hs.len();
     if (L <= cfg.budget) return;
     evict_lowest(ctx, hs, L - cfg.budget, 0, L - cfg.recent, ctx.scratch);
+}
+
+// AdaKV over H2O (Feng et al., arXiv 2407.11550, Sec. 3-4, applied to H2O's Algorithm 1; our
+// interpretation, as AdaKV's paper and reference allocate a prompt's budget only): after every
+// prune (a decode step, a prefill chunk, a prompt's end) the layer keeps what uniform H2O keeps in
+// total, min(its tokens, n_kv_heads x budget), chosen by one ranking of every head's accumulated
+// scores (a token's attention mass summed over its group's query heads: every query's weights sum
+// to one per head, so the heads' scores share a scale). Pinned here:
+// - Head h first keeps its `recent` newest tokens and its best-scored others up to
+//   floor(ada_floor * min(L_h, budget)) (the recent ones count towards it), as snapkv's ada keeps
+//   its window and floor.
+// - The rest of the layer's total goes to the best of all heads' other tokens: higher score,
+//   then the newer token (original position), then the lower head. With one KV head that is
+//   uniform H2O's choice (it evicts the lowest, older first on ties).
+// - A head keeps at most its store's capacity - 1 (the next token must fit): heads lend blocks
+//   (pool.h "Lending"), so one head may hold up to twice the layer capacity.
+// Runs on the calling thread in the layer phase; victims are evicted head by head in order.
+void layer_phase(PolicyCtx &ctx, StepMode) {
+    const kvp_config &cfg = ctx.cfg();
+    if (!ada(cfg)) return;
+    const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, R = cfg.recent, smax = ada_smax(cfg);
+    uint64_t total = 0;
+    bool over = false;
+    for (uint32_t h = 0; h < H; ++h) {
+        const HeadStore &hs = ctx.store(h);
+        total += hs.len();
+        over = over || hs.len() + 1 > hs.cap;
+    }
+    const uint64_t keep = total < uint64_t(H) * B ? total : uint64_t(H) * B;
+    if (total <= keep && !over) return;
+    char *region = static_cast<char *>(ctx.state());
+    float *score = reinterpret_cast<float *>(region);
+    uint32_t *slot = reinterpret_cast<uint32_t *>(score + smax);
+    uint32_t *held = reinterpret_cast<uint32_t *>(region + align_up(8 * size_t(smax), kAlign));
+    AdaCand *cand = reinterpret_cast<AdaCand *>(reinterpret_cast<char *>(held) + align_up(4 * size_t(H), kAlign));
+    auto better = [](const AdaCand &a, const AdaCand &b) { return a.key > b.key || (a.key == b.key && a.head < b.head); };
+    // per head: its recent tokens and floor are kept; its other tokens become candidates
+    size_t nc = 0;
+    uint64_t rest = keep;
+    for (uint32_t h = 0; h < H; ++h) {
+        const HeadStore &hs = ctx.store(h);
+        const BlockPool &pool = ctx.pool_of(h);
+        const uint32_t L = hs.len(), u = L < B ? L : B, r = L < R ? L : R;
+        uint32_t fl = uint32_t(double(cfg.ada_floor) * double(u));
+        if (fl < r) fl = r;
+        scores_logical(hs, pool, score, slot);
+        const size_t c0 = nc;
+        for (uint32_t j = 0; j + r < L; ++j) {
+            uint32_t bits;  // fixed: Q16.16; float: a non-negative sum, whose bits order as its values
+            memcpy(&bits, score + j, 4);
+            cand[nc++] = AdaCand{uint64_t(bits) << 32 | uint32_t(pool.pos[slot[j]]), h, slot[j]};
+        }
+        // its best fl - r others are kept: moved to the front of its range
+        const size_t others = nc - c0, extra = fl - r < others ? fl - r : others;
+        if (extra > 0 && extra < others) std::nth_element(cand + c0, cand + c0 + (extra - 1), cand + nc, better);
+        for (size_t i = 0; i < extra; ++i) cand[c0 + i].head |= kKept;
+        held[h] = r + uint32_t(extra);
+        rest -= held[h];
+    }
+    size_t m = 0;  // the candidates not kept yet
+    for (size_t i = 0; i < nc; ++i)
+        if (!(cand[i].head & kKept)) cand[m++] = cand[i];
+    // the rest of the total: the best of them over all heads, each head up to its store's
+    // capacity - 1 (taken in rank order). Usually no head reaches that: the best `rest` at once.
+    auto take = [&](size_t i) {
+        const uint32_t h = cand[i].head;
+        if (held[h] + 1 >= ctx.store(h).cap) return false;
+        ++held[h];
+        cand[i].head |= kKept;
+        return true;
+    };
+    if (rest > 0 && rest < m) std::nth_element(cand, cand + (rest - 1), cand + m, better);
+    bool capped = false;
+    for (size_t i = 0; i < m && i < rest; ++i) capped = !take(i) || capped;
+    if (capped) {  // a head reached its store: the rank order decides who takes the rest
+        for (size_t i = 0; i < m && i < rest; ++i)
+            if (cand[i].head & kKept) cand[i].head &= ~kKept, --held[cand[i].head];
+        std::sort(cand, cand + m, better);
+        for (size_t i = 0; i < m && rest > 0; ++i)
+            if (take(i)) --rest;
+    }
+    // victims, head by head (a set of its slots: store_evict takes any order)
+    for (uint32_t h = 0; h < H; ++h) {
+        uint32_t nv = 0;
+        for (size_t i = 0; i < m; ++i)
+            if (cand[i].head == h) slot[nv++] = cand[i].slot;  // not kept (a kept one has kKept set)
+        if (nv) store_evict(ctx.store(h), ctx.pool_of(h), ctx.layer, slot, nv);
+    }
 }
 
 uint32_t evictable(const PolicyCtx &, const HeadStore &hs) { return hs.body_len(); }
@@ -60,10 +170,11 @@ void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
 
 }  // namespace
 
-const Policy kH2oPolicy = {"h2o", KVP_POS_ORIGINAL, &check, &plan, &observe, &prune, nullptr, &evictable,
+const Policy kH2oPolicy = {"h2o", KVP_POS_ORIGINAL, &check, &plan, &observe, &prune, &layer_phase, &evictable,
                            &self_prune, nullptr,
-                            /* state_bytes */ nullptr, /* reset */ nullptr, /* selection_size */ nullptr,
+                            /* state_bytes */ &state_bytes, /* reset */ nullptr, /* selection_size */ nullptr,
                             /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
-                            /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ true};
+                            /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ true,
+                            /* state_transient */ true};
 
 }  // namespace kvp

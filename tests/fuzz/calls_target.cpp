@@ -63,12 +63,15 @@ void spec_streaming(Bytes &b, std::string &s) {
     const uint32_t C = S + W + B, need = (C + R > C + sig) ? C + R : C + sig;
     if (b.pick(2)) s += kv("capacity", need + b.pick(16));
 }
-void spec_h2o(Bytes &b, std::string &s) {
+void spec_h2o_tokens(Bytes &b, std::string &s, bool ada) {
     const uint32_t budget = 1 + b.pick(48), recent = b.pick(budget + 1);
     const uint32_t ow = 1 + b.pick(12);  // odd: the last ow queries score (prompt_scores=window); even: every query
     s += kv("budget", budget) + kv("recent", recent) + (ow % 2 ? " prompt_scores=window" + kv("obs_window", ow) : std::string());
     if (b.pick(2)) s += kv("capacity", budget + 1 + b.pick(24));
+    // policy=h2o: AdaKV's per-head budgets on a third of the budgets (no byte drawn, as snapkv's)
+    if (ada && budget % 3 == 0) s += " head_budget=ada" + std::string(budget % 2 ? " ada_floor=0.5" : "");
 }
+void spec_h2o(Bytes &b, std::string &s) { spec_h2o_tokens(b, s, true); }
 void spec_snapkv(Bytes &b, std::string &s) {
     const uint32_t budget = 2 + b.pick(48);
     s += kv("budget", budget) + kv("obs_window", 1 + b.pick(budget - 1)) + kv("pool_kernel", 1 + 2 * b.pick(4)) +
@@ -97,7 +100,7 @@ void spec_lethe(Bytes &b, std::string &s) {
 // tenths, each channel score.
 void spec_think(Bytes &b, std::string &s) {
     s += " token_policy=h2o";
-    spec_h2o(b, s);
+    spec_h2o_tokens(b, s, false);
     s += std::string(" key_channel_ratio=0.") + std::to_string(1 + b.pick(8));
     if (b.pick(2)) s += std::string(" value_channel_ratio=0.") + std::to_string(b.pick(9));
     static const char *scores[] = {"", " channel_score=l1", " channel_score=l2"};
