@@ -213,7 +213,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     p->lend = p->one_space && heads_lend(cfg);
     const size_t pool_slots = z.add(z.add(z.mul(p->nblocks, p->block), p->stage), draft);
     const size_t slots = p->one_space ? z.mul(pool_slots, H) : pool_slots;
-    if (uint64_t(slots) > 0xffffffffu || (p->one_space && uint64_t(p->nblocks) * H > 0x7fffffffu)) {
+    const uint64_t all_slots = uint64_t(pool_slots) * (p->one_space ? H : 1u);  // (size_t may be 32 bits)
+    if (all_slots > 0xffffffffu || (p->one_space && uint64_t(p->nblocks) * H > 0x7fffffffu)) {
         if (why) *why = "the pools need more than 2^32-1 slots or 2^31-1 blocks in all";
         return false;
     }
