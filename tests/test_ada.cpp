@@ -197,6 +197,20 @@ void decode(ref::Cache &c, const ref::Inputs &in, uint32_t layers, uint32_t t0, 
         }
 }
 
+// A draft of tokens t0..t0+2 on `drafted`, 2 of them accepted, against `twin` given a prefill of
+// those 2: both keep the same tokens in layer 0.
+void draft_as_prefill(ref::Cache &drafted, ref::Cache &twin, const ref::Inputs &in, uint32_t t0) {
+    std::vector<float> dout(size_t(3) * in.nq);
+    ASSERT_EQ(kvp_draft_begin(drafted.c), KVP_OK) << kvp_last_error(drafted.c);
+    ASSERT_EQ(kvp_prefill(drafted.c, 0, 3, nullptr, &in.q[size_t(t0) * in.nq], &in.k[size_t(t0) * in.nkv],
+                          &in.v[size_t(t0) * in.nkv], dout.data(), nullptr),
+              KVP_OK)
+        << kvp_last_error(drafted.c);
+    ASSERT_EQ(kvp_draft_commit(drafted.c, 2), KVP_OK) << kvp_last_error(drafted.c);
+    prefill(twin, in, 1, t0, 2);
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(drafted.positions(0, h), twin.positions(0, h)) << h;
+}
+
 // Heads lend blocks (pool.h "Lending"): the reference appends every generated token to every head.
 // After the selection (sharp head ~6 tokens, diffuse head ~42, uniform 24 + 24 of capacity 48),
 // every head decodes its generation room (capacity - its share = 24) without an eviction: the
@@ -247,15 +261,7 @@ TEST(Ada, HeadsLendBlocksWhileDecoding) {
     }
     ASSERT_GT(kvp_layer_len(drafted.c, 0), kvp_layer_capacity(drafted.c, 0));
     const uint32_t t0 = kN + room;
-    std::vector<float> dout(size_t(3) * in.nq);
-    ASSERT_EQ(kvp_draft_begin(drafted.c), KVP_OK) << kvp_last_error(drafted.c);
-    ASSERT_EQ(kvp_prefill(drafted.c, 0, 3, nullptr, &in.q[size_t(t0) * in.nq], &in.k[size_t(t0) * in.nkv],
-                          &in.v[size_t(t0) * in.nkv], dout.data(), nullptr),
-              KVP_OK)
-        << kvp_last_error(drafted.c);
-    ASSERT_EQ(kvp_draft_commit(drafted.c, 2), KVP_OK) << kvp_last_error(drafted.c);
-    prefill(twin, in, 1, t0, 2);
-    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(drafted.positions(0, h), twin.positions(0, h)) << h;
+    ASSERT_NO_FATAL_FAILURE(draft_as_prefill(drafted, twin, in, t0));
     std::vector<float> o1, o2;
     decode(drafted, in, 1, t0 + 2, 4, &o1);
     decode(twin, in, 1, t0 + 2, 4, &o2);
@@ -394,14 +400,7 @@ TEST(Ada, DraftsCommitAsThePrefillOfTheAcceptedTokens) {
     prefill(a, in, 1, 0, kN);
     prefill(b, in, 1, 0, kN);
     std::vector<float> out(size_t(4) * in.nq), o2(in.nq);
-    ASSERT_EQ(kvp_draft_begin(a.c), KVP_OK) << kvp_last_error(a.c);
-    ASSERT_EQ(kvp_prefill(a.c, 0, 3, nullptr, &in.q[size_t(kN) * in.nq], &in.k[size_t(kN) * in.nkv],
-                          &in.v[size_t(kN) * in.nkv], out.data(), nullptr),
-              KVP_OK)
-        << kvp_last_error(a.c);
-    ASSERT_EQ(kvp_draft_commit(a.c, 2), KVP_OK) << kvp_last_error(a.c);
-    prefill(b, in, 1, kN, 2);
-    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(a.positions(0, h), b.positions(0, h)) << h;
+    ASSERT_NO_FATAL_FAILURE(draft_as_prefill(a, b, in, kN));
     EXPECT_NE(a.positions(0, 0).size(), a.positions(0, 1).size());
     const uint32_t t = kN + 2;
     ASSERT_EQ(kvp_decode(a.c, 0, &in.q[size_t(t) * in.nq], &in.k[size_t(t) * in.nkv], &in.v[size_t(t) * in.nkv], out.data()),
