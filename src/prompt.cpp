@@ -36,9 +36,10 @@ float *kept_q(const kvp_cache *c, uint32_t layer) {
     return reinterpret_cast<float *>(layer_base(c, layer) + layer_meta_bytes(window_of(c)));
 }
 
-// Every KV head of the layer may hold capacity + its room (open) or its capacity (closed).
+// Every KV head of the layer may hold its store's cap (the capacity; twice it where heads lend,
+// policy.h store_cap) + the room (open), or its store's cap (closed).
 void set_caps(kvp_cache *c, uint32_t layer, bool open) {
-    const uint32_t cap = c->layers[layer].geom.lp.cap + (open ? layer_prompt_room(c->cfg, layer) : 0);
+    const uint32_t cap = c->layers[layer].geom.lp.store_cap + (open ? layer_prompt_room(c->cfg, layer) : 0);
     for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) head_of(c, layer, h).cap = cap;
 }
 
@@ -63,8 +64,9 @@ void finish_layer(kvp_cache *c, uint32_t layer) {
     // Capacity binds, and the next token must fit: a prefill rule that left more than capacity - 1
     // (streaming with compress_every=0, or whose slack lands on its capacity) gives way to the
     // policy's own eviction ranking. (One prefill call could not reach that state: a prompt of
-    // more than capacity is refused there.)
-    const uint32_t cap = c->layers[layer].geom.lp.cap;
+    // more than capacity is refused there.) Where heads lend, a head's bound is its store's cap
+    // (its policy keeps the layer's total).
+    const uint32_t cap = c->layers[layer].geom.lp.store_cap;
     cache_make_room(c, layer, cap ? cap - 1 : 0);
     ph.open = 0;
     ph.nq = 0;

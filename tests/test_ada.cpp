@@ -311,7 +311,7 @@ TEST(Ada, PyramidSplitsEachLayersShare) {
 // Chunked prompts: every chunk is one allocation over what the heads hold plus the chunk; with
 // max_prompt the whole prompt is one allocation, the same as a one-call prefill.
 TEST(Ada, ChunksAndWholePrompt) {
-    const ref::Inputs in = inputs(1, 7);
+    const ref::Inputs in = inputs(1, 7, kN + 40);
     ref::Cache one(in.m, spec("snapkv", "ada"));
     ref::Cache whole(in.m, spec("snapkv", "ada", "max_prompt=" + std::to_string(kN)));
     ref::Cache chunked(in.m, spec("snapkv", "ada"));
@@ -322,6 +322,11 @@ TEST(Ada, ChunksAndWholePrompt) {
     }
     ASSERT_EQ(kvp_prompt_end(whole.c), KVP_OK);
     for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(whole.positions(0, h), one.positions(0, h)) << h;
+    // after the prompt's end its heads lend as after a one-call prefill (past the layer capacity)
+    decode(one, in, 1, kN, 40);
+    decode(whole, in, 1, kN, 40);
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(whole.positions(0, h), one.positions(0, h)) << h;
+    EXPECT_GT(kvp_layer_len(whole.c, 0), kvp_layer_capacity(whole.c, 0));
     const size_t c0 = chunked.positions(0, 0).size(), c1 = chunked.positions(0, 1).size();
     EXPECT_EQ(c0 + c1, 2 * kB);
     EXPECT_LT(c0, c1);
@@ -456,6 +461,26 @@ TEST(Ada, H2oSplitsTheLayersBudget) {
     EXPECT_EQ(sa.live_bytes, su.live_bytes);
     printf("h2o per-head kept: after the prompt ada %zu + %zu, after 40 decodes %zu + %zu (uniform %u + %u, capacity %u)\n", k0,
            k1, ada.positions(0, 0).size(), ada.positions(0, 1).size(), kB, kB, kvp_layer_capacity(ada.c, 0));
+}
+
+// h2o ada under max_prompt: the prompt, held whole in chunks (each head past its store's cap), is
+// ranked once at its end as a one-call prefill of it into a cache large enough to take it; both
+// then decode alike.
+TEST(Ada, H2oWholePrompt) {
+    const ref::Inputs in = inputs(1, 7, kN + 20);
+    ref::Cache whole(in.m, h2o_spec("ada", "recent=4 max_prompt=" + std::to_string(kN)));
+    ref::Cache one(in.m, "policy=h2o budget=" + std::to_string(kB) + " capacity=" + std::to_string(kN + 1) +
+                             " head_budget=ada recent=4");
+    for (uint32_t t = 0; t < kN; t += 8) prefill(whole, in, 1, t, 8);
+    EXPECT_EQ(kvp_layer_len(whole.c, 0), kN) << "the prompt is held whole";
+    ASSERT_EQ(kvp_prompt_end(whole.c), KVP_OK) << kvp_last_error(whole.c);
+    prefill(one, in, 1, 0, kN);
+    for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(whole.positions(0, h), one.positions(0, h)) << h;
+    EXPECT_EQ(whole.positions(0, 0).size() + whole.positions(0, 1).size(), 2 * kB);
+    std::vector<float> ow, oo;
+    decode(whole, in, 1, kN, 20, &ow);
+    decode(one, in, 1, kN, 20, &oo);
+    EXPECT_EQ(memcmp(ow.data(), oo.data(), ow.size() * sizeof(float)), 0);
 }
 
 // h2o ada: the same bits for 1, 2 and 3 threads (every call forced parallel), and a state saved

@@ -34,14 +34,14 @@ inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDG
 // head_budget=ada (see "AdaKV over H2O" below): the state region, transient (policy.h
 // state_transient): a scratch row of one head's scores and slots in logical order [smax] (8 bytes
 // each), the kept count per head [H], then the layer's candidates [H * smax] (16 bytes each);
-// smax = the largest store.
+// smax = the largest store (its cap, and an open prompt's room: max_prompt, prompt.h).
 struct AdaCand {
     uint64_t key;   // score bits << 32 | original position: the larger, the better kept
     uint32_t head;  // its KV head, | kKept once kept
     uint32_t slot;  // its slot
 };
 constexpr uint32_t kKept = 0x80000000u;
-uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, config_capacity(cfg, cfg.budget + 1)); }
+uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, config_capacity(cfg, cfg.budget + 1)) + cfg.max_prompt; }
 size_t state_bytes(const kvp_config &cfg, uint32_t) {
     if (!ada(cfg)) return 0;
     const size_t smax = ada_smax(cfg), H = cfg.model.n_kv_heads;
