@@ -880,6 +880,7 @@ kvp_status roles_check(const kvp_config &c, const uint8_t *roles, uint32_t n, bo
     const char *what = !pol_ok ? "this policy (streaming heads: policy=full, window, streaming, h2o or random)"
                        : store_formatted(c) ? "kv_dtype other than f32 (streaming heads need plain f32 storage)"
                        : c.total_capacity ? "total_capacity (a shared pool)"
+                       : c.head_budget == KVP_HEAD_BUDGET_ADA ? "head_budget=ada (its ranking spans every KV head of a layer)"
                        : c.max_prompt ? "max_prompt"
                        : c.sliding_window ? "sliding_window"
                                           : nullptr;

@@ -540,6 +540,21 @@ TEST(Ada, RefusesWhatItCannotDo) {
     EXPECT_NE(strstr(err, "snapkv, pyramidkv and h2o"), nullptr) << err;
     cfg.policy = KVP_POLICY_H2O;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
+    // DuoAttention streaming heads beside ada: refused (the ranking spans every KV head of a layer)
+    {
+        const uint8_t roles[2] = {KVP_HEAD_RETRIEVAL, KVP_HEAD_STREAMING};
+        ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
+        ASSERT_EQ(kvp_config_apply(&cfg, "policy=h2o budget=8 duo_window=4", err, sizeof err), KVP_OK) << err;
+        EXPECT_GT(kvp_arena_size_heads(&cfg, roles, 2), 0u);
+        cfg.head_budget = KVP_HEAD_BUDGET_ADA;
+        EXPECT_EQ(kvp_arena_size_heads(&cfg, roles, 2), 0u);
+        std::vector<char> arena(1 << 20);
+        kvp_cache *c = nullptr;
+        EXPECT_EQ(kvp_create_heads(&cfg, nullptr, 0, roles, 2, arena.data(), arena.size(), &c, err, sizeof err),
+                  KVP_ERR_UNSUPPORTED);
+        EXPECT_NE(strstr(err, "head_budget=ada"), nullptr) << err;
+        EXPECT_EQ(c, nullptr);
+    }
     // a spec naming a policy that ignores the key is refused by apply
     ASSERT_EQ(kvp_config_default(&cfg, &m), KVP_OK);
     EXPECT_NE(kvp_config_apply(&cfg, "policy=window head_budget=ada", err, sizeof err), KVP_OK);

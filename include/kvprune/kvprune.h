@@ -867,7 +867,7 @@ kvp_status kvp_create_rope(const kvp_config *cfg, const double *inv_freq, uint32
  * so a table with streaming heads needs less than kvp_arena_size(cfg). kvp_layer_len (the most
  * any KV head of the layer holds) may then exceed kvp_layer_capacity (the policy's capacity per
  * head) when duo_sink + duo_window is larger: chunk by kvp_prefill_room. Supported with policy=full, window,
- * streaming, h2o and random, f32 storage, without total_capacity, max_prompt or sliding_window;
+ * streaming, h2o (head_budget=uniform) and random, f32 storage, without total_capacity, max_prompt or sliding_window;
  * other configurations are KVP_ERR_UNSUPPORTED with a table that has a streaming head.
  */
 

@@ -786,6 +786,7 @@ struct Sequence {
             if (st == KVP_OK) g_spec += " host_pool=in_a_row";
         }
         last_pos.assign(m.n_layers, -1);
+        if (getenv("KVPFUZZ_SPEC")) fprintf(stderr, "config: %s\n", g_spec.c_str());  // a crash's config
         for (int i = 0; i < 400 && b.more(); ++i) {
             const uint32_t op = b.pick(16);
             if (op < 6) token_call(0);
