@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,15 +30,16 @@ constexpr uint32_t kN = 96, kB = 24, kW = 4, kHd = 16;
 // logit is its e0 component. KV head 0's keys are 0 except two tokens at ~8 (its window puts
 // almost all its mass on those two: concentrated); KV head 1 has 40 tokens at ~8 (its mass spreads
 // over them: dispersed). Small per-token offsets keep every vote distinct.
-ref::Inputs inputs(uint32_t layers, uint64_t seed, uint32_t T = kN) {
-    ref::Inputs in(ref::model(layers, 4, 2, kHd, KVP_ROPE_NONE), T, seed, 1.0f);
+// kv = 1: KV head 0's keys only (the sharp head).
+ref::Inputs inputs(uint32_t layers, uint64_t seed, uint32_t T = kN, uint32_t kv = 2) {
+    ref::Inputs in(ref::model(layers, 4, kv, kHd, KVP_ROPE_NONE), T, seed, 1.0f);
     std::fill(in.q.begin(), in.q.end(), 0.0f);
     std::fill(in.k.begin(), in.k.end(), 0.0f);
     for (uint32_t t = 0; t < T; ++t) {
         for (uint32_t qh = 0; qh < 4; ++qh) in.q[size_t(t) * in.nq + size_t(qh) * kHd] = 4.0f;
         const float off = 0.01f * float(t % 89);
         in.k[size_t(t) * in.nkv] = (t % 89 == 10 || t % 89 == 50 ? 8.0f : 0.0f) + off;
-        in.k[size_t(t) * in.nkv + kHd] = (t % 89 >= 20 && t % 89 < 60 ? 8.0f : 0.0f) + off;
+        if (kv > 1) in.k[size_t(t) * in.nkv + kHd] = (t % 89 >= 20 && t % 89 < 60 ? 8.0f : 0.0f) + off;
     }
     return in;
 }
@@ -483,37 +485,177 @@ TEST(Ada, H2oWholePrompt) {
     EXPECT_EQ(memcmp(ow.data(), oo.data(), ow.size() * sizeof(float)), 0);
 }
 
+// A policy's run (`work`: its prompt and decodes on a cache of spec + " threads=T") for T = 1, 2, 3
+// with every call forced parallel: the outputs and the kept positions are the same bits; returns
+// the kept positions per (layer, KV head). Then a state saved after `work` (threads default)
+// loads into a fresh cache that decodes tokens t0..t0+n to the same bits as the original.
+using Work = std::function<void(ref::Cache &, std::vector<float> *)>;
+std::vector<std::vector<int32_t>> same_bits(const ref::Inputs &in, const std::string &spec, const Work &work, uint32_t t0,
+                                            uint32_t n) {
+    std::vector<float> o[3];
+    std::vector<std::vector<int32_t>> p[3];
+    {
+        ref::ForceParallel force(true);
+        for (uint32_t t = 1; t <= 3; ++t) {
+            ref::Cache c(in.m, spec + " threads=" + std::to_string(t));
+            work(c, &o[t - 1]);
+            for (uint32_t l = 0; l < in.m.n_layers; ++l)
+                for (uint32_t h = 0; h < in.m.n_kv_heads; ++h) p[t - 1].push_back(c.positions(l, h));
+        }
+    }
+    for (int t = 1; t < 3; ++t) {
+        EXPECT_TRUE(o[t].size() == o[0].size() && memcmp(o[t].data(), o[0].data(), o[0].size() * sizeof(float)) == 0)
+            << spec << ", " << t + 1 << " threads: the output bits differ";
+        EXPECT_EQ(p[t], p[0]) << spec << ", " << t + 1 << " threads";
+    }
+    ref::Cache a(in.m, spec), b(in.m, spec);
+    work(a, nullptr);
+    a.copy_state_to(b);
+    std::vector<float> oa, ob;
+    decode(a, in, in.m.n_layers, t0, n, &oa);
+    decode(b, in, in.m.n_layers, t0, n, &ob);
+    EXPECT_EQ(memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)), 0) << spec << ": the loaded state";
+    return p[0];
+}
+
 // h2o ada: the same bits for 1, 2 and 3 threads (every call forced parallel), and a state saved
 // with lent blocks decodes on to the same bits in a fresh cache.
 TEST(Ada, H2oThreadsAndState) {
     const ref::Inputs in = inputs(2, 3, 200);  // the sharp and the diffuse head in both layers
-    setenv("KVP_PAR_WORK", "0", 1);
-    std::vector<float> o[3];
-    std::vector<std::vector<int32_t>> p[3];
-    for (uint32_t t = 1; t <= 3; ++t) {
-        ref::Cache c(in.m, h2o_spec("ada", "recent=4 score=fixed threads=" + std::to_string(t)));
+    const auto p = same_bits(in, h2o_spec("ada", "recent=4 score=fixed"), [&](ref::Cache &c, std::vector<float> *o) {
         h2o_prompt(c, in, 2, 120);
-        decode(c, in, 2, 120, 60, &o[t - 1]);
-        for (uint32_t l = 0; l < 2; ++l)
-            for (uint32_t h = 0; h < 2; ++h) p[t - 1].push_back(c.positions(l, h));
-    }
-    unsetenv("KVP_PAR_WORK");
-    for (int t = 1; t < 3; ++t) {
-        ASSERT_EQ(o[t].size(), o[0].size());
-        EXPECT_EQ(memcmp(o[t].data(), o[0].data(), o[0].size() * sizeof(float)), 0) << t + 1 << " threads";
-        EXPECT_EQ(p[t], p[0]) << t + 1 << " threads";
-    }
+        decode(c, in, 2, 120, 30, o);
+    }, 150, 30);
     size_t longest = 0;
-    for (const auto &q : p[0]) longest = std::max(longest, q.size());
+    for (const auto &q : p) longest = std::max(longest, q.size());
     EXPECT_GT(longest, kB + 8u) << "no head outgrew the capacity";
-    ref::Cache a(in.m, h2o_spec("ada", "recent=4")), b(in.m, h2o_spec("ada", "recent=4"));
-    h2o_prompt(a, in, 2, 120);
-    decode(a, in, 2, 120, 30);
-    a.copy_state_to(b);
-    std::vector<float> oa, ob;
-    decode(a, in, 2, 150, 30, &oa);
-    decode(b, in, 2, 150, 30, &ob);
-    EXPECT_EQ(memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)), 0);
+}
+
+// lethe with head_budget=ada (lethe.cpp "AdaKV over Lethe"): with one KV head every round and
+// capacity cut is uniform Lethe's, bit for bit (float and fixed scores; a sparse config whose
+// breakpoints are found, a dense one whose threshold doubles until the capacity binds; a shared
+// pool).
+std::string lethe_spec(const char *hb, const std::string &more) {
+    return std::string("policy=lethe capacity=48 evict_threshold=16 sinks=2 recent_ratio=0.1 head_budget=") + hb + " " + more;
+}
+TEST(Ada, LetheOneKvHeadIsUniform) {
+    const ref::Inputs sharp = inputs(2, 9, 160, 1), dense(ref::model(2, 4, 1, kHd), 160, 9, 2.0f);
+    for (const char *more : {"sparse_ratio=20 score=float", "sparse_ratio=20 score=fixed recent_ratio=0.5", "sparse_ratio=1000 score=fixed",
+                             "sparse_ratio=20 recent_ratio=0.95",  // no candidates: the threshold doubles
+                             "sparse_ratio=20 total_capacity=80 score=float"}) {
+        const bool dense_run = strstr(more, "1000") != nullptr;  // no breakpoint: the threshold doubles
+        const ref::Inputs &in = dense_run ? dense : sharp;
+        ref::Cache ada(in.m, lethe_spec("ada", more)), uni(in.m, lethe_spec("uniform", more));
+        std::vector<float> oa, ou;
+        prefill(ada, in, 2, 0, 30);
+        prefill(uni, in, 2, 0, 30);
+        for (uint32_t t = 30; t < 160; ++t) {  // the thresholds agree after every step
+            decode(ada, in, 2, t, 1, &oa);
+            decode(uni, in, 2, t, 1, &ou);
+            for (uint32_t l = 0; l < 2; ++l) {
+                kvp_layer_stats sa{}, su{};
+                sa.struct_size = su.struct_size = sizeof sa;
+                ASSERT_EQ(kvp_get_layer_stats(ada.c, l, &sa), KVP_OK);
+                ASSERT_EQ(kvp_get_layer_stats(uni.c, l, &su), KVP_OK);
+                ASSERT_EQ(sa.evict_threshold, su.evict_threshold) << more << " layer " << l << " token " << t;
+            }
+        }
+        ASSERT_EQ(oa.size(), ou.size());
+        EXPECT_EQ(memcmp(oa.data(), ou.data(), oa.size() * sizeof(float)), 0) << more;
+        for (uint32_t l = 0; l < 2; ++l) {
+            EXPECT_EQ(ada.positions(l, 0), uni.positions(l, 0)) << more << " layer " << l;
+            kvp_layer_stats sa{}, su{};
+            sa.struct_size = su.struct_size = sizeof sa;
+            ASSERT_EQ(kvp_get_layer_stats(ada.c, l, &sa), KVP_OK);
+            ASSERT_EQ(kvp_get_layer_stats(uni.c, l, &su), KVP_OK);
+            EXPECT_EQ(sa.evict_threshold, su.evict_threshold) << more;
+            if (dense_run || strstr(more, "recent_ratio")) {  // doubled, or raised by a round (c + R)
+                EXPECT_GT(su.evict_threshold, 16u) << more << ": the threshold never moved";
+            }
+        }
+        kvp_stats st{};
+        st.struct_size = sizeof st;
+        ASSERT_EQ(kvp_get_stats(uni.c, &st), KVP_OK);
+        EXPECT_GT(st.tokens_evicted, 100u) << more;
+    }
+}
+
+// lethe ada over two KV heads (the sharp head's mass on two tokens, the diffuse head's over 40):
+// a round's breakpoint over both heads' candidates gives the diffuse head more tokens; every
+// decode step leaves the layer within KV heads x (capacity - 1) and each head within its store's
+// cap; live bytes follow the per-head lengths.
+TEST(Ada, LetheSplitsTheLayersTokens) {
+    const ref::Inputs in = inputs(1, 7, 200);
+    const std::string more = "sparse_ratio=20";
+    ref::Cache ada(in.m, lethe_spec("ada", more)), uni(in.m, lethe_spec("uniform", more));
+    prefill(ada, in, 1, 0, 30);
+    prefill(uni, in, 1, 0, 30);
+    size_t most_apart = 0, max0 = 0, max1 = 0;
+    for (uint32_t t = 30; t < 200; ++t) {
+        decode(ada, in, 1, t, 1);
+        decode(uni, in, 1, t, 1);
+        const size_t a0 = ada.positions(0, 0).size(), a1 = ada.positions(0, 1).size();
+        ASSERT_LE(a0 + a1, 2u * 47) << t;
+        ASSERT_LE(std::max(a0, a1), 2u * 48 - 1) << t;
+        ASSERT_EQ(uni.positions(0, 0), uni.positions(0, 1)) << t;
+        most_apart = std::max(most_apart, a1 > a0 ? a1 - a0 : 0);
+        max0 = std::max(max0, a0);
+        max1 = std::max(max1, a1);
+        kvp_stats sa{};
+        sa.struct_size = sizeof sa;
+        ASSERT_EQ(kvp_get_stats(ada.c, &sa), KVP_OK);
+        ASSERT_EQ(sa.live_bytes, uint64_t(a0 + a1) * kHd * 2 * sizeof(float)) << t;
+    }
+    EXPECT_GT(most_apart, 10u) << "the heads kept alike";
+    // ada_floor=1: each head keeps its even share of a round's candidates (both heads have enough
+    // of them here), so the heads stay within a token or two of each other
+    ref::Cache even(in.m, lethe_spec("ada", more + " ada_floor=1"));
+    prefill(even, in, 1, 0, 30);
+    for (uint32_t t = 30; t < 200; ++t) {
+        decode(even, in, 1, t, 1);
+        const size_t e0 = even.positions(0, 0).size(), e1 = even.positions(0, 1).size();
+        ASSERT_LE(e0 > e1 ? e0 - e1 : e1 - e0, 2u) << t << ": the floor did not bind";
+    }
+    printf("lethe per-head lengths: ada now %zu + %zu (most %zu, %zu), uniform %zu + %zu (capacity 48)\n",
+           ada.positions(0, 0).size(), ada.positions(0, 1).size(), max0, max1, uni.positions(0, 0).size(),
+           uni.positions(0, 1).size());
+}
+
+// lethe ada over two identical KV heads: every score and position ties across the heads, and the
+// pinned tie-break (the lower KV head keeps) decides: head 1 never holds more than head 0, and
+// holds only tokens head 0 holds.
+TEST(Ada, LetheTiesGoToTheLowerHead) {
+    ref::Inputs in = inputs(1, 7, 160);
+    for (uint32_t t = 0; t < in.T; ++t)
+        for (uint32_t i = 0; i < kHd; ++i) {
+            in.k[size_t(t) * in.nkv + kHd + i] = in.k[size_t(t) * in.nkv + i];
+            in.v[size_t(t) * in.nkv + kHd + i] = in.v[size_t(t) * in.nkv + i];
+        }
+    ref::Cache ada(in.m, lethe_spec("ada", "sparse_ratio=20 score=fixed"));
+    prefill(ada, in, 1, 0, 30);
+    bool apart = false;
+    for (uint32_t t = 30; t < 160; ++t) {
+        decode(ada, in, 1, t, 1);
+        const std::vector<int32_t> p0 = ada.positions(0, 0), p1 = ada.positions(0, 1);
+        ASSERT_LE(p1.size(), p0.size()) << t;
+        ASSERT_TRUE(std::includes(p0.begin(), p0.end(), p1.begin(), p1.end())) << t;
+        apart = apart || p1.size() < p0.size();
+    }
+    EXPECT_TRUE(apart) << "no tie was broken";
+}
+
+// lethe ada: the same bits for 1, 2 and 3 threads (forced parallel; also with a shared pool), and a
+// state saved mid-decode decodes on to the same bits in a fresh cache.
+TEST(Ada, LetheThreadsAndState) {
+    const ref::Inputs in = inputs(2, 3, 200);
+    for (const char *more : {"sparse_ratio=20 score=fixed", "sparse_ratio=20 score=fixed total_capacity=150",
+                             "sparse_ratio=20"}) {
+        const auto p = same_bits(in, lethe_spec("ada", more), [&](ref::Cache &c, std::vector<float> *o) {
+            prefill(c, in, 2, 0, 30);
+            decode(c, in, 2, 30, 90, o);
+        }, 120, 60);
+        EXPECT_NE(p[0].size(), p[1].size()) << more << ": the heads kept alike";
+    }
 }
 
 TEST(Ada, RefusesWhatItCannotDo) {
@@ -535,11 +677,13 @@ TEST(Ada, RefusesWhatItCannotDo) {
     cfg.policy = KVP_POLICY_WINDOW;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
     EXPECT_NE(strstr(err, "no per-head token budget"), nullptr) << err;
-    cfg.policy = KVP_POLICY_LETHE;
+    cfg.policy = KVP_POLICY_TRIATTENTION;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
-    EXPECT_NE(strstr(err, "snapkv, pyramidkv and h2o"), nullptr) << err;
-    cfg.policy = KVP_POLICY_H2O;
-    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
+    EXPECT_NE(strstr(err, "snapkv, pyramidkv, h2o and lethe"), nullptr) << err;
+    for (kvp_policy p : {KVP_POLICY_H2O, KVP_POLICY_LETHE}) {
+        cfg.policy = p;
+        EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
+    }
     // DuoAttention streaming heads beside ada: refused (the ranking spans every KV head of a layer)
     {
         const uint8_t roles[2] = {KVP_HEAD_RETRIEVAL, KVP_HEAD_STREAMING};

@@ -241,7 +241,10 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
           "positions=realign threads=1",
           // issue 32 item 1: AdaKV's ranking over the layer's heads (std::sort in the layer phase)
           "policy=snapkv budget=48 obs_window=16 head_budget=ada threads=2",
-          "policy=pyramidkv budget=48 obs_window=8 beta=5 head_budget=ada score=fixed max_prompt=256 threads=1"}) {
+          "policy=pyramidkv budget=48 obs_window=8 beta=5 head_budget=ada score=fixed max_prompt=256 threads=1",
+          "policy=h2o budget=120 recent=16 capacity=260 head_budget=ada max_prompt=256 threads=2",
+          "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 head_budget=ada score=fixed threads=2",
+          "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 total_capacity=440 head_budget=ada threads=1"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;
@@ -301,7 +304,8 @@ TEST(NoAllocation, ParallelPathsAllocateNothing) {
                  {"policy=streaming sinks=4 window=200 capacity=260 threads=3", 8, 2},
                  {"policy=h2o budget=200 recent=16 capacity=260 positions=realign threads=3", 4, 1},
                  // heads that lend blocks (pool.h): moved between pools before the heads run
-                 {"policy=snapkv budget=60 obs_window=8 head_budget=ada ada_floor=0 threads=2", 8, 4}};
+                 {"policy=snapkv budget=60 obs_window=8 head_budget=ada ada_floor=0 threads=2", 8, 4},
+                 {"policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 head_budget=ada threads=3", 8, 4}};
     for (const auto &cs : cases) {
         kvp_config cfg = config(cs.spec, cs.nq, cs.nkv);
         const size_t bytes = kvp_arena_size(&cfg);

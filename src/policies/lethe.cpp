@@ -1,6 +1,7 @@
 #include "policies/lethe.h"
 
 #include <math.h>
+#include <string.h>
 
 #include <algorithm>
 
@@ -175,7 +176,228 @@ void decay_scores(Layer &ly) {
     }
 }
 
+// ---- head_budget=ada: AdaKV over Lethe ----
+// (Feng et al., arXiv 2407.11550, Sec. 3-4, applied to Lethe's rounds; our interpretation, as
+// neither paper's reference allocates Lethe's budgets per head.) Each KV head keeps its own
+// tokens, ranked by its own scores (its group's mass: every query's weights sum to one per head,
+// so the heads' scores share a scale); the layer's decisions are uniform Lethe's over the layer's
+// total, and one ranking of all heads' tokens says which heads keep them:
+// - Per head h: sinks S_h = min(sinks, L_h), recent R_h = floor(recent_ratio * L_h), the other
+//   K_h tokens are its candidates.
+// - Trigger: the layer's total passes KV heads x min(L_evict, capacity - 1), or a head passes its
+//   store's cap less the draft room, less one (heads lend blocks: pool.h "Lending").
+// - Round (total > KV heads x L_evict): the breakpoint search runs on all heads' candidates
+//   sorted together (K = sum K_h). Found at c: the layer keeps c candidates, each head first
+//   its best floor(ada_floor * c / KV heads) (at most K_h), the rest the best of all heads';
+//   L_evict = max(L_evict, ceil((c + sum R_h) / KV heads)). Not found: L_evict doubles.
+// - Hard capacity: a head past its bound evicts its own lowest-ranked; then the layer evicts the
+//   lowest-ranked of all heads' tokens until its total is KV heads x (capacity - 1).
+// - Ranking: candidates, then recent tokens, then sinks (as uniform); within a tier the lower
+//   score, then the older position, then the higher KV head goes first (the best kept: higher
+//   score, newer, lower head). With one KV head every step is uniform Lethe's, bit for bit.
+// Runs in the layer phase on the calling thread; its records live in the state region (policy.h
+// state_transient): smax = the largest store (its cap and an open prompt's room).
+inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
+
+struct AdaTok {
+    uint64_t key;   // score bits << 32 | position: the larger, the better kept
+    uint32_t head;  // its KV head
+    uint32_t slot;
+    uint32_t tier;  // 0 candidate, 1 recent, 2 sink (the eviction order of the tiers)
+    uint32_t out;   // 1 once chosen (kept by a round, evicted by the hard capacity)
+};
+
+uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, config_capacity(cfg, 2 * cfg.budget)) + cfg.max_prompt; }
+
+size_t state_bytes(const kvp_config &cfg, uint32_t) {
+    if (!ada(cfg)) return 0;
+    const size_t smax = ada_smax(cfg), H = cfg.model.n_kv_heads;
+    return align_up(4 * smax, kAlign) + align_up(4 * (smax > H ? smax : H), kAlign) + align_up(sizeof(AdaTok) * H * smax, kAlign);
+}
+
+// Kept order (the best first) and eviction order (the first to go).
+bool better(const AdaTok &a, const AdaTok &b) { return a.key > b.key || (a.key == b.key && a.head < b.head); }
+bool worse(const AdaTok &a, const AdaTok &b) {
+    if (a.tier != b.tier) return a.tier < b.tier;
+    return a.key < b.key || (a.key == b.key && a.head > b.head);
+}
+
+struct AdaLayer {
+    PolicyCtx *ctx;
+    uint32_t H;
+    float *score;   // [smax] one head's scores in logical order
+    uint32_t *slot; // [max(smax, H)] their slots; then victims (or per-head counts)
+    AdaTok *tok;    // [H * smax]
+    size_t n;       // records
+    uint64_t total, recent;  // tokens and recent tokens of the layer
+};
+
+AdaLayer ada_of(PolicyCtx &ctx) {
+    const size_t smax = ada_smax(ctx.cfg()), H = ctx.cfg().model.n_kv_heads;
+    char *r = static_cast<char *>(ctx.state());
+    AdaLayer a{&ctx, uint32_t(H), reinterpret_cast<float *>(r), nullptr, nullptr, 0, 0, 0};
+    a.slot = reinterpret_cast<uint32_t *>(r + align_up(4 * smax, kAlign));
+    a.tok = reinterpret_cast<AdaTok *>(r + align_up(4 * smax, kAlign) + align_up(4 * (smax > H ? smax : H), kAlign));
+    return a;
+}
+
+// Records of every token of every head (tiers from the current lengths).
+void ada_collect(AdaLayer &a) {
+    const kvp_config &cfg = a.ctx->cfg();
+    a.n = 0;
+    a.total = a.recent = 0;
+    for (uint32_t h = 0; h < a.H; ++h) {
+        const HeadStore &hs = a.ctx->store(h);
+        const BlockPool &pool = a.ctx->pool_of(h);
+        const uint32_t L = hs.len(), S = cfg.sinks < L ? cfg.sinks : L;
+        const double rr = floor(double(cfg.recent_ratio) * double(L));
+        const uint32_t R = rr >= double(L) ? L : uint32_t(rr), cand_end = L - R > S ? L - R : S;
+        scores_logical(hs, pool, a.score, a.slot);
+        for (uint32_t j = 0; j < L; ++j) {
+            uint32_t bits;  // fixed: Q16.16; float: a non-negative sum, whose bits order as its values
+            memcpy(&bits, a.score + j, 4);
+            a.tok[a.n++] = AdaTok{uint64_t(bits) << 32 | uint32_t(pool.pos[a.slot[j]]), h, a.slot[j],
+                                  j < S ? 2u : j < cand_end ? 0u : 1u, 0};
+        }
+        a.total += L;
+        a.recent += L - cand_end;
+    }
+}
+
+// Evicts from each head the records marked `out == mark` (mark 1) or not (mark 0).
+void ada_evict(AdaLayer &a, uint32_t mark) {
+    for (uint32_t h = 0; h < a.H; ++h) {
+        uint32_t nv = 0;
+        for (size_t i = 0; i < a.n; ++i)
+            if (a.tok[i].head == h && (a.tok[i].out == mark)) a.slot[nv++] = a.tok[i].slot;
+        if (nv) store_evict(a.ctx->store(h), a.ctx->pool_of(h), a.ctx->layer, a.slot, nv);
+    }
+}
+
+// The round's breakpoint search over all heads' candidates; true when the layer evicted.
+bool ada_round(AdaLayer &a, uint32_t *Le) {
+    const kvp_config &cfg = a.ctx->cfg();
+    ada_collect(a);
+    size_t K = 0;  // the candidates to the front, sorted best first
+    for (size_t i = 0; i < a.n; ++i)
+        if (a.tok[i].tier == 0) std::swap(a.tok[K++], a.tok[i]);
+    std::sort(a.tok, a.tok + K, better);
+    const uint32_t D = cfg.segments;
+    size_t c = 0;
+    bool found = false;  // no candidates: not found (the threshold doubles), as uniform
+    const uint64_t v0 = K ? a.tok[0].key >> 32 : 0;
+    if (a.ctx->fixed()) {
+        const uint64_t tau = uint64_t(floor(double(cfg.sparse_ratio) * 65536.0 + 0.5));
+        for (uint32_t d = 1; K && v0 != 0 && d < D && !found; ++d) {
+            c = size_t(uint64_t(K) * d / D);
+            const uint64_t vc = a.tok[c].key >> 32;
+            found = vc == 0 || (v0 << 16) / vc >= tau;
+        }
+    } else {
+        auto val = [](const AdaTok &t) {
+            const uint32_t bits = uint32_t(t.key >> 32);
+            float f;
+            memcpy(&f, &bits, 4);
+            return double(f);
+        };
+        const double f0 = K ? val(a.tok[0]) : 0.0, tau = double(cfg.sparse_ratio);
+        for (uint32_t d = 1; f0 > 0.0 && d < D && !found; ++d) {
+            c = size_t(uint64_t(K) * d / D);
+            found = f0 >= tau * val(a.tok[c]);
+        }
+    }
+    if (!found) {
+        *Le = *Le >= 0x40000000u ? 0x80000000u : *Le * 2;
+        return false;
+    }
+    // keep c: each head's floor (its best, in the sorted order), then the best of the rest
+    const uint32_t fl = uint32_t(double(cfg.ada_floor) * double(c) / double(a.H));
+    uint32_t *taken = a.slot;  // per head: candidates kept by the floor
+    for (uint32_t h = 0; h < a.H; ++h) taken[h] = 0;
+    size_t kept = 0;
+    for (size_t i = 0; i < K && kept < c; ++i)
+        if (taken[a.tok[i].head] < fl) ++taken[a.tok[i].head], a.tok[i].out = 1, ++kept;
+    for (size_t i = 0; i < K && kept < c; ++i)
+        if (!a.tok[i].out) a.tok[i].out = 1, ++kept;
+    a.n = K;  // only candidates can go: the ones not kept
+    ada_evict(a, 0);
+    const uint64_t t = (uint64_t(c) + a.recent + a.H - 1) / a.H;
+    if (t > *Le) *Le = uint32_t(t);
+    return true;
+}
+
+// Hard capacity: each head within `head_top`, the layer's total within `layer_top`.
+void ada_capacity(AdaLayer &a, uint32_t head_top, uint64_t layer_top) {
+    ada_collect(a);
+    uint64_t total = a.total;
+    size_t b = 0;  // head h's records are [b, b + L_h): collected in head order
+    for (uint32_t h = 0; h < a.H; ++h) {
+        const uint32_t L = a.ctx->store(h).len();
+        if (L > head_top) {
+            const uint32_t e = L - head_top;
+            std::nth_element(a.tok + b, a.tok + b + (e - 1), a.tok + b + L, worse);
+            for (uint32_t i = 0; i < e; ++i) a.tok[b + i].out = 1;
+            total -= e;
+        }
+        b += L;
+    }
+    if (total > layer_top) {
+        size_t m = 0;  // the records still in, to the front
+        for (size_t i = 0; i < a.n; ++i)
+            if (!a.tok[i].out) std::swap(a.tok[m++], a.tok[i]);
+        const size_t e = size_t(total - layer_top);
+        std::nth_element(a.tok, a.tok + (e - 1), a.tok + m, worse);
+        for (size_t i = 0; i < e; ++i) a.tok[i].out = 1;
+    }
+    ada_evict(a, 1);
+}
+
+void ada_phase(PolicyCtx &ctx) {
+    const kvp_config &cfg = ctx.cfg();
+    AdaLayer a = ada_of(ctx);
+    uint32_t &Le = ctx.evict_threshold();
+    const uint32_t top = config_policy_capacity(cfg, ctx.plan().cap) - 1;
+    const uint32_t head_top = config_policy_capacity(cfg, ctx.plan().store_cap) - 1;
+    const uint32_t T = Le < top ? Le : top;
+    uint64_t total = 0;
+    bool over = false;
+    auto measure = [&] {
+        total = 0;
+        over = false;
+        for (uint32_t h = 0; h < a.H; ++h) {
+            total += ctx.store(h).len();
+            over = over || ctx.store(h).len() > head_top;
+        }
+    };
+    measure();
+    if (total <= uint64_t(a.H) * T && !over) return;
+    if (total > uint64_t(a.H) * Le && ada_round(a, &Le)) measure();
+    if (total > uint64_t(a.H) * top || over) ada_capacity(a, head_top, uint64_t(a.H) * top);
+}
+
+// Shared pool, ada: head h evicts its own e lowest-ranked tokens (no other head's are asked);
+// returns whether it evicted.
+bool ada_evict_head(PolicyCtx &ctx, uint32_t h, uint32_t e) {
+    AdaLayer a = ada_of(ctx);
+    ada_collect(a);
+    size_t b = 0, m = 0;
+    for (uint32_t g = 0; g < h; ++g) b += ctx.store(g).len();
+    m = ctx.store(h).len();
+    if (e > m) e = uint32_t(m);
+    if (e == 0) return false;
+    std::nth_element(a.tok + b, a.tok + b + (e - 1), a.tok + b + m, worse);
+    for (uint32_t i = 0; i < e; ++i) a.tok[b + i].out = 1;
+    ada_evict(a, 1);
+    return true;
+}
+
 void layer_phase(PolicyCtx &ctx, StepMode) {
+    if (ada(ctx.cfg())) {
+        ada_phase(ctx);
+        Layer ly = layer_of(ctx);
+        decay_scores(ly);
+        return;
+    }
     Layer ly = layer_of(ctx);
     uint32_t &Le = ctx.evict_threshold();
     const uint32_t top = config_policy_capacity(ly.cfg(), ly.cap) - 1;  // below it: the draft room (config.h)
@@ -208,7 +430,7 @@ void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode) {
     const uint32_t H = ctx.cfg().model.n_kv_heads;
     if (!ctx.shared_pool()) return;
     for (;;) {
-        bool need = false;
+        bool need = false, moved = false;
         uint32_t e = 0;
         for (uint32_t h = 0; h < H; ++h) {
             HeadStore &hs = ctx.store(h);
@@ -217,13 +439,22 @@ void layer_prepare(PolicyCtx &ctx, uint32_t n, StepMode) {
             need = true;
             if (hs.holes) {
                 store_compact(hs, pool, ctx.layer);
+                moved = true;
                 continue;
             }
             PolicyCtx hc = ctx.at_head(h);
             const uint32_t eh = dense_self_prune_count(hc, hs, n);
+            if (ada(ctx.cfg())) {  // heads keep their own tokens: each evicts its own
+                moved = ada_evict_head(ctx, h, eh) || moved;
+                continue;
+            }
             if (eh > e) e = eh;
         }
         if (!need) return;
+        if (ada(ctx.cfg())) {
+            if (!moved) return;  // nothing left to evict (the room check said this does not happen)
+            continue;
+        }
         if (e == 0) continue;  // compactions only: check again
         Layer ly = layer_of(ctx);
         if (ly.L == 0) return;  // nothing to evict (the room check said this does not happen)
@@ -270,6 +501,10 @@ void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const Ob
 }  // namespace
 
 const Policy kLethePolicy = {"lethe", KVP_POS_ORIGINAL, &check,     &plan,       &observe,     nullptr,
-                             &layer_phase, &evictable,  &self_prune, &layer_prepare};
+                             &layer_phase, &evictable,  &self_prune, &layer_prepare,
+                             /* state_bytes */ &state_bytes, /* reset */ nullptr, /* selection_size */ nullptr,
+                             /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
+                             /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ false,
+                             /* state_transient */ true};
 
 }  // namespace kvp

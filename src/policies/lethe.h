@@ -5,7 +5,7 @@
 // so each layer's length follows its own attention sparsity.
 //
 // Per layer (all KV heads of a layer keep the same tokens; decisions in the layer phase, heads
-// reduced in fixed order):
+// reduced in fixed order; head_budget=ada: each head keeps its own, lethe.cpp "AdaKV over Lethe"):
 // - Score: s_t = decay * s_{t-1} + m_t, m_t = the attention mass the token receives at step t
 //   summed over all query heads of the layer (at prefill: over the chunk's last `obs_window`
 //   queries too). Each KV head accumulates its group's mass in its slot scores (fused into the

@@ -92,8 +92,11 @@ void spec_lethe(Bytes &b, std::string &s) {
     // (recent: lethe ignores it, and a spec giving policy= refuses a key its policy ignores, issue 28)
     s += kv("sinks", b.pick(4)) + unused(b.pick(8)) + kv("segments", 2 + b.pick(12)) +
          kv("sparse_ratio", 1 + b.pick(1000));
-    s += std::string(" recent_ratio=0.") + std::to_string(b.pick(10)) + " decay=0." + std::to_string(b.pick(10));
+    const uint32_t sr = b.pick(10);
+    s += std::string(" recent_ratio=0.") + std::to_string(sr) + " decay=0." + std::to_string(b.pick(10));
     if (b.pick(2)) s += kv("capacity", 16 + b.pick(96));
+    // head_budget=ada on a third of the recent ratios (no byte drawn, as snapkv's and h2o's)
+    if (sr % 3 == 0) s += " head_budget=ada" + std::string(sr % 2 ? " ada_floor=0.5" : "");
 }
 
 // ThinK over h2o (so a prefill always reads q: h2o observes), key and value channel ratios in
