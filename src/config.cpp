@@ -164,9 +164,9 @@ constexpr Key kKeys[] = {
             "DuoAttention streaming heads (kvp_create_heads role table): the first tokens a streaming head keeps (the reference's sink_size 64); unused without a table"),
     KVP_U32(duo_window, 256, 0, kMaxCapacity, kAll,
             "DuoAttention streaming heads: the most recent tokens a streaming head keeps (the reference's recent_size 256); a call adds at most this many tokens to a layer with a streaming head"),
-    KVP_ENUM(head_budget, KVP_HEAD_BUDGET_UNIFORM, kHeadBudgetNames, kAllNames, "uniform|ada", P(SNAPKV) | P(PYRAMIDKV) | P(H2O) | P(LETHE),
-             "per-head budgets: uniform = every KV head keeps the layer's budget; ada = AdaKV: the layer keeps as many tokens in total, chosen by one ranking of all its heads' scores (snapkv/pyramidkv: at each selection; h2o: at every prune; lethe: at each round and capacity cut; each head at least ada_floor of its share); heads lend blocks, so one head may hold up to 2x capacity; plain f32 storage only"),
-    KVP_F32(ada_floor, 0.2, 0.0, 1.0, P(SNAPKV) | P(PYRAMIDKV) | P(H2O) | P(LETHE),
+    KVP_ENUM(head_budget, KVP_HEAD_BUDGET_UNIFORM, kHeadBudgetNames, kAllNames, "uniform|ada", P(SNAPKV) | P(PYRAMIDKV) | P(H2O) | P(LETHE) | P(TRIATTENTION),
+             "per-head budgets: uniform = every KV head keeps the layer's budget; ada = AdaKV: the layer keeps as many tokens in total, chosen by one ranking of all its heads' scores (snapkv/pyramidkv: at each selection; h2o: at every prune; lethe: at each round and capacity cut; triattention: at each cut, tri_mode=per_layer_perhead; each head at least ada_floor of its share); heads lend blocks, so one head may hold up to 2x capacity; plain f32 storage only"),
+    KVP_F32(ada_floor, 0.2, 0.0, 1.0, P(SNAPKV) | P(PYRAMIDKV) | P(H2O) | P(LETHE) | P(TRIATTENTION),
             "head_budget=ada: every KV head keeps at least floor(a x its uniform share) tokens, its window counted (kvpress's alpha_safeguard 0.2)"),
     KVP_ENUM(thread_pool, KVP_THREAD_POOL_OWN, kThreadPoolNames, kAllNames, "own|host", kAll,
              "whose threads run a call's parallel part: own = kvp_create starts threads-1 workers; host = none, the host's parallel-for given with kvp_set_parallel (threads = the most participants a call uses); bit-identical either way"),
@@ -1128,11 +1128,15 @@ kvp_status check_engine_rules(const kvp_config &c, Msg &m) {
     // phase, after every head's staged chunk was observed; formatted storage converts a head's
     // committed tokens in its own per-head work, which has ended by then.
     if (c.head_budget == KVP_HEAD_BUDGET_ADA && c.policy != KVP_POLICY_SNAPKV && c.policy != KVP_POLICY_PYRAMIDKV &&
-        c.policy != KVP_POLICY_H2O && c.policy != KVP_POLICY_LETHE) {
-        const bool later = c.policy == KVP_POLICY_TRIATTENTION;
+        c.policy != KVP_POLICY_H2O && c.policy != KVP_POLICY_LETHE && c.policy != KVP_POLICY_TRIATTENTION) {
         m.s("head_budget=ada with policy=").s(policy_name(c.policy))
-            .s(later ? ": not implemented yet; head_budget=ada is implemented for snapkv, pyramidkv, h2o and lethe"
-                     : ": the policy has no per-head token budget (head_budget=ada is for snapkv, pyramidkv, h2o and lethe)");
+            .s(": the policy has no per-head token budget (head_budget=ada is for snapkv, pyramidkv, h2o, lethe and triattention)");
+        return KVP_ERR_UNSUPPORTED;
+    }
+    if (c.head_budget == KVP_HEAD_BUDGET_ADA && c.policy == KVP_POLICY_TRIATTENTION && c.tri_mode != KVP_TRI_PER_LAYER_PERHEAD) {
+        m.s("head_budget=ada with triattention needs tri_mode=per_layer_perhead (tri_mode=")
+            .s(c.tri_mode == KVP_TRI_UNION ? "union" : "per_head")
+            .s(" keeps one choice for several stores: there is no per-head budget to split)");
         return KVP_ERR_UNSUPPORTED;
     }
     if (c.head_budget == KVP_HEAD_BUDGET_ADA && c.kv_dtype != KVP_DTYPE_F32) {

@@ -658,6 +658,38 @@ TEST(Ada, LetheThreadsAndState) {
     }
 }
 
+// triattention with head_budget=ada (tri_mode=per_layer_perhead; triattention.cpp "AdaKV"; the
+// kept tokens against a double reference: test_triattention AdaKeepsWhatTheReferenceAllocates):
+// on the sharp and diffuse heads, every cut leaves the layer's budget in total, split unevenly;
+// a head outgrows the layer capacity with blocks the other leaves; the same bits for 1/2/3
+// threads, and a loaded state goes on as the saved one.
+TEST(Ada, TriAttentionSplitsAndLends) {
+    const ref::Inputs in = inputs(2, 3, 200);
+    // prompt 8; capacity 8 + 16 + 4 + 4: uniform's heads fit, an ada head may take 2x
+    const std::string spec = "policy=triattention budget=16 beta=4 capacity=32 tri_mode=per_layer_perhead head_budget=ada";
+    ref::Cache c(in.m, spec);
+    prefill(c, in, 2, 0, 8);
+    bool lent = false, split = false;
+    for (uint32_t t = 8; t < 120; ++t) {
+        decode(c, in, 2, t, 1);
+        for (uint32_t l = 0; l < 2; ++l) {
+            const size_t g0 = c.positions(l, 0).size() - 8, g1 = c.positions(l, 1).size() - 8;
+            ASSERT_LE(g0 + g1, 2u * (16 + 4)) << t;
+            if ((t - 8 + 1) % 4 == 0 && t >= 8 + 19) {  // a cut: the 20th decode, then every 4th
+                ASSERT_EQ(g0 + g1, 2u * 16) << "a cut at token " << t;
+            }
+            split = split || g0 != g1;
+            lent = lent || kvp_layer_len(c.c, l) > kvp_layer_capacity(c.c, l);
+        }
+    }
+    EXPECT_TRUE(split) << "the heads kept alike";
+    EXPECT_TRUE(lent) << "no head outgrew the capacity";
+    same_bits(in, spec + " score=fixed", [&](ref::Cache &x, std::vector<float> *o) {
+        prefill(x, in, 2, 0, 8);
+        decode(x, in, 2, 8, 100, o);
+    }, 108, 60);
+}
+
 TEST(Ada, RefusesWhatItCannotDo) {
     const kvp_model m = ref::model(1, 4, 2, kHd);
     kvp_config cfg;
@@ -677,10 +709,14 @@ TEST(Ada, RefusesWhatItCannotDo) {
     cfg.policy = KVP_POLICY_WINDOW;
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
     EXPECT_NE(strstr(err, "no per-head token budget"), nullptr) << err;
-    cfg.policy = KVP_POLICY_TRIATTENTION;
+    EXPECT_NE(strstr(err, "snapkv, pyramidkv, h2o, lethe and triattention"), nullptr) << err;
+    cfg.policy = KVP_POLICY_TRIATTENTION;  // tri_mode=union by default: one choice for all heads
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
-    EXPECT_NE(strstr(err, "snapkv, pyramidkv, h2o and lethe"), nullptr) << err;
-    for (kvp_policy p : {KVP_POLICY_H2O, KVP_POLICY_LETHE}) {
+    EXPECT_NE(strstr(err, "tri_mode=per_layer_perhead"), nullptr) << err;
+    cfg.tri_mode = KVP_TRI_PER_HEAD;
+    EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_ERR_UNSUPPORTED);
+    cfg.tri_mode = KVP_TRI_PER_LAYER_PERHEAD;
+    for (kvp_policy p : {KVP_POLICY_H2O, KVP_POLICY_LETHE, KVP_POLICY_TRIATTENTION}) {
         cfg.policy = p;
         EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
     }

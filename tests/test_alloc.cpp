@@ -244,7 +244,8 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
           "policy=pyramidkv budget=48 obs_window=8 beta=5 head_budget=ada score=fixed max_prompt=256 threads=1",
           "policy=h2o budget=120 recent=16 capacity=260 head_budget=ada max_prompt=256 threads=2",
           "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 head_budget=ada score=fixed threads=2",
-          "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 total_capacity=440 head_budget=ada threads=1"}) {
+          "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 total_capacity=440 head_budget=ada threads=1",
+          "policy=triattention budget=64 beta=16 tri_mode=per_layer_perhead head_budget=ada score=fixed threads=2"}) {
         kvp_config cfg = config(spec);
         const size_t bytes = kvp_arena_size(&cfg);
         ASSERT_GT(bytes, 0u) << spec;

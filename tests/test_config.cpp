@@ -134,7 +134,7 @@ TEST(Keys, PolicyRelevanceLivesInTheTable) {
           "max_prompt"}},
         {KVP_POLICY_THINK, {"key_channel_ratio", "value_channel_ratio", "channel_score", "obs_window", "token_policy", "max_prompt"}},
         {KVP_POLICY_RANDOM, {"budget", "seed", "keep_prompt", "max_prompt"}},
-        {KVP_POLICY_TRIATTENTION, {"budget", "beta", "tri_mode", "tri_stats", "max_prompt"}},
+        {KVP_POLICY_TRIATTENTION, {"budget", "beta", "tri_mode", "tri_stats", "max_prompt", "head_budget", "ada_floor"}},
     };
     const std::vector<kvp_key_info> ks = keys();
     for (const auto &p : own) {

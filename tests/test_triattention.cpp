@@ -7,6 +7,7 @@
 // the saved one would; drafts work; bad configs are refused.
 #include <gtest/gtest.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <algorithm>
@@ -167,6 +168,63 @@ struct Ref {
         r.insert(r.end(), gen.begin(), gen.end());
         return r;
     }
+    // head_budget=ada (tri_mode=per_layer_perhead; triattention.cpp "AdaKV"): the positions every KV
+    // head of layer l keeps after decoding up to token T-1. At each cut (the heads' generated
+    // tokens reach heads x (budget + beta)) the layer keeps heads x budget: each head first its
+    // best floor(a x min(g_h, budget)), the rest by one ranking over all heads (score, then the
+    // newer, then the lower head); the score of a token is its group's maximum of per-query-head
+    // z-scores over the head's generated tokens (population deviation, at least 1e-6), raw with
+    // one KV head. (The per-head most, max(budget, store cap - prompt - beta), does not bind here.)
+    std::vector<std::vector<int32_t>> kept_ada(uint32_t l, uint32_t T, double a) const {
+        const uint32_t H = m.n_kv_heads;
+        std::vector<std::vector<int32_t>> gen(H);
+        for (uint32_t t = prompt; t < T; ++t) {
+            size_t total = 0;
+            for (auto &g : gen) total += (g.push_back(int32_t(t)), g.size());
+            if (total < size_t(H) * (budget + beta)) continue;
+            struct Rec {
+                double key;
+                int32_t pos;
+                uint32_t h;
+            };
+            std::vector<Rec> rest;
+            std::vector<std::vector<int32_t>> keep(H);
+            for (uint32_t h = 0; h < H; ++h) {
+                const size_t n = gen[h].size();
+                std::vector<double> key(n, -INFINITY);
+                for (uint32_t g = 0; g < G(); ++g) {
+                    std::vector<double> s(n);
+                    double mean = 0.0, var = 0.0;
+                    for (size_t i = 0; i < n; ++i) mean += (s[i] = score(l, h * G() + g, uint32_t(gen[h][i]), t + 1, int64_t(t) + 1));
+                    mean /= double(n);
+                    for (size_t i = 0; i < n; ++i) var += (s[i] - mean) * (s[i] - mean);
+                    const double sd = std::max(sqrt(var / double(n)), 1e-6);
+                    for (size_t i = 0; i < n; ++i) key[i] = std::max(key[i], H > 1 ? (s[i] - mean) / sd : s[i]);
+                }
+                std::vector<Rec> rs;
+                for (size_t i = 0; i < n; ++i) rs.push_back(Rec{key[i], gen[h][i], h});
+                std::sort(rs.begin(), rs.end(), [](const Rec &x, const Rec &y) { return x.key > y.key || (x.key == y.key && x.pos > y.pos); });
+                const size_t fl = size_t(a * double(std::min<size_t>(n, budget)));
+                for (size_t i = 0; i < rs.size(); ++i) (i < fl ? keep[h].push_back(rs[i].pos) : rest.push_back(rs[i]));
+            }
+            std::sort(rest.begin(), rest.end(), [](const Rec &x, const Rec &y) {
+                return x.key != y.key ? x.key > y.key : x.pos != y.pos ? x.pos > y.pos : x.h < y.h;
+            });
+            size_t left = size_t(H) * budget;
+            for (const auto &k : keep) left -= k.size();
+            for (size_t i = 0; i < left && i < rest.size(); ++i) keep[rest[i].h].push_back(rest[i].pos);
+            for (uint32_t h = 0; h < H; ++h) {
+                std::sort(keep[h].begin(), keep[h].end());
+                gen[h] = keep[h];
+            }
+        }
+        std::vector<std::vector<int32_t>> r(H);
+        for (uint32_t h = 0; h < H; ++h) {
+            for (uint32_t t = 0; t < prompt; ++t) r[h].push_back(int32_t(t));
+            r[h].insert(r[h].end(), gen[h].begin(), gen[h].end());
+        }
+        return r;
+    }
 };
 
 struct Geometry {
@@ -208,6 +266,68 @@ TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
                         EXPECT_EQ(c.positions(l, h), r.kept(mode, l, h, 70))
                             << g.name << " tri_mode=" << mode << " score=" << score << " layer " << l << " head " << h;
             }
+    }
+}
+
+// head_budget=ada over tri_mode=per_layer_perhead (issue 32 item 1): every head keeps exactly
+// what the reference's allocation keeps (float and fixed scores, two floors); the heads' kept
+// counts differ and sum to the layer's budget; with one KV head the choice and the outputs are
+// uniform's.
+TEST(TriAttention, AdaKeepsWhatTheReferenceAllocates) {
+    const Geometry geos[] = {{"gptj d8", ref::model(2, 4, 2, 8)}, {"neox d16 G1 4 kv", ref::model(1, 4, 4, 16, KVP_ROPE_NEOX)}};
+    for (const Geometry &g : geos) {
+        // KV head 1's keys 4x larger (its scores spread wider: the z-scores put the heads on one
+        // scale) and every 7th key of KV head 0 6x (a few outliers: its other tokens rank low,
+        // so its floor binds)
+        std::vector<ref::Inputs> in;
+        for (uint32_t l = 0; l < g.m.n_layers; ++l) {
+            in.emplace_back(g.m, 70, 31 + l, 1.0f);
+            for (uint32_t t = 0; t < 70; ++t)
+                for (uint32_t i = 0; i < g.m.head_dim; ++i) {
+                    in[l].k[size_t(t) * in[l].nkv + g.m.head_dim + i] *= 4.0f;
+                    if (t % 7 == 0) in[l].k[size_t(t) * in[l].nkv + i] *= 6.0f;
+                }
+        }
+        const Ref r{g.m, 10, 5, 16, in};
+        bool differ = false;
+        for (const char *floor : {"0.2", "1"})
+            for (const char *score : {"float", "fixed"}) {
+                ref::Cache c(g.m, std::string("policy=triattention budget=10 beta=5 tri_mode=per_layer_perhead head_budget=ada ada_floor=") +
+                                      floor + " score=" + score);
+                prefill_layers(c, in, 0, 16);
+                for (uint32_t t = 16; t < 70; ++t) decode_layers(c, in, t);
+                for (uint32_t l = 0; l < g.m.n_layers; ++l) {
+                    const auto want = r.kept_ada(l, 70, atof(floor));
+                    size_t gen = 0;
+                    for (uint32_t h = 0; h < g.m.n_kv_heads; ++h) {
+                        const std::vector<int32_t> p = c.positions(l, h);
+                        EXPECT_EQ(p, want[h]) << g.name << " floor " << floor << " score=" << score << " layer " << l << " head " << h;
+                        gen += p.size() - 16;
+                        differ = differ || p.size() != c.positions(l, 0).size();
+                    }
+                    // the last cut at token 65 left the layer's budget, then 4 decodes
+                    EXPECT_EQ(gen, size_t(g.m.n_kv_heads) * (10 + 4)) << g.name << " layer " << l;
+                }
+            }
+        EXPECT_TRUE(differ) << g.name << ": every head kept its uniform share";
+    }
+    // one KV head: uniform's choice and outputs, bit for bit
+    const kvp_model m1 = ref::model(2, 4, 1, 12, KVP_ROPE_NEOX, 8);
+    std::vector<ref::Inputs> in;
+    for (uint32_t l = 0; l < 2; ++l) in.emplace_back(m1, 70, 41 + l, 1.0f);
+    for (const char *score : {"float", "fixed"}) {
+        const std::string base = std::string("policy=triattention budget=10 beta=5 tri_mode=per_layer_perhead score=") + score;
+        ref::Cache ada(m1, base + " head_budget=ada"), uni(m1, base);
+        prefill_layers(ada, in, 0, 16);
+        prefill_layers(uni, in, 0, 16);
+        std::vector<float> oa(in[0].nq), ou(in[0].nq);
+        for (uint32_t t = 16; t < 70; ++t)
+            for (uint32_t l = 0; l < 2; ++l) {
+                ASSERT_EQ(kvp_decode(ada.c, l, in[l].qt(t), in[l].kt(t), in[l].vt(t), oa.data()), KVP_OK);
+                ASSERT_EQ(kvp_decode(uni.c, l, in[l].qt(t), in[l].kt(t), in[l].vt(t), ou.data()), KVP_OK);
+                ASSERT_EQ(memcmp(oa.data(), ou.data(), oa.size() * sizeof(float)), 0) << score << " token " << t;
+            }
+        EXPECT_EQ(all_positions(ada, m1), all_positions(uni, m1)) << score;
     }
 }
 

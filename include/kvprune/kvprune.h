@@ -200,8 +200,9 @@ typedef enum {
     KVP_HEAD_BUDGET_UNIFORM = 0,  /**< every KV head keeps the layer's budget (the papers' default) */
     KVP_HEAD_BUDGET_ADA = 1,      /**< AdaKV: the layer keeps as many tokens as uniform in total, chosen by one
                                        ranking of every head's votes or scores, each head at least ada_floor
-                                       of its uniform share (snapkv, pyramidkv, h2o; lethe: its rounds and
-                                       capacity cut run over all heads' tokens at once) */
+                                       of its uniform share (snapkv, pyramidkv, h2o, triattention with
+                                       tri_mode=per_layer_perhead; lethe: its rounds and capacity cut run
+                                       over all heads' tokens at once) */
     KVP_HEAD_BUDGET_FORCE_INT32_ = 0x7fffffff
 } kvp_head_budget;
 
@@ -365,9 +366,11 @@ typedef struct kvp_config {
                                     reference's --recent_size); a call may add at most W tokens to a layer
                                     that has a streaming head (kvp_prefill_room says so) */
     /* appended in 0.3 (issue 32): AdaKV's per-head budgets */
-    uint32_t head_budget;        /* head_budget=uniform|ada (kvp_head_budget; snapkv, pyramidkv, h2o, lethe): ada =
-                                    each prompt selection (snapkv, pyramidkv) or prune (h2o) keeps the same number
-                                    of tokens per layer as uniform, split over the layer's KV heads by one ranking
+    uint32_t head_budget;        /* head_budget=uniform|ada (kvp_head_budget; snapkv, pyramidkv, h2o, lethe,
+                                    triattention with tri_mode=per_layer_perhead): ada = each prompt selection
+                                    (snapkv, pyramidkv), prune (h2o) or cut (triattention: its scores z-normalised
+                                    per head) keeps the same number of tokens per layer as uniform, split over
+                                    the layer's KV heads by one ranking
                                     of all their votes or scores (AdaKV, arXiv 2407.11550); lethe's breakpoint
                                     search and capacity cut rank all the heads' own tokens at once (each head
                                     keeps its own tokens, the layer's count from all of them), so a head whose

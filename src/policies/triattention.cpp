@@ -93,6 +93,8 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     const Units u = units_of(cfg.model);
     const uint32_t G = cfg.model.n_q_heads / cfg.model.n_kv_heads;
     p->scratch_per_token = kPerToken + G * sizeof(double);  // Work
+    // head_budget=ada: the layer phase's records of every head's generated tokens (AdaRec, below)
+    if (cfg.head_budget == KVP_HEAD_BUDGET_ADA) p->scratch_per_token += size_t(cfg.model.n_kv_heads) * 24;
     p->scratch_bytes = (size_t(G) * u.n * 3 + u.hd + 3 * size_t(u.n)) * sizeof(double) + p->scratch_per_token + 64;
     p->phase_all_layers = cfg.tri_mode != KVP_TRI_PER_LAYER_PERHEAD;
 }
@@ -245,7 +247,7 @@ struct Work {
 
 Work work_of(const PolicyCtx &ctx) {
     const Units u = units_of(ctx.cfg().model);
-    const size_t cap = size_t(ctx.plan().cap) + 1;
+    const size_t cap = size_t(ctx.plan().store_cap) + 1;  // a head may hold its store's cap (heads lend)
     Work w;
     w.sc.u = u;
     w.sc.G = ctx.group();
@@ -349,7 +351,7 @@ void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, ui
     const uint32_t ms = candidates(hc, hs, slots, &R);
     if (ms == 0) return;
     w.sc.prepare(hc, R);
-    const size_t ld = size_t(hc.plan().cap) + 1;
+    const size_t ld = size_t(hc.plan().store_cap) + 1;
     for (uint32_t i = 0; i < ms; ++i) {
         const uint32_t k = index_of(w.pos, m, hc.pool->pos[slots[i]]);
         const double best = w.sc.score(hc, slots[i], nominate ? w.per_g + i : nullptr, ld);
@@ -434,8 +436,129 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
             for (uint32_t h = h0; h < h1; ++h) keep_chosen(ctx, l, h, w, m);
 }
 
+// ---- head_budget=ada: AdaKV over TriAttention's per-layer-per-head cuts ----
+// (Feng et al., arXiv 2407.11550, Sec. 3-4, applied to TriAttention's decode-time cut, Sec. 4 of
+// arXiv 2604.04921; our interpretation: neither reference splits TriAttention's budget over
+// heads.) tri_mode=per_layer_perhead only (the other modes keep one set for several stores).
+// - The cut is the layer's: when its KV heads' generated tokens reach KV heads x (budget + beta)
+//   (every beta decodes, as uniform's per-head cut), the layer keeps min(them, KV heads x budget).
+// - Scores share a scale across heads: each query head's trigonometric scores over its KV head's
+//   generated tokens are z-normalised (mean 0, standard deviation 1, at least 1e-6: the
+//   reference's normalize_scores), a token's score is its group's maximum. With one KV head
+//   nothing is compared across heads: the raw scores, so the choice is uniform's bit for bit.
+// - Head h first keeps its best floor(ada_floor x min(g_h, budget)) (g_h its generated tokens);
+//   the rest of the layer's total goes to the best of all heads' others: higher score, newer
+//   position, lower head. A head keeps at most max(budget, its store's cap - its prompt - beta)
+//   (the next beta tokens must fit before the next cut; heads lend blocks, pool.h "Lending").
+// - The prompt is always kept. Runs in the layer phase on the calling thread; the records live in
+//   its scratch (LayerPlan::scratch_per_token).
+bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
+
+struct AdaRec {
+    double key;     // the normalised score (raw with one KV head)
+    int32_t pos;
+    uint32_t head;  // | kAdaKept once kept
+    uint32_t slot;
+    uint32_t pad;
+};
+static_assert(sizeof(AdaRec) == 24, "plan() reserves 24 bytes per (KV head, token)");
+constexpr uint32_t kAdaKept = 0x80000000u;
+
+bool ada_better(const AdaRec &a, const AdaRec &b) {
+    if (a.key != b.key) return a.key > b.key;
+    if (a.pos != b.pos) return a.pos > b.pos;
+    return (a.head & ~kAdaKept) < (b.head & ~kAdaKept);
+}
+
+// The records after the scoring Work in this thread's scratch (plan: 24 bytes per KV head and
+// token, and the extra token's worth in scratch_bytes holds the two per-head counts).
+AdaRec *ada_records(const PolicyCtx &ctx, const Work &w) {
+    const size_t cap = size_t(ctx.plan().store_cap) + 1;
+    const uintptr_t end = reinterpret_cast<uintptr_t>(w.mask + cap);
+    return reinterpret_cast<AdaRec *>((end + 7) & ~uintptr_t(7));
+}
+
+// Scores head h's generated tokens into rec[0..m) (keys normalised when `norm`); returns m.
+uint32_t ada_score_head(PolicyCtx &ctx, uint32_t h, Work &w, AdaRec *rec, bool norm) {
+    PolicyCtx hc = ctx.at_head(h);
+    HeadStore &hs = hc.store(h);
+    int64_t R;
+    const uint32_t m = candidates(hc, hs, w.slots, &R);
+    if (m == 0) return 0;
+    w.sc.prepare(hc, R);
+    const size_t ld = size_t(hc.plan().store_cap) + 1;
+    for (uint32_t i = 0; i < m; ++i) w.score[i] = w.sc.score(hc, w.slots[i], w.per_g + i, ld);
+    if (norm) {  // per query head: z-scores over the head's generated tokens, then the group's maximum
+        for (uint32_t g = 0; g < w.sc.G; ++g) {
+            double *row = w.per_g + size_t(g) * ld, mean = 0.0, var = 0.0;
+            for (uint32_t i = 0; i < m; ++i) mean += row[i];
+            mean /= double(m);
+            for (uint32_t i = 0; i < m; ++i) var += (row[i] - mean) * (row[i] - mean);
+            double sd = sqrt(var / double(m));
+            if (!(sd >= 1e-6)) sd = 1e-6;
+            for (uint32_t i = 0; i < m; ++i) {
+                const double z = (row[i] - mean) / sd;
+                if (g == 0 || z > w.score[i]) w.score[i] = z;
+            }
+        }
+    }
+    for (uint32_t i = 0; i < m; ++i) rec[i] = AdaRec{w.score[i], hc.pool->pos[w.slots[i]], h, w.slots[i], 0};
+    return m;
+}
+
+void ada_cut(PolicyCtx &ctx) {
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, beta = beta_of(cfg);
+    uint64_t gen = 0;
+    for (uint32_t h = 0; h < H; ++h) gen += ctx.store(h).pword[0];
+    if (gen < uint64_t(H) * (uint64_t(B) + beta)) return;
+    Work w = work_of(ctx);
+    AdaRec *rec = ada_records(ctx, w);  // [H * store_cap], then per head: kept so far, the most it keeps
+    uint32_t *held = reinterpret_cast<uint32_t *>(rec + size_t(H) * ctx.plan().store_cap), *most = held + H;
+    size_t n = 0;
+    uint64_t rest = gen < uint64_t(H) * B ? gen : uint64_t(H) * B;
+    for (uint32_t h = 0; h < H; ++h) {
+        const HeadStore &hs = ctx.store(h);
+        const uint32_t m = ada_score_head(ctx, h, w, rec + n, H > 1);
+        const uint32_t prompt = hs.len() - m, sc = hs.cap;
+        const uint64_t room = uint64_t(sc) > uint64_t(prompt) + beta ? uint64_t(sc) - prompt - beta : 0;
+        most[h] = uint32_t(room > B ? (room < m ? room : m) : (B < m ? B : m));
+        const uint32_t u = m < B ? m : B, fl = uint32_t(double(cfg.ada_floor) * double(u));
+        std::sort(rec + n, rec + n + m, ada_better);
+        held[h] = fl < most[h] ? fl : most[h];
+        for (uint32_t i = 0; i < held[h]; ++i) rec[n + i].head |= kAdaKept;
+        rest -= held[h];
+        n += m;
+    }
+    // the rest: the best of all heads' others, each head up to its most
+    size_t k = 0;
+    for (size_t i = 0; i < n; ++i)
+        if (!(rec[i].head & kAdaKept)) rec[k++] = rec[i];
+    std::sort(rec, rec + k, ada_better);
+    for (size_t i = 0; i < k && rest > 0; ++i) {
+        const uint32_t h = rec[i].head;
+        if (held[h] >= most[h]) continue;
+        ++held[h];
+        rec[i].head |= kAdaKept;
+        --rest;
+    }
+    for (uint32_t h = 0; h < H; ++h) {  // victims: the others, head by head
+        HeadStore &hs = ctx.store(h);
+        PolicyCtx hc = ctx.at_head(h);
+        uint32_t nv = 0;
+        for (size_t i = 0; i < k; ++i)
+            if (rec[i].head == h) w.slots[nv++] = rec[i].slot;
+        if (nv) store_evict(hs, *hc.pool, ctx.layer, w.slots, nv);
+        hs.pword[0] -= nv;
+    }
+}
+
 void layer_phase(PolicyCtx &ctx, StepMode mode) {
     const kvp_config &cfg = ctx.cfg();
+    if (ada(cfg)) {
+        if (mode == StepMode::kDecode && layer_runs_policy(cfg, ctx.layer)) ada_cut(ctx);
+        return;
+    }
     if (mode != StepMode::kDecode || cfg.tri_mode == KVP_TRI_PER_LAYER_PERHEAD || ctx.layer != last_policy_layer(cfg))
         return;
     const uint32_t H = cfg.model.n_kv_heads;
@@ -461,7 +584,7 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
     memcpy(ctx.pool->score + last, &kGenerated, sizeof kGenerated);
     const kvp_config &cfg = ctx.cfg();
     const uint32_t g = uint32_t(++hs.pword[0]);
-    if (cfg.tri_mode != KVP_TRI_PER_LAYER_PERHEAD) return;  // the last policy layer's phase cuts (layer_phase)
+    if (cfg.tri_mode != KVP_TRI_PER_LAYER_PERHEAD || ada(cfg)) return;  // a layer phase cuts (layer_phase)
     if (uint64_t(g) >= uint64_t(cfg.budget) + beta_of(cfg)) evict_scored(ctx, hs, g - cfg.budget);
 }
 

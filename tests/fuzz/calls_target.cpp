@@ -146,10 +146,12 @@ void spec_random(Bytes &b, std::string &s) {
 
 // TriAttention (issue 32): the prompt is kept; generated tokens cut back to budget every beta.
 void spec_triattention(Bytes &b, std::string &s) {
-    const uint32_t budget = 1 + b.pick(24), beta = 1 + b.pick(12);
+    const uint32_t budget = 1 + b.pick(24), beta = 1 + b.pick(12), mode = b.pick(3);
     static const char *modes[] = {"union", "per_head", "per_layer_perhead"};
-    s += kv("budget", budget) + kv("beta", beta) + " tri_mode=" + modes[b.pick(3)];
+    s += kv("budget", budget) + kv("beta", beta) + " tri_mode=" + modes[mode];
     if (b.pick(2)) s += kv("capacity", budget + beta + 17 + b.pick(64));
+    // head_budget=ada (per_layer_perhead only) on a third of the budgets (no byte drawn)
+    if (mode == 2 && budget % 3 == 0) s += " head_budget=ada" + std::string(beta % 2 ? " ada_floor=0.5" : "");
 }
 
 struct PolicyRow {
