@@ -9,6 +9,9 @@
 //                 each 128th step scores the ~N generated tokens and cuts them back (amortised);
 //                 tri_mode=union (one choice for all heads, made on the calling thread), and
 //        triattention_plh  the same with tri_mode=per_layer_perhead (each head in its own work)
+//        h2o_ada, triattention_plh_ada  the same with head_budget=ada (issue 32 item 1): one ranking
+//                 of all 8 heads' tokens on the calling thread (h2o: every step; triattention:
+//                 at each cut, scoring the heads one after another)
 //   BM_PruneEvent/L:<kept>/moved:<m>/cap:<C>   one arbitrary eviction compacted at once
 //                                              (store_evict with no hole allowance) in a
 //                                              (layer, head) of capacity C holding L tokens,
@@ -90,12 +93,14 @@ bool fill(kvp_cache *c, uint32_t n, uint32_t nkv, uint32_t d, uint64_t seed) {
 void BM_DecodeStep(benchmark::State &state, const char *policy, uint32_t N, int threads) {
     std::string spec;
     const std::string p = policy;
+    const bool ada = p.size() > 4 && p.compare(p.size() - 4, 4, "_ada") == 0;
     if (p == "window") spec = "policy=window window=" + std::to_string(N);
-    else if (p == "h2o") spec = "policy=h2o recent=32 budget=" + std::to_string(N);
+    else if (p.rfind("h2o", 0) == 0) spec = "policy=h2o recent=32 budget=" + std::to_string(N);
     else if (p.rfind("triattention", 0) == 0)  // every beta = 128 steps the N generated tokens are scored and cut back
         spec = "policy=triattention beta=128 budget=" + std::to_string(N - 127) + " capacity=" + std::to_string(N + 2) +
-               (p == "triattention_plh" ? " tri_mode=per_layer_perhead" : " tri_mode=union");
+               (p.rfind("triattention_plh", 0) == 0 ? " tri_mode=per_layer_perhead" : " tri_mode=union");
     else spec = "policy=full capacity=" + std::to_string(N + 256);
+    if (ada) spec += " head_budget=ada";
     spec += " threads=" + std::to_string(threads);
     Owned o(1, kQ, kKv, kD, spec);
     if (!o.error.empty() || !fill(o.c, N, kKv, kD, 1)) {
@@ -217,7 +222,7 @@ void register_all() {
         }
     // issue 32: TriAttention's scoring (every 128 steps, over every generated token) against h2o's
     for (int t : {1, 2})
-        for (const char *p : {"h2o", "triattention", "triattention_plh"}) {
+        for (const char *p : {"h2o", "h2o_ada", "triattention", "triattention_plh", "triattention_plh_ada"}) {
             const std::string name = std::string("BM_DecodeStep/") + p + "/N:32768/threads:" + std::to_string(t);
             benchmark::RegisterBenchmark(name.c_str(), BM_DecodeStep, p, 32768u, t)
                 ->Unit(benchmark::kMicrosecond)->UseRealTime()->Iterations(256);  // two cuts of triattention

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "kvprune/kvprune.h"
+#include "policies/h2o.h"
 #include "reference.h"
 
 namespace {
@@ -529,6 +530,30 @@ TEST(Ada, H2oThreadsAndState) {
     size_t longest = 0;
     for (const auto &q : p) longest = std::max(longest, q.size());
     EXPECT_GT(longest, kB + 8u) << "no head outgrew the capacity";
+}
+
+// h2o ada's per-step path (h2o.cpp fast_phase: a bounded heap per head) keeps exactly what the
+// full ranking keeps: the same run with the full ranking at every phase (the test hook
+// h2o_ada_fast_max = 0) gives the same output bits and kept tokens (2 layers, float and fixed
+// scores, recent 4, floors 0.2 and 0.9, chunked prompts then decodes).
+TEST(Ada, H2oFastPathIsTheFullRanking) {
+    const ref::Inputs in = inputs(2, 5, 200);
+    for (const char *more : {"recent=4", "recent=4 score=fixed ada_floor=0.9", "recent=0 ada_floor=0"}) {
+        std::vector<float> o[2];
+        std::vector<std::vector<int32_t>> p[2];
+        for (int full = 0; full < 2; ++full) {
+            kvp::h2o_ada_fast_max = full ? 0 : 256;
+            ref::Cache c(in.m, h2o_spec("ada", more));
+            h2o_prompt(c, in, 2, 120);
+            decode(c, in, 2, 120, 80, &o[full]);
+            for (uint32_t l = 0; l < 2; ++l)
+                for (uint32_t h = 0; h < 2; ++h) p[full].push_back(c.positions(l, h));
+        }
+        kvp::h2o_ada_fast_max = 256;
+        EXPECT_TRUE(o[0].size() == o[1].size() && memcmp(o[0].data(), o[1].data(), o[0].size() * sizeof(float)) == 0) << more;
+        EXPECT_EQ(p[0], p[1]) << more;
+        EXPECT_NE(p[0][0].size(), p[0][1].size()) << more << ": the heads kept alike";
+    }
 }
 
 // lethe with head_budget=ada (lethe.cpp "AdaKV over Lethe"): with one KV head every round and

@@ -5,6 +5,8 @@
 
 namespace kvp {
 
+uint32_t h2o_ada_fast_max = 256;
+
 uint32_t dense_self_prune_count(const PolicyCtx &ctx, const HeadStore &hs, uint32_t n) {
     const BlockPool &pool = *ctx.pool;  // the core compacts before it asks (hs.holes == 0)
     const uint64_t room = (uint64_t(hs.nb) + pool.allowed(ctx.layer)) * pool.block;
@@ -72,6 +74,57 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
     evict_lowest(ctx, hs, L - cfg.budget, 0, L - cfg.recent, ctx.scratch);
 }
 
+// The common step of the layer phase below (a decode: the layer evicts as many tokens as its
+// heads appended, no head at its store's cap), with the same result in O(tokens x log n): the n
+// tokens the full ranking evicts are the n lowest, in eviction order (lower score, older, higher
+// head), of the heads' others outside their floor; a head's candidates among them are its n
+// lowest others, which lie outside its best (floor - recent) when it has more than floor + n
+// others (else only its others - (floor - recent) lowest are). So each head keeps its k lowest
+// in a bounded heap over one scan of its store, and the n lowest of those go.
+void fast_phase(PolicyCtx &ctx, uint32_t n, AdaCand *cand, uint32_t *slot) {
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, R = cfg.recent;
+    // the eviction order; as a heap order its top is the heap's last to go (the best kept)
+    auto evicted_first = [](const AdaCand &a, const AdaCand &b) { return a.key < b.key || (a.key == b.key && a.head > b.head); };
+    size_t nc = 0;
+    for (uint32_t h = 0; h < H; ++h) {
+        const HeadStore &hs = ctx.store(h);
+        const BlockPool &pool = ctx.pool_of(h);
+        const uint32_t L = hs.len(), u = L < B ? L : B, r = L < R ? L : R;
+        uint32_t fl = uint32_t(double(cfg.ada_floor) * double(u));
+        if (fl < r) fl = r;
+        const uint32_t others = L - r, extra = fl - r < others ? fl - r : others;
+        const uint32_t k = others - extra < n ? others - extra : n;
+        if (k == 0) continue;
+        AdaCand *heap = cand + nc;
+        uint32_t m = 0;
+        store_for_each_live(hs, pool, [&](uint32_t s0, uint32_t cnt, uint32_t j) {
+            for (uint32_t i = 0; i < cnt && j + i < others; ++i) {
+                uint32_t bits;
+                memcpy(&bits, pool.score + s0 + i, 4);
+                const AdaCand c{uint64_t(bits) << 32 | uint32_t(pool.pos[s0 + i]), h, s0 + i};
+                if (m < k) {
+                    heap[m++] = c;
+                    std::push_heap(heap, heap + m, evicted_first);
+                } else if (evicted_first(c, heap[0])) {  // evicted before the heap's best kept
+                    std::pop_heap(heap, heap + m, evicted_first);
+                    heap[m - 1] = c;
+                    std::push_heap(heap, heap + m, evicted_first);
+                }
+            }
+        });
+        nc += m;
+    }
+    // the n lowest of all heads' candidates go, head by head
+    if (n < nc) std::nth_element(cand, cand + (n - 1), cand + nc, evicted_first);
+    for (uint32_t h = 0; h < H; ++h) {
+        uint32_t nv = 0;
+        for (size_t i = 0; i < n && i < nc; ++i)
+            if (cand[i].head == h) slot[nv++] = cand[i].slot;
+        if (nv) store_evict(ctx.store(h), ctx.pool_of(h), ctx.layer, slot, nv);
+    }
+}
+
 // AdaKV over H2O (Feng et al., arXiv 2407.11550, Sec. 3-4, applied to H2O's Algorithm 1; our
 // interpretation, as AdaKV's paper and reference allocate a prompt's budget only): after every
 // prune (a decode step, a prefill chunk, a prompt's end) the layer keeps what uniform H2O keeps in
@@ -106,6 +159,10 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
     uint32_t *held = reinterpret_cast<uint32_t *>(region + align_up(8 * size_t(smax), kAlign));
     AdaCand *cand = reinterpret_cast<AdaCand *>(reinterpret_cast<char *>(held) + align_up(4 * size_t(H), kAlign));
     auto better = [](const AdaCand &a, const AdaCand &b) { return a.key > b.key || (a.key == b.key && a.head < b.head); };
+    if (!over && total - keep <= (smax < h2o_ada_fast_max ? smax : h2o_ada_fast_max)) {
+        fast_phase(ctx, uint32_t(total - keep), cand, slot);
+        return;
+    }
     // per head: its recent tokens and floor are kept; its other tokens become candidates
     size_t nc = 0;
     uint64_t rest = keep;

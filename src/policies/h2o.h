@@ -32,4 +32,10 @@ extern const Policy kH2oPolicy;
 // it holds plus what the pool allows it (at least 1).
 uint32_t dense_self_prune_count(const PolicyCtx &ctx, const HeadStore &hs, uint32_t n);
 
+// head_budget=ada: the most evictions of one layer phase that take the bounded-heap path
+// (h2o.cpp "fast_phase"; default 256). A test hook: 0 sends every phase through the full
+// ranking, whose result the fast path must equal (test_ada H2oFastPathIsTheFullRanking). Read
+// only by the layer phase; not for concurrent writes.
+extern uint32_t h2o_ada_fast_max;
+
 }  // namespace kvp
