@@ -43,6 +43,30 @@ struct AdaCand {
     uint32_t slot;  // its slot
 };
 constexpr uint32_t kKept = 0x80000000u;
+// A candidate: slot s of KV head h (fixed: Q16.16 score bits; float: a non-negative sum, whose
+// bits order as its values).
+AdaCand cand_of(const BlockPool &pool, uint32_t s, uint32_t h) {
+    uint32_t bits;
+    memcpy(&bits, pool.score + s, 4);
+    return AdaCand{uint64_t(bits) << 32 | uint32_t(pool.pos[s]), h, s};
+}
+// Head h's kept minimum of L tokens: its recent ones (*r) and its floor, at least *r.
+uint32_t floor_of(const kvp_config &cfg, uint32_t L, uint32_t *r) {
+    const uint32_t u = L < cfg.budget ? L : cfg.budget;
+    *r = L < cfg.recent ? L : cfg.recent;
+    const uint32_t fl = uint32_t(double(cfg.ada_floor) * double(u));
+    return fl < *r ? *r : fl;
+}
+// Evicts from each head the slots of the candidates cand[0..n) that are its (kept ones carry
+// kKept and match no head), head by head; slot: scratch for one head's victims.
+void evict_cands(PolicyCtx &ctx, const AdaCand *cand, size_t n, uint32_t *slot) {
+    for (uint32_t h = 0; h < ctx.cfg().model.n_kv_heads; ++h) {
+        uint32_t nv = 0;
+        for (size_t i = 0; i < n; ++i)
+            if (cand[i].head == h) slot[nv++] = cand[i].slot;
+        if (nv) store_evict(ctx.store(h), ctx.pool_of(h), ctx.layer, slot, nv);
+    }
+}
 uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, config_capacity(cfg, cfg.budget + 1)) + cfg.max_prompt; }
 size_t state_bytes(const kvp_config &cfg, uint32_t) {
     if (!ada(cfg)) return 0;
@@ -83,16 +107,16 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode) {
 // in a bounded heap over one scan of its store, and the n lowest of those go.
 void fast_phase(PolicyCtx &ctx, uint32_t n, AdaCand *cand, uint32_t *slot) {
     const kvp_config &cfg = ctx.cfg();
-    const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, R = cfg.recent;
+    const uint32_t H = cfg.model.n_kv_heads;
     // the eviction order; as a heap order its top is the heap's last to go (the best kept)
     auto evicted_first = [](const AdaCand &a, const AdaCand &b) { return a.key < b.key || (a.key == b.key && a.head > b.head); };
     size_t nc = 0;
     for (uint32_t h = 0; h < H; ++h) {
         const HeadStore &hs = ctx.store(h);
         const BlockPool &pool = ctx.pool_of(h);
-        const uint32_t L = hs.len(), u = L < B ? L : B, r = L < R ? L : R;
-        uint32_t fl = uint32_t(double(cfg.ada_floor) * double(u));
-        if (fl < r) fl = r;
+        const uint32_t L = hs.len();
+        uint32_t r;
+        const uint32_t fl = floor_of(cfg, L, &r);
         const uint32_t others = L - r, extra = fl - r < others ? fl - r : others;
         const uint32_t k = others - extra < n ? others - extra : n;
         if (k == 0) continue;
@@ -100,9 +124,7 @@ void fast_phase(PolicyCtx &ctx, uint32_t n, AdaCand *cand, uint32_t *slot) {
         uint32_t m = 0;
         store_for_each_live(hs, pool, [&](uint32_t s0, uint32_t cnt, uint32_t j) {
             for (uint32_t i = 0; i < cnt && j + i < others; ++i) {
-                uint32_t bits;
-                memcpy(&bits, pool.score + s0 + i, 4);
-                const AdaCand c{uint64_t(bits) << 32 | uint32_t(pool.pos[s0 + i]), h, s0 + i};
+                const AdaCand c = cand_of(pool, s0 + i, h);
                 if (m < k) {
                     heap[m++] = c;
                     std::push_heap(heap, heap + m, evicted_first);
@@ -117,12 +139,7 @@ void fast_phase(PolicyCtx &ctx, uint32_t n, AdaCand *cand, uint32_t *slot) {
     }
     // the n lowest of all heads' candidates go, head by head
     if (n < nc) std::nth_element(cand, cand + (n - 1), cand + nc, evicted_first);
-    for (uint32_t h = 0; h < H; ++h) {
-        uint32_t nv = 0;
-        for (size_t i = 0; i < n && i < nc; ++i)
-            if (cand[i].head == h) slot[nv++] = cand[i].slot;
-        if (nv) store_evict(ctx.store(h), ctx.pool_of(h), ctx.layer, slot, nv);
-    }
+    evict_cands(ctx, cand, n < nc ? n : nc, slot);
 }
 
 // AdaKV over H2O (Feng et al., arXiv 2407.11550, Sec. 3-4, applied to H2O's Algorithm 1; our
@@ -143,7 +160,7 @@ void fast_phase(PolicyCtx &ctx, uint32_t n, AdaCand *cand, uint32_t *slot) {
 void layer_phase(PolicyCtx &ctx, StepMode) {
     const kvp_config &cfg = ctx.cfg();
     if (!ada(cfg)) return;
-    const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, R = cfg.recent, smax = ada_smax(cfg);
+    const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, smax = ada_smax(cfg);
     uint64_t total = 0;
     bool over = false;
     for (uint32_t h = 0; h < H; ++h) {
@@ -169,16 +186,12 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
     for (uint32_t h = 0; h < H; ++h) {
         const HeadStore &hs = ctx.store(h);
         const BlockPool &pool = ctx.pool_of(h);
-        const uint32_t L = hs.len(), u = L < B ? L : B, r = L < R ? L : R;
-        uint32_t fl = uint32_t(double(cfg.ada_floor) * double(u));
-        if (fl < r) fl = r;
+        const uint32_t L = hs.len();
+        uint32_t r;
+        const uint32_t fl = floor_of(cfg, L, &r);
         scores_logical(hs, pool, score, slot);
         const size_t c0 = nc;
-        for (uint32_t j = 0; j + r < L; ++j) {
-            uint32_t bits;  // fixed: Q16.16; float: a non-negative sum, whose bits order as its values
-            memcpy(&bits, score + j, 4);
-            cand[nc++] = AdaCand{uint64_t(bits) << 32 | uint32_t(pool.pos[slot[j]]), h, slot[j]};
-        }
+        for (uint32_t j = 0; j + r < L; ++j) cand[nc++] = cand_of(pool, slot[j], h);
         // its best fl - r others are kept: moved to the front of its range
         const size_t others = nc - c0, extra = fl - r < others ? fl - r : others;
         if (extra > 0 && extra < others) std::nth_element(cand + c0, cand + c0 + (extra - 1), cand + nc, better);
@@ -209,12 +222,7 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
             if (take(i)) --rest;
     }
     // victims, head by head (a set of its slots: store_evict takes any order)
-    for (uint32_t h = 0; h < H; ++h) {
-        uint32_t nv = 0;
-        for (size_t i = 0; i < m; ++i)
-            if (cand[i].head == h) slot[nv++] = cand[i].slot;  // not kept (a kept one has kKept set)
-        if (nv) store_evict(ctx.store(h), ctx.pool_of(h), ctx.layer, slot, nv);
-    }
+    evict_cands(ctx, cand, m, slot);
 }
 
 uint32_t evictable(const PolicyCtx &, const HeadStore &hs) { return hs.body_len(); }
