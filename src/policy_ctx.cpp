@@ -34,8 +34,8 @@ void PolicyCtx::key(uint32_t slot, double *out) const {
     const uint32_t hd = c->cfg.model.head_dim;
     if (pool->kq) {  // the fixed-point copy: RoPE'd by the integer rotation, never kv_rotated
         const int16_t *r = pool->kq_row(slot);
-        const int e = pool->kexp[slot];
-        for (uint32_t i = 0; i < hd; ++i) out[i] = ldexp(double(r[i]), e);
+        const double scale = ldexp(1.0, pool->kexp[slot]);  // exact: int16 x 2^e fits a double
+        for (uint32_t i = 0; i < hd; ++i) out[i] = double(r[i]) * scale;
         return;
     }
     float row[kMaxHeadDim];

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kvprune/kvprune.h"
+#include "policies/triattention.h"
 #include "reference.h"
 
 namespace {
@@ -251,6 +252,7 @@ TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
         {"neox d16 G1", ref::model(2, 2, 2, 16, KVP_ROPE_NEOX)},
         {"neox partial 8 of 12", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)},
         {"no rope d5", ref::model(3, 2, 1, 5, KVP_ROPE_NONE)},
+        {"gptj G6", ref::model(1, 6, 1, 8)},  // the scorer's four-head block and a remainder of two
     };
     for (const Geometry &g : geos) {
         std::vector<ref::Inputs> in;
@@ -266,6 +268,50 @@ TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
                         EXPECT_EQ(c.positions(l, h), r.kept(mode, l, h, 70))
                             << g.name << " tri_mode=" << mode << " score=" << score << " layer " << l << " head " << h;
             }
+    }
+}
+
+// The scores the cuts rank, token by token and query head by query head, against the paper's
+// formula (Ref::score: RoPE inverted, phase by atan2, cosines averaged): the scorer's folded form
+// (stored key times E[q] W e^(iRw), magnitudes, four query heads summed side by side) must agree
+// to the f32 rotation's rounding in float mode and to the fixed-point key copy's precision in
+// fixed mode. Group sizes 1, 2, 4 and 6 (the four-head block, and a remainder).
+TEST(TriAttention, ScoresAreThePapersFormula) {
+    const Geometry geos[] = {
+        {"gptj d8 G2", ref::model(2, 4, 2, 8)},
+        {"neox d16 G1", ref::model(1, 2, 2, 16, KVP_ROPE_NEOX)},
+        {"neox partial 8 of 12 G4", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)},
+        {"no rope d5 G2", ref::model(1, 2, 1, 5, KVP_ROPE_NONE)},
+        {"gptj d8 G6", ref::model(1, 6, 1, 8)},
+    };
+    for (const Geometry &g : geos) {
+        std::vector<ref::Inputs> in;
+        for (uint32_t l = 0; l < g.m.n_layers; ++l) in.emplace_back(g.m, 40, 21 + l, 1.0f);
+        const Ref r{g.m, 30, 20, 16, in};
+        const uint32_t G = g.m.n_q_heads / g.m.n_kv_heads;
+        for (const char *score : {"float", "fixed"}) {
+            // budget + beta above the decodes: no cut, every generated token is scored
+            ref::Cache c(g.m, std::string("policy=triattention budget=30 beta=20 tri_mode=per_layer_perhead score=") + score);
+            prefill_layers(c, in, 0, 16);
+            for (uint32_t t = 16; t < 40; ++t) decode_layers(c, in, t);
+            std::vector<double> scratch(1 << 16), per_g(size_t(G) * 64);
+            std::vector<int32_t> pos(64);
+            const double tol = strcmp(score, "float") == 0 ? 1e-6 : 2e-3;  // f32 keys rotated in float; the int16 copy
+            for (uint32_t l = 0; l < g.m.n_layers; ++l)
+                for (uint32_t h = 0; h < g.m.n_kv_heads; ++h) {
+                    const uint32_t n = kvp::triattention_scores(c.c, l, h, scratch.data(), per_g.data(), 64, pos.data());
+                    ASSERT_EQ(n, 24u) << g.name;
+                    for (uint32_t i = 0; i < n; ++i) {
+                        EXPECT_EQ(pos[i], int32_t(16 + i)) << g.name;
+                        for (uint32_t q = 0; q < G; ++q) {
+                            const double want = r.score(l, h * G + q, uint32_t(pos[i]), 40, 40);
+                            EXPECT_NEAR(per_g[size_t(q) * 64 + i], want, tol * (1.0 + fabs(want)))
+                                << g.name << " score=" << score << " layer " << l << " head " << h << " query head "
+                                << q << " position " << pos[i];
+                        }
+                    }
+                }
+        }
     }
 }
 

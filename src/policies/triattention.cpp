@@ -173,27 +173,26 @@ size_t state_kept(const kvp_config &cfg) { return cfg.tri_stats == KVP_TRI_STATS
 struct Scorer {
     Units u;
     uint32_t G;
-    double *qt;   // [G][3][n]: re, im, coefficient
+    double *qt;   // [n][3][G]: per unit the G query heads' re, then im, then coefficient
     double *key;  // [hd], then the key's units: re [n], im [n], magnitude [n]
 
     void prepare(const PolicyCtx &ctx, int64_t R) {
         const double *w = ctx.rope_freqs();
-        const size_t n = u.n;
         for (uint32_t g = 0; g < G; ++g) {
             const double *st = stats_of(ctx, u, ctx.head * G + g);
             const double cnt = st[0];
-            double *re = qt + size_t(g) * 3 * n, *im = re + n, *co = im + n;
             for (uint32_t i = 0; i < u.n; ++i) {
                 const double *s = st + 1 + 3 * size_t(i);
+                double *re = qt + 3 * size_t(i) * G + g, *im = re + G, *co = im + G;
                 if (cnt == 0.0) {
-                    re[i] = im[i] = co[i] = 0.0;
+                    *re = *im = *co = 0.0;
                     continue;
                 }
                 const double mr = s[0] / cnt, mi = s[1] / cnt, am = s[2] / cnt;
-                co[i] = am - (i < u.pairs ? sqrt(mr * mr + mi * mi) : fabs(mr));
+                *co = am - (i < u.pairs ? sqrt(mr * mr + mi * mi) : fabs(mr));
                 if (i >= u.pairs) {  // frequency 0: W = 1, no rotation
-                    re[i] = mr;
-                    im[i] = 0.0;
+                    *re = mr;
+                    *im = 0.0;
                     continue;
                 }
                 double wr = 0.0, wi = 0.0, sn, cs;
@@ -206,29 +205,53 @@ struct Scorer {
                 wi /= kOffsets;
                 fixed::det_sincos(w[i] * double(R), &sn, &cs);
                 const double zr = wr * cs - wi * sn, zi = wr * sn + wi * cs;  // W e^(i R w)
-                re[i] = mr * zr - mi * zi;
-                im[i] = mr * zi + mi * zr;
+                *re = mr * zr - mi * zi;
+                *im = mr * zi + mi * zr;
             }
         }
     }
     // The key's score per query head into per_g[g * ld] (when not NULL); returns the group's maximum.
+    // Query heads are summed four at a time (independent chains, each in unit order: the same
+    // bits as one head after another; -ffp-contract=off keeps every product and sum rounded).
     double score(const PolicyCtx &ctx, uint32_t slot, double *per_g = nullptr, size_t ld = 0) {
         ctx.key(slot, key);
         const size_t n = u.n;
         double *kr = key + u.hd, *ki = kr + n, *km = ki + n;
-        for (uint32_t i = 0; i < u.n; ++i) {
-            uint32_t a;
-            int32_t b;
-            u.at(i, &a, &b);
-            kr[i] = key[a];
-            ki[i] = b >= 0 ? key[b] : 0.0;
-            km[i] = b >= 0 ? sqrt(kr[i] * kr[i] + ki[i] * ki[i]) : fabs(kr[i]);
+        const uint32_t P = u.pairs;
+        const size_t step = u.style == KVP_ROPE_GPTJ ? 2 : 1;  // pair u: (2u, 2u+1) or (u, u+pairs)
+        const double *ka = key, *kb = key + (u.style == KVP_ROPE_GPTJ ? 1 : P);
+        for (uint32_t i = 0; i < P; ++i) {
+            const double re = ka[i * step], im = kb[i * step];
+            kr[i] = re;
+            ki[i] = im;
+            km[i] = sqrt(re * re + im * im);
+        }
+        for (uint32_t i = P; i < u.n; ++i) {  // unrotated channels 2 * pairs ..
+            kr[i] = key[2 * P + (i - P)];
+            ki[i] = 0.0;
+            km[i] = fabs(kr[i]);
         }
         double best = 0.0;
-        for (uint32_t g = 0; g < G; ++g) {
-            const double *re = qt + size_t(g) * 3 * n, *im = re + n, *co = im + n;
+        uint32_t g = 0;
+        const size_t gs = 3 * size_t(G);  // one unit's re, im and coefficient rows
+        for (; g + 4 <= G; g += 4) {      // four query heads: four independent sums, one lane each
+            double s[4] = {0.0, 0.0, 0.0, 0.0};
+            for (size_t i = 0; i < n; ++i) {
+                const double *re = qt + i * gs + g, *im = re + G, *co = im + G;
+                const double r = kr[i], m = ki[i], a = km[i];
+                for (uint32_t j = 0; j < 4; ++j) s[j] += re[j] * r + im[j] * m + co[j] * a;
+            }
+            for (uint32_t j = 0; j < 4; ++j) {
+                if (per_g) per_g[(g + j) * ld] = s[j];
+                if (g + j == 0 || s[j] > best) best = s[j];
+            }
+        }
+        for (; g < G; ++g) {
             double s = 0.0;
-            for (size_t i = 0; i < n; ++i) s += re[i] * kr[i] + im[i] * ki[i] + co[i] * km[i];
+            for (size_t i = 0; i < n; ++i) {
+                const double *re = qt + i * gs + g, *im = re + G, *co = im + G;
+                s += *re * kr[i] + *im * ki[i] + *co * km[i];
+            }
             if (per_g) per_g[g * ld] = s;
             if (g == 0 || s > best) best = s;
         }
@@ -281,10 +304,14 @@ uint32_t candidates(const PolicyCtx &ctx, const HeadStore &hs, uint32_t *slots, 
     return m;
 }
 
-// Orders idx[0..m) by ascending key, ties by ascending position (the older is evicted first).
-void order_lowest(uint32_t *idx, uint32_t m, const double *key, const int32_t *pos) {
+// Splits idx[0..m) (indices 0..m-1) so that idx[0..e) are the e lowest by ascending key, ties by
+// ascending position (the older is evicted first), in no particular order. Positions are distinct,
+// so the order is total and the split is a set, the same whichever algorithm finds it: every use
+// only asks which indices fall below e (a selection, linear, not a sort).
+void split_lowest(uint32_t *idx, uint32_t m, uint32_t e, const double *key, const int32_t *pos) {
     for (uint32_t i = 0; i < m; ++i) idx[i] = i;
-    std::sort(idx, idx + m, [&](uint32_t x, uint32_t y) {
+    if (e == 0 || e >= m) return;
+    std::nth_element(idx, idx + e, idx + m, [&](uint32_t x, uint32_t y) {
         if (key[x] != key[y]) return key[x] < key[y];
         return pos[x] < pos[y];
     });
@@ -303,7 +330,7 @@ void evict_scored(PolicyCtx &ctx, HeadStore &hs, uint32_t e) {
         w.score[i] = w.sc.score(ctx, w.slots[i]);
         w.pos[i] = ctx.pool->pos[w.slots[i]];
     }
-    order_lowest(w.order, m, w.score, w.pos);
+    split_lowest(w.order, m, e, w.score, w.pos);
     for (uint32_t i = 0; i < e; ++i) w.order[i] = w.slots[w.order[i]];  // the victims' slots
     store_evict(hs, *ctx.pool, ctx.layer, w.order, e);
     hs.pword[0] = m - e;
@@ -371,8 +398,9 @@ void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, ui
         int32_t *pos = reinterpret_cast<int32_t *>(w.sum);  // positions of this store's candidates
         for (uint32_t i = 0; i < ms; ++i) pos[i] = hc.pool->pos[slots[i]];
         uint32_t *idx = w.slots;
-        order_lowest(idx, ms, sg, pos);
-        for (uint32_t r = ms > keep ? ms - keep : 0; r < ms; ++r) {
+        const uint32_t below = ms > keep ? ms - keep : 0;
+        split_lowest(idx, ms, below, sg, pos);
+        for (uint32_t r = below; r < ms; ++r) {
             const uint32_t k = index_of(w.pos, m, pos[idx[r]]);
             if (k < m) w.mask[k] = 1;
         }
@@ -429,7 +457,7 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
     if (nominate)  // nominees first (all of them when fewer than keep), then by score
         for (uint32_t k = 0; k < m; ++k)
             if (nominated >= keep ? !w.mask[k] : w.mask[k]) key[k] = nominated >= keep ? -HUGE_VAL : HUGE_VAL;
-    order_lowest(w.order, m, key, w.pos);
+    split_lowest(w.order, m, m - keep, key, w.pos);
     for (uint32_t r = m - keep; r < m; ++r) w.mask[w.order[r]] = 2;
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
         if (layer_runs_policy(cfg, l))
@@ -596,6 +624,21 @@ void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) { evict_scored(ctx, h
 bool keeps_prompt(const kvp_config &) { return true; }
 
 }  // namespace
+
+uint32_t triattention_scores(const kvp_cache *c, uint32_t layer, uint32_t h, void *scratch, double *per_g, size_t ld,
+                             int32_t *pos) {
+    PolicyCtx ctx = policy_ctx(c, layer).at_head(h);
+    ctx.scratch = scratch;
+    Work w = work_of(ctx);
+    int64_t R;
+    const uint32_t m = candidates(ctx, ctx.store(h), w.slots, &R);
+    if (m) w.sc.prepare(ctx, R);
+    for (uint32_t i = 0; i < m; ++i) {
+        w.sc.score(ctx, w.slots[i], per_g + i, ld);
+        pos[i] = ctx.pool->pos[w.slots[i]];
+    }
+    return m;
+}
 
 const Policy kTriAttentionPolicy = {"triattention", KVP_POS_ORIGINAL, &check,   &plan,      nullptr,
                                     &prune,         &layer_phase,          &evictable, &self_prune, nullptr,

@@ -56,4 +56,12 @@ namespace kvp {
 
 extern const Policy kTriAttentionPolicy;
 
+// The scores the cuts rank (a test hook: test_triattention ScoresAreThePapersFormula): KV head h
+// of `layer` of a live triattention cache, each generated token i (logical order) scored for the
+// next query (R = newest position + 1) by query head g of the group into per_g[g * ld + i], its
+// position into pos[i]; scratch: 8-aligned, at least the layer's scratch (LayerPlan::scratch_bytes +
+// scratch_per_token x (its store's cap + 1)). Returns the number of generated tokens.
+uint32_t triattention_scores(const kvp_cache *c, uint32_t layer, uint32_t h, void *scratch, double *per_g, size_t ld,
+                             int32_t *pos);
+
 }  // namespace kvp
