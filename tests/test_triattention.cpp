@@ -175,14 +175,20 @@ struct Ref {
     // best floor(a x min(g_h, budget)), the rest by one ranking over all heads (score, then the
     // newer, then the lower head); the score of a token is its group's maximum of per-query-head
     // z-scores over the head's generated tokens (population deviation, at least 1e-6), raw with
-    // one KV head. (The per-head most, max(budget, store cap - prompt - beta), does not bind here.)
-    std::vector<std::vector<int32_t>> kept_ada(uint32_t l, uint32_t T, double a) const {
+    // one KV head. A head keeps at most min(its generated tokens, max(budget, room)), room = its
+    // store's cap - prompt - beta; *bound counts the cuts where that skipped a head's token. After
+    // the first cut, one comes every beta decodes too.
+    std::vector<std::vector<int32_t>> kept_ada(uint32_t l, uint32_t T, double a, size_t room = SIZE_MAX,
+                                               size_t *bound = nullptr) const {
         const uint32_t H = m.n_kv_heads;
         std::vector<std::vector<int32_t>> gen(H);
+        int64_t since = -1;  // decodes since the last cut (-1: none yet)
         for (uint32_t t = prompt; t < T; ++t) {
             size_t total = 0;
             for (auto &g : gen) total += (g.push_back(int32_t(t)), g.size());
-            if (total < size_t(H) * (budget + beta)) continue;
+            if (since >= 0) ++since;
+            if (total < size_t(H) * (budget + beta) && since < int64_t(beta)) continue;
+            since = 0;
             struct Rec {
                 double key;
                 int32_t pos;
@@ -190,6 +196,7 @@ struct Ref {
             };
             std::vector<Rec> rest;
             std::vector<std::vector<int32_t>> keep(H);
+            std::vector<size_t> most(H);
             for (uint32_t h = 0; h < H; ++h) {
                 const size_t n = gen[h].size();
                 std::vector<double> key(n, -INFINITY);
@@ -205,7 +212,8 @@ struct Ref {
                 std::vector<Rec> rs;
                 for (size_t i = 0; i < n; ++i) rs.push_back(Rec{key[i], gen[h][i], h});
                 std::sort(rs.begin(), rs.end(), [](const Rec &x, const Rec &y) { return x.key > y.key || (x.key == y.key && x.pos > y.pos); });
-                const size_t fl = size_t(a * double(std::min<size_t>(n, budget)));
+                most[h] = std::min(n, std::max(room, size_t(budget)));
+                const size_t fl = std::min(most[h], size_t(a * double(std::min<size_t>(n, budget))));
                 for (size_t i = 0; i < rs.size(); ++i) (i < fl ? keep[h].push_back(rs[i].pos) : rest.push_back(rs[i]));
             }
             std::sort(rest.begin(), rest.end(), [](const Rec &x, const Rec &y) {
@@ -213,7 +221,16 @@ struct Ref {
             });
             size_t left = size_t(H) * budget;
             for (const auto &k : keep) left -= k.size();
-            for (size_t i = 0; i < left && i < rest.size(); ++i) keep[rest[i].h].push_back(rest[i].pos);
+            bool skipped = false;
+            for (size_t i = 0; left > 0 && i < rest.size(); ++i) {
+                if (keep[rest[i].h].size() >= most[rest[i].h]) {
+                    skipped = true;
+                    continue;
+                }
+                keep[rest[i].h].push_back(rest[i].pos);
+                --left;
+            }
+            if (bound && skipped) ++*bound;
             for (uint32_t h = 0; h < H; ++h) {
                 std::sort(keep[h].begin(), keep[h].end());
                 gen[h] = keep[h];
@@ -400,6 +417,85 @@ void set_calibration(ref::Cache &c, const Ref &r, const std::vector<ref::Inputs>
 
 // tri_stats=given: the caller's statistics (an offline calibration on other rows) are scored, the
 // cache's own queries are not counted, and kvp_reset keeps them.
+// head_budget=ada where a head reaches its most (store cap 2 x 36 - prompt 4 - beta 2 = 66 of the
+// layer's 8 x 30; block=1, so no block rounding makes the pool dry): eight KV heads, floor 0, every
+// 7th key of seven heads 6x (a few high outliers: their other tokens' z-scores fall below 0), every
+// 7th of KV head 2 zero. The double reference (Ref::kept_ada with the room) binds; the cache
+// - decodes without a full layer (after the first cut one comes every beta decodes, though the
+//   heads at their most left part of the budget unused),
+// - leaves after every cut each head at most 66 generated tokens and the layer at most 8 x 30,
+//   one head at exactly 66 at some cut,
+// - keeps what the full sort keeps when its selection shortcut runs (tri_ada_select), and the same
+//   bits for 1/2/3 threads.
+// (The kept tokens are not compared with the reference here: in float mode two of them tie to
+// 5e-6 in z-score, inside the f32 keys' rounding.)
+TEST(TriAttention, AdaHeadAtItsMost) {
+    const kvp_model m8 = ref::model(1, 8, 8, 16, KVP_ROPE_NEOX);
+    std::vector<ref::Inputs> in;
+    in.emplace_back(m8, 160, 51, 1.0f);
+    for (uint32_t t = 0; t + 3 < 160; t += 7)
+        for (uint32_t h : {0u, 1u, 3u, 4u, 5u, 6u, 7u})
+            for (uint32_t i = 0; i < 16; ++i) {
+                in[0].k[size_t(t) * in[0].nkv + h * 16 + i] *= 6.0f;
+                in[0].k[size_t(t + 3) * in[0].nkv + 2 * 16 + i] = 0.0f;
+            }
+    const Ref r{m8, 30, 2, 4, in};
+    size_t bound = 0;
+    r.kept_ada(0, 160, 0.0, 66, &bound);
+    EXPECT_GT(bound, 0u) << "the reference never reached a head's most";
+    const std::string base =
+        "policy=triattention budget=30 beta=2 capacity=36 block=1 tri_mode=per_layer_perhead head_budget=ada ada_floor=0";
+    for (const char *score : {"float", "fixed"}) {
+        std::vector<std::vector<int32_t>> kept[2];
+        for (int sel = 0; sel < 2; ++sel) {
+            kvp::tri_ada_select = sel == 1;
+            ref::Cache c(m8, base + " score=" + score);
+            prefill_layers(c, in, 0, 4);
+            size_t at_most = 0, prev = 0;
+            for (uint32_t t = 4; t < 160; ++t) {
+                decode_layers(c, in, t);
+                size_t total = 0, top = 0;
+                for (uint32_t h = 0; h < 8; ++h) {
+                    const size_t g = c.positions(0, h).size() - 4;
+                    total += g;
+                    top = std::max(top, g);
+                }
+                if (total < prev + 8) {  // a cut
+                    EXPECT_LE(total, 8u * 30) << score << " t " << t;
+                    EXPECT_LE(top, 66u) << score << " t " << t;
+                    at_most += top == 66;
+                }
+                prev = total;
+            }
+            EXPECT_GT(at_most, 0u) << score << ": no head reached its most";
+            for (uint32_t h = 0; h < 8; ++h) kept[sel].push_back(c.positions(0, h));
+        }
+        kvp::tri_ada_select = true;
+        EXPECT_EQ(kept[0], kept[1]) << score << ": the selection shortcut kept other tokens than the sort";
+    }
+    std::vector<std::vector<int32_t>> first;
+    for (const char *threads : {" threads=1", " threads=2", " threads=3"}) {
+        ref::ForceParallel par(true);
+        ref::Cache c(m8, base + " score=fixed" + threads);
+        prefill_layers(c, in, 0, 4);
+        for (uint32_t t = 4; t < 160; ++t) decode_layers(c, in, t);
+        std::vector<std::vector<int32_t>> p;
+        for (uint32_t h = 0; h < 8; ++h) p.push_back(c.positions(0, h));
+        if (first.empty()) first = p;
+        else EXPECT_EQ(p, first) << threads;
+    }
+    // a state saved between two cuts (the decodes since the last one travel with it) goes on alike
+    ref::Cache a(m8, base), b(m8, base);
+    prefill_layers(a, in, 0, 4);
+    for (uint32_t t = 4; t < 101; ++t) decode_layers(a, in, t);
+    a.copy_state_to(b);
+    for (uint32_t t = 101; t < 160; ++t) {
+        decode_layers(a, in, t);
+        decode_layers(b, in, t);
+    }
+    for (uint32_t h = 0; h < 8; ++h) EXPECT_EQ(b.positions(0, h), a.positions(0, h)) << "head " << h;
+}
+
 TEST(TriAttention, GivenStatisticsAreScoredAndKeptAcrossReset) {
     const Geometry geos[] = {{"gptj d8", ref::model(2, 4, 2, 8)}, {"neox partial 8 of 12", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)}};
     for (const Geometry &g : geos) {

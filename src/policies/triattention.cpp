@@ -10,6 +10,8 @@
 
 namespace kvp {
 
+bool tri_ada_select = true;
+
 namespace {
 
 constexpr float kGenerated = 1.0f;  // slot score of a generated token; prompt tokens 0
@@ -470,6 +472,10 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
 // heads.) tri_mode=per_layer_perhead only (the other modes keep one set for several stores).
 // - The cut is the layer's: when its KV heads' generated tokens reach KV heads x (budget + beta)
 //   (every beta decodes, as uniform's per-head cut), the layer keeps min(them, KV heads x budget).
+//   After the first cut it also comes every beta decodes (counted in each head's pword[1], saved
+//   with the state): a cut where heads at their most (below) left part of the budget unused keeps
+//   less, and waiting for the total would let such a head outgrow its store and the layer its
+//   capacity.
 // - Scores share a scale across heads: each query head's trigonometric scores over its KV head's
 //   generated tokens are z-normalised (mean 0, standard deviation 1, at least 1e-6: the
 //   reference's normalize_scores), a token's score is its group's maximum. With one KV head
@@ -499,7 +505,7 @@ bool ada_better(const AdaRec &a, const AdaRec &b) {
 }
 
 // The records after the scoring Work in this thread's scratch (plan: 24 bytes per KV head and
-// token, and the extra token's worth in scratch_bytes holds the two per-head counts).
+// token, and the extra token's worth in scratch_bytes holds the three per-head counts).
 AdaRec *ada_records(const PolicyCtx &ctx, const Work &w) {
     const size_t cap = size_t(ctx.plan().store_cap) + 1;
     const uintptr_t end = reinterpret_cast<uintptr_t>(w.mask + cap);
@@ -539,9 +545,12 @@ void ada_cut(PolicyCtx &ctx) {
     const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, beta = beta_of(cfg);
     uint64_t gen = 0;
     for (uint32_t h = 0; h < H; ++h) gen += ctx.store(h).pword[0];
-    if (gen < uint64_t(H) * (uint64_t(B) + beta)) return;
+    // due every beta decodes after the first cut (pword[1] = 1 + decodes since it), or when the
+    // layer holds heads x (budget + beta): the same step unless a cut kept less than heads x budget
+    if (gen < uint64_t(H) * (uint64_t(B) + beta) && ctx.store(0).pword[1] <= beta) return;
+    for (uint32_t h = 0; h < H; ++h) ctx.store(h).pword[1] = 1;
     Work w = work_of(ctx);
-    AdaRec *rec = ada_records(ctx, w);  // [H * store_cap], then per head: kept so far, the most it keeps
+    AdaRec *rec = ada_records(ctx, w);  // [H * store_cap], then per head: kept so far, the most it keeps, room left
     uint32_t *held = reinterpret_cast<uint32_t *>(rec + size_t(H) * ctx.plan().store_cap), *most = held + H;
     size_t n = 0;
     uint64_t rest = gen < uint64_t(H) * B ? gen : uint64_t(H) * B;
@@ -552,8 +561,8 @@ void ada_cut(PolicyCtx &ctx) {
         const uint64_t room = uint64_t(sc) > uint64_t(prompt) + beta ? uint64_t(sc) - prompt - beta : 0;
         most[h] = uint32_t(room > B ? (room < m ? room : m) : (B < m ? B : m));
         const uint32_t u = m < B ? m : B, fl = uint32_t(double(cfg.ada_floor) * double(u));
-        std::sort(rec + n, rec + n + m, ada_better);
         held[h] = fl < most[h] ? fl : most[h];
+        if (held[h] > 0 && held[h] < m) std::nth_element(rec + n, rec + n + held[h], rec + n + m, ada_better);
         for (uint32_t i = 0; i < held[h]; ++i) rec[n + i].head |= kAdaKept;
         rest -= held[h];
         n += m;
@@ -562,7 +571,21 @@ void ada_cut(PolicyCtx &ctx) {
     size_t k = 0;
     for (size_t i = 0; i < n; ++i)
         if (!(rec[i].head & kAdaKept)) rec[k++] = rec[i];
-    std::sort(rec, rec + k, ada_better);
+    // The walk below keeps the best others in order, skipping heads at their most. Usually no head
+    // reaches its most among the best min(rest, k): then the walk keeps exactly those, found by a
+    // selection (the order is total, so they are a set); else the walk needs them sorted.
+    const size_t top = rest < k ? size_t(rest) : k;
+    if (top < k && tri_ada_select) std::nth_element(rec, rec + top, rec + k, ada_better);
+    uint32_t *left = most + H;  // per head: how many more it may keep (plan: room for three counts)
+    for (uint32_t h = 0; h < H; ++h) left[h] = most[h] - held[h];
+    bool fits = tri_ada_select;
+    for (size_t i = 0; i < top && fits; ++i) fits = left[rec[i].head]-- > 0;
+    if (fits) {
+        for (size_t i = 0; i < top; ++i) rec[i].head |= kAdaKept;
+        rest = 0;
+    } else {
+        std::sort(rec, rec + k, ada_better);
+    }
     for (size_t i = 0; i < k && rest > 0; ++i) {
         const uint32_t h = rec[i].head;
         if (held[h] >= most[h]) continue;
@@ -612,6 +635,7 @@ void prune(PolicyCtx &ctx, HeadStore &hs, StepMode mode) {
     memcpy(ctx.pool->score + last, &kGenerated, sizeof kGenerated);
     const kvp_config &cfg = ctx.cfg();
     const uint32_t g = uint32_t(++hs.pword[0]);
+    if (hs.pword[1]) ++hs.pword[1];  // ada: decodes since the layer's last cut (ada_cut)
     if (cfg.tri_mode != KVP_TRI_PER_LAYER_PERHEAD || ada(cfg)) return;  // a layer phase cuts (layer_phase)
     if (uint64_t(g) >= uint64_t(cfg.budget) + beta_of(cfg)) evict_scored(ctx, hs, g - cfg.budget);
 }

@@ -61,6 +61,10 @@ extern const Policy kTriAttentionPolicy;
 // next query (R = newest position + 1) by query head g of the group into per_g[g * ld + i], its
 // position into pos[i]; scratch: 8-aligned, at least the layer's scratch (LayerPlan::scratch_bytes +
 // scratch_per_token x (its store's cap + 1)). Returns the number of generated tokens.
+// Test hook (test_triattention AdaHeadAtItsMost): false makes head_budget=ada's cut sort every
+// candidate instead of selecting the best when no head reaches its most (the same tokens).
+extern bool tri_ada_select;
+
 uint32_t triattention_scores(const kvp_cache *c, uint32_t layer, uint32_t h, void *scratch, double *per_g, size_t ld,
                              int32_t *pos);
 
