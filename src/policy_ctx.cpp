@@ -2,6 +2,10 @@
 #include "cache.h"
 #include "config.h"
 #include "prompt.h"
+#include "step.h"
+#include "threads.h"
+
+#include <atomic>
 
 #include <math.h>
 #include <string.h>
@@ -25,6 +29,47 @@ uint32_t &PolicyCtx::evict_threshold() const { return c->layers[layer].evict_thr
 int32_t &PolicyCtx::lazy() const { return c->layers[layer].lazy; }
 void *PolicyCtx::state() const { return c->pstate; }
 const kern::ScoreF32 &PolicyCtx::score_kernels() const { return *c->skern; }
+
+namespace {
+
+struct PhaseJob {
+    kvp_cache *c;
+    PolicyCtx base;
+    uint32_t n;
+    PolicyCtx::ItemFn fn;
+    void *arg;
+    std::atomic<uint32_t> next;
+};
+
+void phase_worker(void *a, uint32_t tid) {
+    PhaseJob &j = *static_cast<PhaseJob *>(a);
+    PolicyCtx ctx = j.base;
+    ctx.scratch = scratch_of(j.c, tid).policy;
+    for (;;) {
+        const uint32_t i = j.next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= j.n) return;
+        j.fn(ctx, i, tid, j.arg);
+    }
+}
+
+}  // namespace
+
+uint32_t PolicyCtx::parallel(uint32_t n, ItemFn fn, void *arg) const {
+    uint32_t k = pool_parallel(c->tpool) ? c->cfg.threads : 1;
+    if (k > n) k = n ? n : 1;
+    PhaseJob j;
+    j.c = c;
+    j.base = *this;
+    j.n = n;
+    j.fn = fn;
+    j.arg = arg;
+    j.next.store(0, std::memory_order_relaxed);
+    if (k <= 1) phase_worker(&j, 0);
+    else pool_run(c->tpool, k, phase_worker, &j);
+    return k;
+}
+
+void *PolicyCtx::scratch_at(uint32_t tid) const { return scratch_of(c, tid).policy; }
 
 kvp_rope_style PolicyCtx::rope_style() const { return c->rope.style; }
 uint32_t PolicyCtx::rope_pairs() const { return c->rope.style == KVP_ROPE_NONE ? 0 : c->rope.pairs; }

@@ -622,13 +622,16 @@ TEST(TriAttention, KeepsThePromptAndCutsGeneratedTokensEveryBeta) {
 }
 
 // score=fixed: the same tokens for threads 1/2/3 and kv_dtype f32/f16/q8/q4 (the fixed-point key
-// copy is scored, whatever the storage), also through a chunked prompt under max_prompt.
+// copy is scored, whatever the storage), also through a chunked prompt under max_prompt; per_head
+// (its heads' choices run in parallel) the same tokens for threads 1/2/3.
 TEST(TriAttention, FixedScoresAreTheSameForThreadsAndStorage) {
     const kvp_model m = ref::model(2, 8, 2, 16, KVP_ROPE_NEOX);
     const ref::Inputs in(m, 200, 9, 1.0f);
-    std::vector<int32_t> first;
+    std::vector<int32_t> first, first_ph;
     for (const char *extra : {" threads=1", " threads=2", " threads=3", " kv_dtype=f16 threads=2", " kv_dtype=q8",
-                              " kv_dtype=q4 threads=3", " kv_rotate=hadamard", " max_prompt=64 threads=2"}) {
+                              " kv_dtype=q4 threads=3", " kv_rotate=hadamard", " max_prompt=64 threads=2",
+                              " tri_mode=per_head threads=1", " tri_mode=per_head threads=2",
+                              " tri_mode=per_head threads=3"}) {
         ref::ForceParallel par(true);
         ref::Cache c(m, std::string("policy=triattention budget=20 beta=6 score=fixed") + extra);
         const bool chunked = strstr(extra, "max_prompt") != nullptr;
@@ -640,9 +643,36 @@ TEST(TriAttention, FixedScoresAreTheSameForThreadsAndStorage) {
         }
         for (uint32_t t = 48; t < 200; ++t) decode(c, in, t);
         const std::vector<int32_t> p = all_positions(c, m);
-        if (first.empty()) first = p;
-        else EXPECT_EQ(p, first) << extra;
+        std::vector<int32_t> &want = strstr(extra, "per_head") ? first_ph : first;  // union (default), per_head
+        if (want.empty()) want = p;
+        else EXPECT_EQ(p, want) << extra;
     }
+}
+
+// union over a shared pool that runs dry: a store evicts by its own scores (self_prune) and holds
+// other tokens than the reference store, so the choice goes through the nominations
+// (triattention.cpp "nominate"); the stores are scored in parallel, each participant into its own
+// maxima and marks, merged: the same tokens for threads 1/2/3. (At these sizes the nominations
+// never change the choice: a store's extra tokens would have to outrank a kept token in the very
+// store and query head where it scores its maximum.)
+TEST(TriAttention, UnionOverADryPoolIsTheSameForThreads) {
+    const kvp_model m = ref::model(2, 8, 2, 16, KVP_ROPE_NEOX);
+    const ref::Inputs in(m, 200, 17, 1.0f);
+    std::vector<int32_t> first;
+    bool diverged = false;
+    for (const char *threads : {" threads=1", " threads=2", " threads=3"}) {
+        ref::ForceParallel par(true);
+        ref::Cache c(m, std::string("policy=triattention budget=20 beta=6 score=fixed total_capacity=130") + threads);
+        prefill(c, in, 0, 48);
+        for (uint32_t t = 48; t < 200; ++t) {
+            decode(c, in, t);
+            diverged = diverged || c.positions(0, 0) != c.positions(1, 0) || c.positions(0, 0) != c.positions(0, 1);
+        }
+        const std::vector<int32_t> p = all_positions(c, m);
+        if (first.empty()) first = p;
+        else EXPECT_EQ(p, first) << threads;
+    }
+    EXPECT_TRUE(diverged) << "the pool never ran dry: no store held other tokens";
 }
 
 // A state saved mid-generation and loaded into a fresh cache goes on as the saved one would (the

@@ -119,6 +119,17 @@ struct PolicyCtx {
     kvp_rope_style rope_style() const;
     uint32_t rope_pairs() const;
     const double *rope_freqs() const;
+    // A layer phase's parallel part: runs fn(item_ctx, i, tid, arg) once for every item i < n on
+    // the cache's threads (the calling thread is participant 0) and returns when all returned.
+    // item_ctx is this context with participant tid's scratch (tid < the returned count; a
+    // participant may run no item). Items run in any order and on any participant, so each must
+    // write only its own data (disjoint per item, or per participant: scratch_at) for the bits to
+    // be the same for every thread count; the stores of KV head h share pool h across layers, so
+    // items that evict must own whole KV heads. Returns how many participants could have run
+    // (1 without workers). From layer_phase only.
+    typedef void (*ItemFn)(PolicyCtx &ctx, uint32_t i, uint32_t tid, void *arg);
+    uint32_t parallel(uint32_t n, ItemFn fn, void *arg) const;
+    void *scratch_at(uint32_t tid) const;  // participant tid's policy scratch (tid < threads)
     // The stored key of `slot` of this context's pool, full width, as RoPE left it (at
     // pool.rot[slot]; kv_rotate undone): score=fixed reads the fixed-point key copy (its int16 row
     // times 2^exponent, exact in double, the same bits everywhere), else the f32 row (plain

@@ -424,8 +424,41 @@ void keep_chosen(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m) {
     hs.pword[0] = ms - e;
 }
 
-// One choice for the stores of KV heads [h0, h1) of every policy layer (per_head: one head;
-// union: all), the reference positions those of (ctx.layer, h0).
+// The union's parallel parts (PolicyCtx::parallel): scoring, item i = (layer i / heads, head
+// i % heads), each participant into its own accumulators (its Work's score, cnt and mask over the
+// reference positions, which it reads from the caller's Work); then the eviction, item = KV head
+// (its stores of every layer share its pool).
+struct UnionJob {
+    Work *w;  // the caller's: reference positions, its accumulators, the choice
+    uint32_t m, keep;
+    bool nominate;
+};
+
+Work participant_work(const PolicyCtx &ctx, const Work &caller) {  // own scratch, the caller's positions
+    Work w = work_of(ctx);
+    w.pos = caller.pos;
+    return w;
+}
+
+void union_score_item(PolicyCtx &ctx, uint32_t i, uint32_t, void *arg) {
+    const UnionJob &j = *static_cast<const UnionJob *>(arg);
+    const uint32_t H = ctx.cfg().model.n_kv_heads, l = i / H;
+    if (!layer_runs_policy(ctx.cfg(), l)) return;
+    Work w = participant_work(ctx, *j.w);
+    score_store(ctx, l, i % H, w, j.m, j.keep, true, j.nominate);
+}
+
+void union_keep_item(PolicyCtx &ctx, uint32_t h, uint32_t, void *arg) {
+    const UnionJob &j = *static_cast<const UnionJob *>(arg);
+    Work w = participant_work(ctx, *j.w);
+    w.mask = j.w->mask;
+    for (uint32_t l = 0; l < ctx.cfg().model.n_layers; ++l)
+        if (layer_runs_policy(ctx.cfg(), l)) keep_chosen(ctx, l, h, w, j.m);
+}
+
+// One choice for the stores of KV heads [h0, h1) of every policy layer (per_head: one head, on
+// the calling participant; union: all, scored and evicted in parallel), the reference positions
+// those of (ctx.layer, h0).
 void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
     const kvp_config &cfg = ctx.cfg();
     Work w = work_of(ctx);
@@ -446,9 +479,34 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
     for (uint32_t l = 0; union_mode && !nominate && l < cfg.model.n_layers; ++l)
         if (layer_runs_policy(cfg, l))
             for (uint32_t h = h0; h < h1 && !nominate; ++h) nominate = diverged(ctx, l, h, w, m);
-    for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
-        if (layer_runs_policy(cfg, l))
-            for (uint32_t h = h0; h < h1; ++h) score_store(ctx, l, h, w, m, keep, union_mode, nominate);
+    UnionJob job{&w, m, keep, nominate};
+    if (union_mode) {
+        // every participant's accumulators start empty; the maxima and nominations merge in any order
+        for (uint32_t t = 1; t < cfg.threads; ++t) {
+            PolicyCtx tc = ctx;
+            tc.scratch = ctx.scratch_at(t);
+            Work wt = work_of(tc);
+            memset(wt.cnt, 0, size_t(m) * sizeof *wt.cnt);
+            memset(wt.mask, 0, m);
+        }
+        const uint32_t k = ctx.parallel(cfg.model.n_layers * cfg.model.n_kv_heads, &union_score_item, &job);
+        for (uint32_t t = 1; t < k; ++t) {
+            PolicyCtx tc = ctx;
+            tc.scratch = ctx.scratch_at(t);
+            const Work wt = work_of(tc);
+            for (uint32_t i = 0; i < m; ++i) {
+                if (wt.cnt[i] && (w.cnt[i] == 0 || wt.score[i] > w.score[i])) {
+                    w.score[i] = wt.score[i];
+                    w.cnt[i] = 1;
+                }
+                w.mask[i] |= wt.mask[i];
+            }
+        }
+    } else {
+        for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
+            if (layer_runs_policy(cfg, l))
+                for (uint32_t h = h0; h < h1; ++h) score_store(ctx, l, h, w, m, keep, false, false);
+    }
     // the choice: per_head the best mean over layers; union the nominees with the highest score
     // (the others only when fewer than keep were nominated)
     double *key = w.score;
@@ -461,9 +519,19 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
             if (nominated >= keep ? !w.mask[k] : w.mask[k]) key[k] = nominated >= keep ? -HUGE_VAL : HUGE_VAL;
     split_lowest(w.order, m, m - keep, key, w.pos);
     for (uint32_t r = m - keep; r < m; ++r) w.mask[w.order[r]] = 2;
+    if (union_mode) {
+        ctx.parallel(cfg.model.n_kv_heads, &union_keep_item, &job);
+        return;
+    }
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
         if (layer_runs_policy(cfg, l))
             for (uint32_t h = h0; h < h1; ++h) keep_chosen(ctx, l, h, w, m);
+}
+
+// per_head: item h makes KV head h's choice when it is due (its own stores and pool only).
+void per_head_item(PolicyCtx &ctx, uint32_t h, uint32_t, void *) {
+    const kvp_config &cfg = ctx.cfg();
+    if (ctx.store(h).pword[0] >= uint64_t(cfg.budget) + beta_of(cfg)) choose_shared(ctx, h, h + 1, false);
 }
 
 // ---- head_budget=ada: AdaKV over TriAttention's per-layer-per-head cuts ----
@@ -484,8 +552,9 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
 //   the rest of the layer's total goes to the best of all heads' others: higher score, newer
 //   position, lower head. A head keeps at most max(budget, its store's cap - its prompt - beta)
 //   (the next beta tokens must fit before the next cut; heads lend blocks, pool.h "Lending").
-// - The prompt is always kept. Runs in the layer phase on the calling thread; the records live in
-//   its scratch (LayerPlan::scratch_per_token).
+// - The prompt is always kept. Runs in the layer phase: the heads are scored in parallel (one item
+//   per KV head, PolicyCtx::parallel, each into its own records in the calling thread's scratch,
+//   LayerPlan::scratch_per_token), the ranking over all heads then on the calling thread.
 bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
 
 struct AdaRec {
@@ -505,7 +574,7 @@ bool ada_better(const AdaRec &a, const AdaRec &b) {
 }
 
 // The records after the scoring Work in this thread's scratch (plan: 24 bytes per KV head and
-// token, and the extra token's worth in scratch_bytes holds the three per-head counts).
+// token, and the extra token's worth in scratch_bytes holds the four per-head counts).
 AdaRec *ada_records(const PolicyCtx &ctx, const Work &w) {
     const size_t cap = size_t(ctx.plan().store_cap) + 1;
     const uintptr_t end = reinterpret_cast<uintptr_t>(w.mask + cap);
@@ -540,6 +609,32 @@ uint32_t ada_score_head(PolicyCtx &ctx, uint32_t h, Work &w, AdaRec *rec, bool n
     return m;
 }
 
+struct AdaJob {
+    AdaRec *rec;  // the caller's records
+    uint32_t *held, *most, *cnt;
+    size_t stride;
+};
+
+// Item h of the cut (PolicyCtx::parallel): KV head h's generated tokens scored into its records,
+// the most it keeps, and its floor's best kept (a selection: the order is total).
+void ada_head_item(PolicyCtx &ctx, uint32_t h, uint32_t, void *arg) {
+    const AdaJob &j = *static_cast<const AdaJob *>(arg);
+    const kvp_config &cfg = ctx.cfg();
+    const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, beta = beta_of(cfg);
+    Work w = work_of(ctx);
+    AdaRec *rec = j.rec + h * j.stride;
+    const HeadStore &hs = ctx.store(h);
+    const uint32_t m = ada_score_head(ctx, h, w, rec, H > 1);
+    const uint32_t prompt = hs.len() - m, sc = hs.cap;
+    const uint64_t room = uint64_t(sc) > uint64_t(prompt) + beta ? uint64_t(sc) - prompt - beta : 0;
+    j.most[h] = uint32_t(room > B ? (room < m ? room : m) : (B < m ? B : m));
+    const uint32_t u = m < B ? m : B, fl = uint32_t(double(cfg.ada_floor) * double(u));
+    j.held[h] = fl < j.most[h] ? fl : j.most[h];
+    if (j.held[h] > 0 && j.held[h] < m) std::nth_element(rec, rec + j.held[h], rec + m, ada_better);
+    for (uint32_t i = 0; i < j.held[h]; ++i) rec[i].head |= kAdaKept;
+    j.cnt[h] = m;
+}
+
 void ada_cut(PolicyCtx &ctx) {
     const kvp_config &cfg = ctx.cfg();
     const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, beta = beta_of(cfg);
@@ -550,34 +645,27 @@ void ada_cut(PolicyCtx &ctx) {
     if (gen < uint64_t(H) * (uint64_t(B) + beta) && ctx.store(0).pword[1] <= beta) return;
     for (uint32_t h = 0; h < H; ++h) ctx.store(h).pword[1] = 1;
     Work w = work_of(ctx);
-    AdaRec *rec = ada_records(ctx, w);  // [H * store_cap], then per head: kept so far, the most it keeps, room left
-    uint32_t *held = reinterpret_cast<uint32_t *>(rec + size_t(H) * ctx.plan().store_cap), *most = held + H;
-    size_t n = 0;
+    // [H * store_cap] records, head h's from h * store_cap; then per head: kept so far, the most it
+    // keeps, room left, its generated tokens
+    AdaRec *rec = ada_records(ctx, w);
+    const size_t stride = ctx.plan().store_cap;
+    uint32_t *held = reinterpret_cast<uint32_t *>(rec + size_t(H) * stride), *most = held + H, *left = most + H,
+             *cnt = left + H;
+    AdaJob job{rec, held, most, cnt, stride};
+    ctx.parallel(H, &ada_head_item, &job);  // each head scored, its floor kept, in its own records
     uint64_t rest = gen < uint64_t(H) * B ? gen : uint64_t(H) * B;
-    for (uint32_t h = 0; h < H; ++h) {
-        const HeadStore &hs = ctx.store(h);
-        const uint32_t m = ada_score_head(ctx, h, w, rec + n, H > 1);
-        const uint32_t prompt = hs.len() - m, sc = hs.cap;
-        const uint64_t room = uint64_t(sc) > uint64_t(prompt) + beta ? uint64_t(sc) - prompt - beta : 0;
-        most[h] = uint32_t(room > B ? (room < m ? room : m) : (B < m ? B : m));
-        const uint32_t u = m < B ? m : B, fl = uint32_t(double(cfg.ada_floor) * double(u));
-        held[h] = fl < most[h] ? fl : most[h];
-        if (held[h] > 0 && held[h] < m) std::nth_element(rec + n, rec + n + held[h], rec + n + m, ada_better);
-        for (uint32_t i = 0; i < held[h]; ++i) rec[n + i].head |= kAdaKept;
-        rest -= held[h];
-        n += m;
-    }
-    // the rest: the best of all heads' others, each head up to its most
+    for (uint32_t h = 0; h < H; ++h) rest -= held[h];
+    // the rest: the best of all heads' others (in head order), each head up to its most
     size_t k = 0;
-    for (size_t i = 0; i < n; ++i)
-        if (!(rec[i].head & kAdaKept)) rec[k++] = rec[i];
+    for (uint32_t h = 0; h < H; ++h)
+        for (uint32_t i = 0; i < cnt[h]; ++i)
+            if (!(rec[h * stride + i].head & kAdaKept)) rec[k++] = rec[h * stride + i];
     // The walk below keeps the best others in order, skipping heads at their most. Usually no head
     // reaches its most among the best min(rest, k): then the walk keeps exactly those, found by a
     // selection (the order is total, so they are a set); else the walk needs them sorted.
     const size_t top = rest < k ? size_t(rest) : k;
     if (top < k && tri_ada_select) std::nth_element(rec, rec + top, rec + k, ada_better);
-    uint32_t *left = most + H;  // per head: how many more it may keep (plan: room for three counts)
-    for (uint32_t h = 0; h < H; ++h) left[h] = most[h] - held[h];
+    for (uint32_t h = 0; h < H; ++h) left[h] = most[h] - held[h];  // how many more it may keep
     bool fits = tri_ada_select;
     for (size_t i = 0; i < top && fits; ++i) fits = left[rec[i].head]-- > 0;
     if (fits) {
@@ -615,8 +703,7 @@ void layer_phase(PolicyCtx &ctx, StepMode mode) {
     const uint32_t H = cfg.model.n_kv_heads;
     const uint64_t at = uint64_t(cfg.budget) + beta_of(cfg);
     if (cfg.tri_mode == KVP_TRI_PER_HEAD) {
-        for (uint32_t h = 0; h < H; ++h)
-            if (ctx.store(h).pword[0] >= at) choose_shared(ctx, h, h + 1, false);
+        ctx.parallel(H, &per_head_item, nullptr);
         return;
     }
     bool due = false;

@@ -31,9 +31,11 @@
 //   query head) nominates its budget best, and of the nominees those with the highest maximum over
 //   all (layer, query head) scores stay.
 // The shared modes decide in the layer phase of the last layer that runs the policy (the last
-// non-sliding layer), single-threaded, when its stores hold budget + beta generated tokens, and
-// evict from every layer there (LayerPlan::phase_all_layers); the earlier layers hold budget +
-// beta until then, so the bound holds. Stores are matched by position (a store a dry shared pool
+// non-sliding layer), when its stores hold budget + beta generated tokens, and evict from every
+// layer there (LayerPlan::phase_all_layers); the earlier layers hold budget + beta until then, so
+// the bound holds. The phase runs on the cache's threads (PolicyCtx::parallel): per_head one item
+// per KV head; union scores one item per store, each participant into its own maxima and marks
+// (merged: maxima and unions do not depend on the order), then evicts one item per KV head. Stores are matched by position (a store a dry shared pool
 // made diverge loses the tokens the choice does not name).
 //
 // Interpretations (docs/DECISIONS.md "TriAttention"):
