@@ -38,17 +38,14 @@ inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDG
 // each), the kept count per head [H], then the layer's candidates [H * smax] (16 bytes each);
 // smax = the largest store (its cap, and an open prompt's room: max_prompt, prompt.h).
 struct AdaCand {
-    uint64_t key;   // score bits << 32 | original position: the larger, the better kept
+    uint64_t key;   // rank_key (policy.h): the larger, the better kept
     uint32_t head;  // its KV head, | kKept once kept
     uint32_t slot;  // its slot
 };
 constexpr uint32_t kKept = 0x80000000u;
-// A candidate: slot s of KV head h (fixed: Q16.16 score bits; float: a non-negative sum, whose
-// bits order as its values).
+// A candidate: slot s of KV head h (policy.h rank_key).
 AdaCand cand_of(const BlockPool &pool, uint32_t s, uint32_t h) {
-    uint32_t bits;
-    memcpy(&bits, pool.score + s, 4);
-    return AdaCand{uint64_t(bits) << 32 | uint32_t(pool.pos[s]), h, s};
+    return AdaCand{rank_key(score_u(pool, s), pool.pos[s]), h, s};
 }
 // Head h's kept minimum of L tokens: its recent ones (*r) and its floor, at least *r.
 uint32_t floor_of(const kvp_config &cfg, uint32_t L, uint32_t *r) {

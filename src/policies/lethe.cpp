@@ -200,7 +200,7 @@ void decay_scores(Layer &ly) {
 inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
 
 struct AdaTok {
-    uint64_t key;   // score bits << 32 | position: the larger, the better kept
+    uint64_t key;   // rank_key (policy.h): the larger, the better kept
     uint32_t head;  // its KV head
     uint32_t slot;
     uint32_t tier;  // 0 candidate, 1 recent, 2 sink (the eviction order of the tiers)
@@ -254,10 +254,10 @@ void ada_collect(AdaLayer &a) {
         const uint32_t R = rr >= double(L) ? L : uint32_t(rr), cand_end = L - R > S ? L - R : S;
         scores_logical(hs, pool, a.score, a.slot);
         for (uint32_t j = 0; j < L; ++j) {
-            uint32_t bits;  // fixed: Q16.16; float: a non-negative sum, whose bits order as its values
+            uint32_t bits;
             memcpy(&bits, a.score + j, 4);
-            a.tok[a.n++] = AdaTok{uint64_t(bits) << 32 | uint32_t(pool.pos[a.slot[j]]), h, a.slot[j],
-                                  j < S ? 2u : j < cand_end ? 0u : 1u, 0};
+            const uint32_t tier = j < S ? 2u : j < cand_end ? 0u : 1u;
+            a.tok[a.n++] = AdaTok{rank_key(bits, pool.pos[a.slot[j]]), h, a.slot[j], tier, 0};
         }
         a.total += L;
         a.recent += L - cand_end;

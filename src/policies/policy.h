@@ -4,7 +4,9 @@
 // (accumulating decode attention mass into slot scores when the plan asks for it, observing the
 // last `obs_queries` prefill queries when it asks for that), then calls `prune`; after all heads
 // of the layer it calls `layer_phase` once, on the calling thread, for layer-wide decisions
-// (heads are reduced there in fixed head order, so decisions do not depend on thread count).
+// (heads are reduced there in fixed head order, so decisions do not depend on thread count). A
+// layer phase with much work hands items to the cache's threads (PolicyCtx::parallel: each
+// participant with its own scratch, the reduction after it on the calling thread).
 //
 // Prompt staging (plan.staged_prefill: snapkv, pyramidkv): a prefill call with queries does not
 // append to the layer's store. Its tokens go to the staging slots of the head's pool (one area
@@ -271,6 +273,10 @@ inline uint32_t score_u(const BlockPool &pool, uint32_t slot) {
     return u;
 }
 inline void score_set_u(BlockPool &pool, uint32_t slot, uint32_t u) { memcpy(pool.score + slot, &u, 4); }
+// A token's key in a ranking of several heads' tokens by accumulated score (head_budget=ada: h2o,
+// lethe): its 32 score bits (fixed: Q16.16; float: a non-negative sum, whose bits order as its
+// values), then its original position; the larger, the better kept (ties: the newer).
+inline uint64_t rank_key(uint32_t score_bits, int32_t pos) { return uint64_t(score_bits) << 32 | uint32_t(pos); }
 // The hole allowance for a scored store of `cap` tokens: min(cap/32, floor(sqrt(cap))), 0 below
 // 32 tokens (compact at once). Each dead slot splits a run, and every run costs the attention
 // kernels a fixed overhead per pass (block remainders, prefetch restart), while a compaction
