@@ -268,6 +268,7 @@ struct Work {
     uint32_t *slots, *order, *cnt;
     int32_t *pos;
     uint8_t *mask;
+    char *end;  // the first byte after the Work (head_budget=ada's records follow: ada_records)
 };
 
 Work work_of(const PolicyCtx &ctx) {
@@ -287,6 +288,7 @@ Work work_of(const PolicyCtx &ctx) {
     w.cnt = w.order + cap;
     w.pos = reinterpret_cast<int32_t *>(w.cnt + cap);
     w.mask = reinterpret_cast<uint8_t *>(w.pos + cap);
+    w.end = reinterpret_cast<char *>(w.mask + cap);
     return w;
 }
 
@@ -575,10 +577,8 @@ bool ada_better(const AdaRec &a, const AdaRec &b) {
 
 // The records after the scoring Work in this thread's scratch (plan: 24 bytes per KV head and
 // token, and the extra token's worth in scratch_bytes holds the four per-head counts).
-AdaRec *ada_records(const PolicyCtx &ctx, const Work &w) {
-    const size_t cap = size_t(ctx.plan().store_cap) + 1;
-    const uintptr_t end = reinterpret_cast<uintptr_t>(w.mask + cap);
-    return reinterpret_cast<AdaRec *>((end + 7) & ~uintptr_t(7));
+AdaRec *ada_records(const Work &w) {
+    return reinterpret_cast<AdaRec *>((reinterpret_cast<uintptr_t>(w.end) + 7) & ~uintptr_t(7));
 }
 
 // Scores head h's generated tokens into rec[0..m) (keys normalised when `norm`); returns m.
@@ -647,7 +647,7 @@ void ada_cut(PolicyCtx &ctx) {
     Work w = work_of(ctx);
     // [H * store_cap] records, head h's from h * store_cap; then per head: kept so far, the most it
     // keeps, room left, its generated tokens
-    AdaRec *rec = ada_records(ctx, w);
+    AdaRec *rec = ada_records(w);
     const size_t stride = ctx.plan().store_cap;
     uint32_t *held = reinterpret_cast<uint32_t *>(rec + size_t(H) * stride), *most = held + H, *left = most + H,
              *cnt = left + H;
