@@ -165,7 +165,13 @@ double pool_run(ThreadPool *p, uint32_t k, pool_fn fn, void *arg) {
     }
     if (p->finished.load(std::memory_order_acquire) < parts) {
         pthread_mutex_lock(&p->mu);
-        p->caller_waiting.store(1, std::memory_order_seq_cst);
+        // A read-modify-write, not a store: with finish()'s fetch_add it is a Dekker pair (either
+        // the caller sees the count or the participant sees the flag and signals), which needs the
+        // flag's write ordered before the count's read. A seq_cst store gives that in C++, but
+        // qemu-aarch64 on an x86 host runs stlr + ldar as plain moves that TSO may reorder: the
+        // aarch64 suite under qemu hung once at this wait (2026-11-29, Ada.LetheThreadsAndState).
+        // An exchange is a locked instruction there, a full barrier everywhere.
+        p->caller_waiting.exchange(1, std::memory_order_seq_cst);
         while (p->finished.load(std::memory_order_seq_cst) < parts) pthread_cond_wait(&p->done, &p->mu);
         p->caller_waiting.store(0, std::memory_order_relaxed);
         pthread_mutex_unlock(&p->mu);
