@@ -494,6 +494,12 @@ bool Session::snapshot(std::vector<char> *buf, std::string *err) const {
     return true;
 }
 
+bool Session::end_prompt(std::string *err) {
+    if (kvp_prompt_end(cache_) == KVP_OK) return true;
+    *err = std::string("kvp_prompt_end: ") + kvp_last_error(cache_);
+    return false;
+}
+
 bool Session::restore(const std::vector<char> &buf, std::string *err) {
     const size_t head = sizeof fed_ + sizeof sel_layer_;
     if (buf.size() < head) return *err = "restore: not a snapshot", false;

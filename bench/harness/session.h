@@ -55,6 +55,10 @@ public:
     // The cache's state (kvp_state_save) and the session's counters, into *buf (resized); restore()
     // puts them back, after which the session continues bit for bit as from the snapshot.
     bool snapshot(std::vector<char> *buf, std::string *err) const;
+    // Ends an open prompt (kvp_prompt_end: a max_prompt cache selects over the whole prompt now,
+    // as its first decode would; a state is saved only between prompts). Nothing happens
+    // otherwise. False (with *err) when the library refuses.
+    bool end_prompt(std::string *err);
     bool restore(const std::vector<char> &buf, std::string *err);
 
     kvp_stats stats() const;

@@ -445,8 +445,11 @@ bool run_task_cell(Session &s, const TaskPrompt &p, bool aware, TaskResult *r, s
     const auto t0 = clk::now();
     if (!feed_prompt(s, p, aware, lg.data(), err)) return false;
     const auto t1 = clk::now();
-    std::vector<char> snap;  // the state after the prompt: a greedy run that leaves the answer restarts here
-    if (!s.snapshot(&snap, err)) return false;
+    // The state after the prompt: a greedy run that leaves the answer restarts here. Under
+    // max_prompt the prompt is ended first (its selection runs as at the first decode, which the
+    // library makes the same bits), since an open prompt's state is not saved.
+    std::vector<char> snap;
+    if (!s.end_prompt(err) || !s.snapshot(&snap, err)) return false;
     std::vector<float> lg0 = lg;
     // Teacher-forced pass: the answer's NLL and the greedy choice at every step given the true prefix.
     const std::vector<int32_t> ans = p.tokens() ? p.answer_ids : bytes_of(p.answer);

@@ -290,6 +290,42 @@ TEST_F(TaskModel, CellsFullKvAnswersWindowDoesNot) {
     }
 }
 
+// A cache with max_prompt holds the prompt open until its selection; a cell ends it before saving
+// the state after the prompt (kvp_state_save refuses an open prompt; the cell used to fail). The
+// selection at kvp_prompt_end is the one the first decode would run, and snapkv takes this prompt
+// in one call either way: so the rows equal the rows without max_prompt, right and wrong answers
+// (the latter restart from the saved state) alike.
+TEST_F(TaskModel, MaxPromptCellsEqualOneCall) {
+    const std::string &text = eval_text();
+    Session open, plain;
+    std::string err;
+    ASSERT_TRUE(open.init(*ck_, "policy=snapkv budget=64 max_prompt=512", &err)) << err;
+    ASSERT_TRUE(plain.init(*ck_, "policy=snapkv budget=64", &err)) << err;
+    int right = 0, cells = 0;
+    for (double d : {0.0, 0.5, 1.0})
+        for (bool aware : {true, false}) {
+            TaskPrompt p;
+            ASSERT_TRUE(make_task_prompt("passkey", text, 300, d, 0, 0, &p, &err)) << err;
+            TaskResult a, b;
+            ASSERT_TRUE(run_task_cell(open, p, aware, &a, &err)) << err;
+            ASSERT_TRUE(run_task_cell(plain, p, aware, &b, &err)) << err;
+            EXPECT_EQ(a.generated, b.generated) << "depth " << d << " aware " << aware;
+            EXPECT_EQ(a.live_bytes, b.live_bytes);
+            EXPECT_EQ(a.answer_nll, b.answer_nll);
+            right += a.correct;
+            ++cells;
+        }
+    EXPECT_GT(right, 0);
+    EXPECT_LT(right, cells) << "a wrong answer exercises the restart from the saved state";
+    Session lethe;
+    ASSERT_TRUE(lethe.init(*ck_, "policy=lethe capacity=128 max_prompt=512", &err)) << err;
+    TaskPrompt p;
+    ASSERT_TRUE(make_task_prompt("passkey", text, 300, 0.5, 0, 0, &p, &err)) << err;
+    TaskResult r;
+    EXPECT_TRUE(run_task_cell(lethe, p, true, &r, &err)) << err;
+    EXPECT_EQ(r.generated.size(), p.answer.size());
+}
+
 TEST_F(TaskModel, RecallFullKv) {
     const std::string &text = eval_text();
     Session full;
