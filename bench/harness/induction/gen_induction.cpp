@@ -1,7 +1,7 @@
 // kvprune-gen-induction: writes a retrieval model (exact n-byte induction, llama2.c format) whose
 // bigram default comes from a byte corpus. See induction_model.h and docs/harness.md.
 //
-//   kvprune-gen-induction --corpus FILE --out FILE [--seed N] [--order N] [--context N]
+//   kvprune-gen-induction --corpus FILE --out FILE [--seed N] [--order N] [--context N] [--kv-heads 1|2]
 //   kvprune-gen-induction --compare A.bin B.bin --text FILE [--lengths N,N,...]
 #include <cerrno>
 #include <cstdio>
@@ -17,11 +17,13 @@
 namespace {
 
 const char *kUsage =
-    "usage: kvprune-gen-induction --corpus FILE --out FILE [--seed N] [--order N] [--context N]\n"
+    "usage: kvprune-gen-induction --corpus FILE --out FILE [--seed N] [--order N] [--context N] [--kv-heads 1|2]\n"
     "  Writes a constructed 2-layer byte model whose attention copies what followed an earlier\n"
     "  occurrence of the current N-byte context (default 6), with a bigram table of\n"
     "  FILE as the fallback. Defaults give the geometry of models/induction6.bin: dim 1152,\n"
     "  6 query heads x 192, 1 KV head, context 1024, separate classifier (vocab -256).\n"
+    "  --kv-heads 2: two KV heads per layer; layer 2's second is a local head (it attends to the\n"
+    "  previous byte, read by the classifier as a skip-bigram) beside the matching head.\n"
     "usage: kvprune-gen-induction --compare A.bin B.bin --text FILE [--lengths 256,512,1000]\n"
     "  Builds passkey prompts from FILE (each length x depths 0.1..0.9), prints both models' greedy\n"
     "  answers with full KV and a summary line; exits 0 when every answer is the same and right.\n";
@@ -127,7 +129,9 @@ int main(int argc, char **argv) {
             p.order = (int)x;
         } else if (a == "--context" && parse_int(v, 2, 1 << 20, &x)) {
             p.context = (int)x;
-        } else if (a == "--seed" || a == "--order" || a == "--context") {
+        } else if (a == "--kv-heads" && parse_int(v, 1, 2, &x)) {
+            p.kv_heads = (int)x;
+        } else if (a == "--seed" || a == "--order" || a == "--context" || a == "--kv-heads") {
             std::fprintf(stderr, "kvprune-gen-induction: bad value '%s' for %s\n", v, a.c_str());
             return 2;
         } else {

@@ -94,7 +94,7 @@ struct SparseRows {
 };
 
 struct Weights {
-    int dim = 0, heads = 0, hd = 0;
+    int dim = 0, heads = 0, kv = 1, hd = 0;
     Mat emb;                     // [256][dim]
     Mat wq[2], wk[2], wv[2], wo[2];
     Mat cls;                     // [256][dim]
@@ -106,13 +106,14 @@ double rms(const double *x, int n) {
     return std::sqrt(s / n);
 }
 
-// The format's forward pass (RMSNorm with unit weights, GPT-J RoPE, causal softmax attention with one
-// KV head, zero FFN) over `tokens`, through layers [0, n_layers); returns the mean RMS of the residual
+// The format's forward pass (RMSNorm with unit weights, GPT-J RoPE, causal softmax attention with
+// w.kv KV heads (query head h reads KV head h / (heads / kv)), zero FFN) over `tokens`, through layers [0, n_layers); returns the mean RMS of the residual
 // rows that come out. Used only to calibrate two scales of the construction.
 double mean_residual_rms(const Weights &w, const std::vector<double> &theta, const std::vector<int> &tokens,
                          int n_layers) {
-    const int T = (int)tokens.size(), D = w.dim, H = w.heads, hd = w.hd, P = hd / 2;
-    std::vector<double> x((size_t)T * D), hn(D), q((size_t)T * H * hd), k((size_t)T * hd), v((size_t)T * hd),
+    const int T = (int)tokens.size(), D = w.dim, H = w.heads, hd = w.hd, P = hd / 2, KV = w.kv, group = H / KV;
+    const size_t kvw = (size_t)KV * hd;  // a token's K (or V) row over its KV heads
+    std::vector<double> x((size_t)T * D), hn(D), q((size_t)T * H * hd), k((size_t)T * kvw), v((size_t)T * kvw),
         o(H * hd), y(D), p(T);
     for (int t = 0; t < T; t++)
         std::memcpy(&x[(size_t)t * D], &w.emb.v[(size_t)tokens[t] * D], sizeof(double) * D);
@@ -133,20 +134,21 @@ double mean_residual_rms(const Weights &w, const std::vector<double> &theta, con
             const double inv = 1.0 / std::sqrt(ss / D + 1e-5);
             for (int i = 0; i < D; i++) hn[i] = xt[i] * inv;
             Q.apply(hn.data(), &q[(size_t)t * H * hd]);
-            K.apply(hn.data(), &k[(size_t)t * hd]);
-            V.apply(hn.data(), &v[(size_t)t * hd]);
+            K.apply(hn.data(), &k[(size_t)t * kvw]);
+            V.apply(hn.data(), &v[(size_t)t * kvw]);
             for (int h = 0; h < H; h++) rope(&q[((size_t)t * H + h) * hd], t);
-            rope(&k[(size_t)t * hd], t);
+            for (int g = 0; g < KV; g++) rope(&k[(size_t)t * kvw + (size_t)g * hd], t);
         }
         // All queries read the residual before this layer's writes: add the outputs afterwards.
         std::vector<double> add((size_t)T * D, 0.0);
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) {
                 const double *qh = &q[((size_t)t * H + h) * hd];
+                const size_t kv_at = (size_t)(h / group) * hd;
                 double mx = -INFINITY;
                 for (int j = 0; j <= t; j++) {
                     double s = 0;
-                    for (int d = 0; d < hd; d++) s += qh[d] * k[(size_t)j * hd + d];
+                    for (int d = 0; d < hd; d++) s += qh[d] * k[(size_t)j * kvw + kv_at + d];
                     p[j] = s / std::sqrt((double)hd);
                     mx = std::max(mx, p[j]);
                 }
@@ -154,7 +156,7 @@ double mean_residual_rms(const Weights &w, const std::vector<double> &theta, con
                 for (int j = 0; j <= t; j++) z += (p[j] = std::exp(p[j] - mx));
                 for (int d = 0; d < hd; d++) {
                     double s = 0;
-                    for (int j = 0; j <= t; j++) s += p[j] * v[(size_t)j * hd + d];
+                    for (int j = 0; j <= t; j++) s += p[j] * v[(size_t)j * kvw + kv_at + d];
                     o[(size_t)h * hd + d] = s / z;
                 }
             }
@@ -223,10 +225,10 @@ bool write_floats(std::FILE *f, const std::vector<double> &v) {
 
 bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> &corpus,
                            const std::string &out_path, std::string *err, std::string *summary) {
-    const int H = p.heads, hd = p.head_dim, D = H * hd, P = hd / 2, n = p.order;
+    const int H = p.heads, hd = p.head_dim, D = H * hd, P = hd / 2, n = p.order, KV = p.kv_heads;
     const int cdim = 2 * p.match_pairs;
-    // Residual layout: [code | constant | context | history | answer].
-    const int kConst = kCode, kCtx = kConst + 1, kHist = kCtx + cdim, kAns = kHist + cdim;
+    // Residual layout: [code | constant | context | history | answer | previous byte (KV = 2)].
+    const int kConst = kCode, kCtx = kConst + 1, kHist = kCtx + cdim, kAns = kHist + cdim, kPrev = kAns + kCode;
     auto bad = [&](const std::string &m) {
         *err = "induction model: " + m;
         return false;
@@ -236,7 +238,10 @@ bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> 
     if (n < 1 || n > H) return bad("order must be in 1..heads (one positional head per offset)");
     if (p.pos_pairs < 1 || p.match_pairs < 1 || p.pos_pairs + p.match_pairs > P)
         return bad("pos_pairs and match_pairs must be >= 1 and together at most head_dim/2");
-    if (kAns + kCode > D) return bad("the residual layout does not fit heads * head_dim");
+    if (KV != 1 && KV != 2) return bad("kv_heads must be 1 or 2");
+    if (KV == 2 && H % 2 != 0) return bad("kv_heads 2 needs an even number of heads");
+    if ((KV == 2 ? kPrev : kAns) + kCode > D) return bad("the residual layout does not fit heads * head_dim");
+    if (!(p.local_gain >= 0)) return bad("local_gain must be >= 0");
     if (p.context < 2 || p.context > (1 << 20)) return bad("context must be in 2..1048576");
     if (!(p.subspace_scale > 0) || !(p.pos_sharpness > 0) || !(p.match_sharpness > 0))
         return bad("scales and sharpness must be positive");
@@ -261,6 +266,7 @@ bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> 
     Weights w;
     w.dim = D;
     w.heads = H;
+    w.kv = KV;
     w.hd = hd;
     w.emb = Mat(kVocab, D);
     for (int b = 0; b < kVocab; b++) {
@@ -269,15 +275,16 @@ bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> 
     }
     for (int l = 0; l < 2; l++) {
         w.wq[l] = Mat(H * hd, D);
-        w.wk[l] = Mat(hd, D);
-        w.wv[l] = Mat(hd, D);
+        w.wk[l] = Mat(KV * hd, D);
+        w.wv[l] = Mat(KV * hd, D);
         w.wo[l] = Mat(D, H * hd);
     }
     const double kappa = p.subspace_scale, sqrt_hd = std::sqrt((double)hd);
 
     // ---- Layer 1. Every embedding row has |x|^2 = 2 kCode, so its RMSNorm divides by exactly rms1.
     const double rms1 = std::sqrt(2.0 * kCode / D), const_n = std::sqrt((double)kCode) / rms1;
-    for (int f = 0; f < p.pos_pairs; f++) w.wk[0].at(2 * f, kConst) = 1.0 / const_n;  // k = (1, 0) per pair
+    for (int g = 0; g < KV; g++)  // every KV head: the same key and value (the query heads of each group read it)
+        for (int f = 0; f < p.pos_pairs; f++) w.wk[0].at(g * hd + 2 * f, kConst) = 1.0 / const_n;  // k = (1, 0) per pair
     for (int m = 1; m <= n; m++) {
         // q = (cos m theta, -sin m theta): after RoPE at i and j the pair's score is cos((i - j - m) theta),
         // largest where j = i - m on every pair at once.
@@ -293,7 +300,8 @@ bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> 
                 w.wo[0].at(kHist + r, h * hd + i) += kappa * proj[m - 1].at(r, i);
             }
     }
-    for (int i = 0; i < kCode; i++) w.wv[0].at(i, i) = rms1;  // value = the attended byte's code
+    for (int g = 0; g < KV; g++)
+        for (int i = 0; i < kCode; i++) w.wv[0].at(g * hd + i, i) = rms1;  // value = the attended byte's code
 
     // Calibration sample: 300 bytes of the corpus (from byte 1000 when it is long enough).
     const size_t cal_len = std::min<size_t>({300, corpus.size(), (size_t)p.context});
@@ -314,33 +322,58 @@ bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> 
         w.wv[1].at(i, i) = rms2;        // value: the code of the byte at the key
         w.wo[1].at(kAns + i, i) = kappa;  // -> answer subspace
     }
+    // ---- Layer 2, KV head 1 (kv_heads 2): a local head. Its query heads H/2 + j attend to the byte
+    // j + 1 positions back as layer 1's heads do (constant key, phase offset on the highest-frequency
+    // pairs); the first writes the previous byte's code into the previous-byte subspace, which the
+    // classifier reads as a skip-bigram (the others write nothing, as layer 2's other matching-group
+    // heads). It needs its last H/2 + 1 tokens; the matching head needs them all.
+    const int local_q = H / 2;
+    if (KV == 2) {
+        const double const2 = std::sqrt((double)kCode) / rms2;  // the constant channel after layer 2's RMSNorm
+        for (int f = 0; f < p.pos_pairs; f++) {
+            const double a = p.pos_sharpness * sqrt_hd / const2;
+            w.wk[1].at(hd + 2 * f, kConst) = 1.0 / const2;
+            for (int j = 0; local_q + j < H; j++) {
+                w.wq[1].at((local_q + j) * hd + 2 * f, kConst) = a * std::cos((j + 1) * theta[f]);
+                w.wq[1].at((local_q + j) * hd + 2 * f + 1, kConst) = -a * std::sin((j + 1) * theta[f]);
+            }
+        }
+        for (int i = 0; i < kCode; i++) {
+            w.wv[1].at(hd + i, i) = rms2;
+            w.wo[1].at(kPrev + i, local_q * hd + i) = kappa;
+        }
+    }
     const double rms_final = mean_residual_rms(w, theta, sample, 2);
 
     // ---- Classifier: bigram log-probabilities (add-one counts) from the current byte's code, least
     // squares over the 256 codes, plus the copy read from the answer subspace.
-    Mat logp(kVocab, kVocab);
-    {
+    // logp[a][b] = log P(next = b | the byte `gap` positions back = a), add-one counts.
+    auto skip_logp = [&](size_t gap) {
+        Mat logp(kVocab, kVocab);
         std::vector<double> cnt((size_t)kVocab * kVocab, 1.0);
-        for (size_t i = 0; i + 1 < corpus.size(); i++) cnt[(size_t)corpus[i] * kVocab + corpus[i + 1]] += 1.0;
+        for (size_t i = 0; i + gap < corpus.size(); i++) cnt[(size_t)corpus[i] * kVocab + corpus[i + gap]] += 1.0;
         for (int a = 0; a < kVocab; a++) {
             double z = 0;
             for (int b = 0; b < kVocab; b++) z += cnt[(size_t)a * kVocab + b];
             for (int b = 0; b < kVocab; b++) logp.at(a, b) = std::log(cnt[(size_t)a * kVocab + b] / z);
         }
-    }
-    Mat bigram;  // [kCode][256]: g(a) . bigram[:, b] ~ logp[a][b]
-    if (!least_squares(G, logp, &bigram)) return bad("the byte codes are degenerate (least squares failed)");
+        return logp;
+    };
+    Mat bigram, skip;  // [kCode][256]: g(a) . bigram[:, b] ~ logp[a][b]
+    if (!least_squares(G, skip_logp(1), &bigram) || (KV == 2 && !least_squares(G, skip_logp(2), &skip)))
+        return bad("the byte codes are degenerate (least squares failed)");
     w.cls = Mat(kVocab, D);
     for (int b = 0; b < kVocab; b++)
         for (int i = 0; i < kCode; i++) {
             w.cls.at(b, i) = p.bigram_gain * rms_final * bigram.at(i, b);
             w.cls.at(b, kAns + i) = p.copy_gain * rms_final * G.at(b, i) / kappa;
+            if (KV == 2) w.cls.at(b, kPrev + i) = p.local_gain * rms_final * skip.at(i, b) / kappa;
         }
 
     // ---- Write: header, then the tensors in the format's order.
     std::FILE *f = std::fopen(out_path.c_str(), "wb");
     if (!f) return bad("cannot write '" + out_path + "': " + std::strerror(errno));
-    const int32_t hdr[7] = {D, kHidden, 2, H, 1, -kVocab, p.context};
+    const int32_t hdr[7] = {D, kHidden, 2, H, KV, -kVocab, p.context};
     bool ok = std::fwrite(hdr, sizeof hdr, 1, f) == 1;
     auto put = [&](const std::vector<double> &v) { ok = ok && write_floats(f, v); };
     auto put_layers = [&](const Mat *m) {
@@ -372,9 +405,9 @@ bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> 
     if (summary) {
         char b[300];
         std::snprintf(b, sizeof b,
-                      "dim %d, %d heads x %d, 1 KV head, 2 layers, context %d, order %d, matching dims %d; "
+                      "dim %d, %d heads x %d, %d KV head%s, 2 layers, context %d, order %d, matching dims %d; "
                       "bigram from %zu bytes; rms at layer 2 %.4f, final %.4f",
-                      D, H, hd, p.context, n, cdim, corpus.size(), rms2, rms_final);
+                      D, H, hd, KV, KV == 1 ? "" : "s", p.context, n, cdim, corpus.size(), rms2, rms_final);
         *summary = b;
     }
     return true;

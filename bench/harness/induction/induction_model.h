@@ -17,6 +17,13 @@
 //               code of the byte that followed it into an "answer" subspace; heads 1.. are zero;
 //   classifier  (separate, vocab -256) the answer read through the byte codes (the copy), plus a bigram
 //               table of the corpus read from the current byte's code (what it says when nothing matches).
+// kv_heads 2 (issue 32's evidence for per-head budgets: a layer whose heads need different spans):
+// both layers have two KV heads, query heads [0, heads/2) reading KV head 0 and the rest KV head 1.
+// Layer 1's two KV heads carry the same positional key and value. In layer 2, KV head 0 is the
+// matching head above (query head 0) and KV head 1 a local head: its query heads heads/2 + j attend
+// to the byte j + 1 back; the first writes the previous byte's code into a sixth subspace, which the
+// classifier reads as a skip-bigram table of the corpus (P(next | the byte two back), weight
+// local_gain). The random codes are drawn as for one KV head.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,7 +34,8 @@ namespace kvh {
 struct InductionParams {
     int context = 1024;       // seq_len of the checkpoint
     int order = 6;            // n: bytes of context matched (<= heads)
-    int heads = 6;            // query heads (one KV head)
+    int heads = 6;            // query heads
+    int kv_heads = 1;         // 1, or 2: layer 2's second KV head is a local head (below)
     int head_dim = 192;       // dim = heads * head_dim
     int pos_pairs = 32;       // highest-frequency RoPE pairs used by the positional heads
     int match_pairs = 21;     // lowest-frequency RoPE pairs used by the matching head
@@ -36,6 +44,7 @@ struct InductionParams {
     double copy_gain = 0.12;       // weight of the copy in the logits
     double bigram_gain = 1.0;      // weight of the bigram log-probabilities in the logits
     double subspace_scale = 0.1;   // size of the context/history/answer subspaces in the residual
+    double local_gain = 0.5;       // kv_heads 2: weight of the local head's skip-bigram in the logits
     uint64_t seed = 7;             // random codes and projections
 };
 

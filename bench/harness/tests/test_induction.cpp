@@ -3,6 +3,7 @@
 // both with the right key, through the harness Session with full KV.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -151,6 +152,54 @@ TEST(InductionGenerator, NoNeedleNoKey) {
     EXPECT_LT(digits, 5) << "answer '" << a << "'";
 }
 
+// kv_heads 2 (issue 32's evidence model, docs/harness.md "AdaKV per-head budgets"): two KV heads
+// per layer, layer 2's second a local head. With full KV it answers the passkey as induction6.bin
+// does; under snapkv's prompt selection at 25 % AdaKV's split gives the matching head what the
+// local head does not need (uniform keeps 128 + 128), and the local head keeps its newest bytes.
+TEST(InductionGenerator, TwoKvHeadsALocalHeadBesideTheMatchingHead) {
+    const std::vector<uint8_t> hay = read_bytes(kDir + "/enbytes-1m.eval.txt");
+    InductionParams p;
+    p.kv_heads = 2;
+    std::string err;
+    const std::string path = kWork + "/induction-kv2.bin";
+    ASSERT_TRUE(write_induction_model(p, hay, path, &err)) << err;
+    Checkpoint kv2, ref;
+    ASSERT_TRUE(load_checkpoint(path, &kv2, &err)) << err;
+    ASSERT_TRUE(load_checkpoint(kDir + "/induction6.bin", &ref, &err)) << err;
+    EXPECT_EQ(kv2.cfg.n_kv_heads, 2);
+    EXPECT_EQ(kv2.cfg.n_heads, 6);
+    PasskeyComparison r;
+    ASSERT_TRUE(compare_passkey(kv2, ref, hay, {256}, &r, &err, {2, 5, 8})) << err;
+    EXPECT_EQ(r.same, 3);
+    EXPECT_EQ(r.right_a, 3);
+
+    PasskeyPrompt pr;
+    ASSERT_TRUE(passkey_prompt(hay, 30000, 512, 0.5, 14937, &pr, &err)) << err;
+    auto kept = [&](const char *spec, uint32_t layer, uint32_t head) {
+        Session s;
+        std::string e, answer;
+        EXPECT_TRUE(s.init(kv2, spec, &e)) << e;
+        EXPECT_TRUE(greedy_answer(s, pr.tokens, 1, &answer, &e)) << e;
+        std::vector<int32_t> pos(1024);
+        uint32_t n = 0;
+        EXPECT_EQ(kvp_layer_positions(s.cache(), layer, head, pos.data(), 1024, &n), KVP_OK);
+        pos.resize(n);
+        return pos;
+    };
+    const char *uni = "policy=snapkv budget=128", *ada = "policy=snapkv budget=128 head_budget=ada";
+    for (uint32_t h = 0; h < 2; ++h) {
+        EXPECT_EQ(kept(uni, 1, h).size(), 128u) << h;  // the budget (the answer's first byte is not appended)
+        EXPECT_EQ(kept(ada, 0, h).size(), 128u) << h;  // layer 1: two positional heads, split evenly
+    }
+    const std::vector<int32_t> match = kept(ada, 1, 0), local = kept(ada, 1, 1);
+    EXPECT_EQ(match.size() + local.size(), 256u);
+    EXPECT_GT(match.size(), 192u) << "the matching head gets most of the layer's 256";
+    EXPECT_LT(local.size(), 64u);
+    ASSERT_GE(local.size(), 8u);
+    for (int32_t t = 504; t < 512; ++t)  // the local head's newest bytes
+        EXPECT_TRUE(std::binary_search(local.begin(), local.end(), t)) << t;
+}
+
 // Same parameters and corpus, same bytes; another seed, other bytes; bad parameters fail clearly.
 TEST(InductionGenerator, DeterministicAndChecksItsInput) {
     std::vector<uint8_t> corpus = read_bytes(kDir + "/enbytes-1m.eval.txt");
@@ -172,6 +221,17 @@ TEST(InductionGenerator, DeterministicAndChecksItsInput) {
     q.order = 7;  // one positional head per offset: 7 > 6 heads
     EXPECT_FALSE(write_induction_model(q, corpus, kWork + "/never.bin", &err));
     EXPECT_NE(err.find("order must be in 1..heads"), std::string::npos) << err;
+    InductionParams k3;
+    k3.kv_heads = 3;
+    EXPECT_FALSE(write_induction_model(k3, corpus, kWork + "/never.bin", &err));
+    EXPECT_NE(err.find("kv_heads must be 1 or 2"), std::string::npos) << err;
+    InductionParams odd;
+    odd.kv_heads = 2;
+    odd.heads = 5;
+    odd.order = 5;
+    odd.head_dim = 230;
+    EXPECT_FALSE(write_induction_model(odd, corpus, kWork + "/never.bin", &err));
+    EXPECT_NE(err.find("even number of heads"), std::string::npos) << err;
     EXPECT_FALSE(write_induction_model(InductionParams(), std::vector<uint8_t>(1, 'a'), kWork + "/never.bin", &err));
     EXPECT_NE(err.find("at least 2 bytes"), std::string::npos) << err;
     EXPECT_FALSE(write_induction_model(InductionParams(), corpus, kWork + "/no-such-dir/x.bin", &err));
