@@ -58,7 +58,11 @@
 #  14. when DIR/bin holds llama-kvp-tasks: kvprune's retrieval task grid through llama.cpp (tasks.sh;
 #      passkey and niah on induction6, 4 policies at 25 %, both settings) gives the harness's grid row
 #      for row (right/wrong, live KV bytes); kvprune's CLI is KVP_CLI or this
-#      repository's build/bench/harness/kvprune.
+#      repository's build/bench/harness/kvprune;
+#  15. (the same) per-head budgets: the grid on induction6-kv2 (written by kvprune-gen-induction
+#      --kv-heads 2: a matching head and a local head in one layer) at 50 %, snapkv, lethe and h2o with
+#      and without head_budget=ada, triattention ada and random, equals the harness's row for row, and
+#      snapkv's and lethe's ada rows answer more cells than their uniform rows at the same live bytes.
 # The vocabulary is byte-level (one token per byte), so equal text is equal tokens.
 set -euo pipefail
 
@@ -420,19 +424,21 @@ else
     fail=1
 fi
 
-# 14. the retrieval task grid through llama.cpp (tasks.sh: kvprune eval's prompts, run by llama-kvp-tasks,
-# scored by kvprune eval) on induction6 (the retrieval model) gives the harness's own grid row for
-# row: right/wrong and the live KV bytes after the answer (the peak differs: llama.cpp's
-# micro-batches make the prompt an open one, max_prompt, held whole until its selection)
-if [ -x "$DIR/bin/llama-kvp-tasks" ]; then
-    grid=(--task passkey,niah --lengths 256 --depths 0,0.5,1 --samples 2 --setting both --compression-ratio 0.75
-          --policy policy=snapkv --policy policy=h2o --policy "policy=streaming sinks=4" --policy policy=pyramidkv)
-    if THREADS=2 bash "$HERE/tasks.sh" "$DIR" "$T/induction6.gguf" "${grid[@]}" --json "$T/grid-port.json" \
-            >"$T/grid-port.txt" 2>"$T/grid-port.log" &&
-        "${KVP_CLI:-$REPO/build/bench/harness/kvprune}" eval "${grid[@]}" --model "$T/induction6.gguf" --no-progress \
-            --json "$T/grid-harness.json" >"$T/grid-harness.txt" 2>"$T/grid-harness.log"; then
-        if out=$(python3 - "$T/grid-harness.json" "$T/grid-port.json" <<'PYEOF'
-import json, sys
+# grid_check NAME MODEL.gguf GRID_ARGS...: the retrieval task grid through llama.cpp (tasks.sh: kvprune
+# eval's prompts, run by llama-kvp-tasks, scored by kvprune eval) gives the harness's own grid row for
+# row: right/wrong and the live KV bytes after the answer (the peak differs: llama.cpp's micro-batches
+# make the prompt an open one, max_prompt, held whole until its selection), some rows right and some
+# wrong. With ADA_BETTER="P1 P2" also: for each policy Pi, its head_budget=ada rows answer more cells
+# right than its uniform rows, with the same live bytes row for row.
+grid_check() {
+    local name=$1 model=$2 out
+    shift 2
+    if THREADS=2 bash "$HERE/tasks.sh" "$DIR" "$model" "$@" --json "$T/$name-port.json" \
+            >"$T/$name-port.txt" 2>"$T/$name-port.log" &&
+        "${KVP_CLI:-$REPO/build/bench/harness/kvprune}" eval "$@" --model "$model" --no-progress \
+            --json "$T/$name-harness.json" >"$T/$name-harness.txt" 2>"$T/$name-harness.log"; then
+        if out=$(ADA_BETTER="${ADA_BETTER:-}" python3 - "$T/$name-harness.json" "$T/$name-port.json" <<'PYEOF'
+import json, os, sys
 h, p = (json.load(open(f)) for f in sys.argv[1:3])
 keys = ("task", "spec", "setting", "length", "depth", "sample", "answer", "correct", "live_bytes")
 diff = [i for i, (a, b) in enumerate(zip(h, p)) if any(a[k] != b[k] for k in keys)]
@@ -443,17 +449,53 @@ text = sum(a["generated"] != b["generated"] for a, b in zip(h, p))
 print("%d rows, %d answered right; right/wrong and live bytes as the harness's in %d, "
       "the text in %d (the others: wrong answers)%s" % (len(p), right, len(p) - len(diff), len(p) - text,
       "".join("\n  row %d differs: %s" % (i, {k: (h[i][k], p[i][k]) for k in keys if h[i][k] != p[i][k]}) for i in diff[:5])))
-sys.exit(0 if len(h) == len(p) and not diff and 0 < right < len(p) else 1)
+ok = len(h) == len(p) and not diff and 0 < right < len(p)
+for pol in os.environ["ADA_BETTER"].split():
+    ada = [r for r in p if r["spec"].startswith("policy=%s " % pol) and " head_budget=ada" in r["spec"]]
+    uni = [r for r in p if r["spec"].startswith("policy=%s " % pol) and " head_budget=ada" not in r["spec"]]
+    ra, ru = sum(r["correct"] for r in ada), sum(r["correct"] for r in uni)
+    same = len(ada) == len(uni) > 0 and all(a["live_bytes"] == u["live_bytes"] for a, u in zip(ada, uni))
+    print("  %s: head_budget=ada %d of %d right, uniform %d, live bytes %s" % (pol, ra, len(ada), ru, "equal" if same else "DIFFER"))
+    ok = ok and same and ra > ru
+sys.exit(0 if ok else 1)
 PYEOF
         ); then
-            echo "ok   grid-port: the task grid through llama.cpp = the harness's, row for row: $out"
+            echo "ok   $name: the task grid through llama.cpp = the harness's, row for row: $out"
         else
-            echo "FAIL grid-port: the task grid through llama.cpp differs from the harness's (or every row is right, or none): $out"
+            echo "FAIL $name: the task grid through llama.cpp differs from the harness's (or every row is right, or none, or ada is not ahead): $out"
             fail=1
         fi
     else
-        echo "FAIL grid-port: tasks.sh or the harness failed (see $T/grid-port.log, $T/grid-harness.log)"
-        tail -3 "$T/grid-port.log" "$T/grid-harness.log"
+        echo "FAIL $name: tasks.sh or the harness failed (see $T/$name-port.log, $T/$name-harness.log)"
+        tail -3 "$T/$name-port.log" "$T/$name-harness.log"
+        fail=1
+    fi
+}
+
+# 14. the grid on induction6 (the retrieval model), four policies at 25 %
+if [ -x "$DIR/bin/llama-kvp-tasks" ]; then
+    grid_check grid-port "$T/induction6.gguf" --task passkey,niah --lengths 256 --depths 0,0.5,1 --samples 2 --setting both \
+        --compression-ratio 0.75 --policy policy=snapkv --policy policy=h2o --policy "policy=streaming sinks=4" --policy policy=pyramidkv
+fi
+
+# 15. per-head budgets through llama.cpp: the grid on induction6-kv2 (kvprune-gen-induction --kv-heads 2:
+# layer 2 holds the matching head and a local head as two KV heads; docs/harness.md "AdaKV per-head
+# budgets"), at 50 %, every policy with and without head_budget=ada, the random baseline; the spec fixes
+# max_prompt and max_draft, which the port otherwise sets (whole-prompt selection, draft room) and the
+# harness does not. snapkv's and lethe's ada rows answer more than their uniform rows at the same bytes.
+if [ -x "$DIR/bin/llama-kvp-tasks" ]; then
+    gen=$(dirname "${KVP_CLI:-$REPO/build/bench/harness/kvprune}")/kvprune-gen-induction
+    [ -x "$gen" ] || cmake --build "$REPO/build" --target kvprune_gen_induction -j"${JOBS:-2}" >/dev/null
+    if "$gen" --corpus "$REPO/models/enbytes-1m.eval.txt" --out "$T/induction6-kv2.bin" --kv-heads 2 >"$T/gen-kv2.log" 2>&1 &&
+        python3 "$HERE/llama2c_to_gguf.py" "$T/induction6-kv2.bin" "$T/induction6-kv2.gguf" >>"$T/gen-kv2.log" 2>&1; then
+        x="max_draft=0 max_prompt=1024"
+        grid=(--task passkey,niah --lengths 512 --depths 0,0.25,0.5,0.75,1 --samples 1 --setting both --compression-ratio 0.5)
+        for pol in snapkv lethe h2o; do grid+=(--policy "policy=$pol $x" --policy "policy=$pol head_budget=ada $x"); done
+        grid+=(--policy "policy=triattention tri_mode=per_layer_perhead head_budget=ada $x" --policy "policy=random keep_prompt=0 $x")
+        ADA_BETTER="snapkv lethe" grid_check grid-ada "$T/induction6-kv2.gguf" "${grid[@]}"
+    else
+        echo "FAIL grid-ada: kvprune-gen-induction or llama2c_to_gguf.py failed (see $T/gen-kv2.log)"
+        tail -3 "$T/gen-kv2.log"
         fail=1
     fi
 fi
