@@ -249,6 +249,15 @@ struct Geometry {
     const char *name;
     kvp_model m;
 };
+// The scorer's geometries: group sizes 1, 2, 4 and 6 (its four-head block, and a remainder of
+// two), GPT-J and NEOX pairs, partial rotary, no RoPE; one to three layers.
+const Geometry kScorerGeometries[] = {
+    {"gptj d8 G2", ref::model(2, 4, 2, 8)},
+    {"neox d16 G1", ref::model(2, 2, 2, 16, KVP_ROPE_NEOX)},
+    {"neox partial 8 of 12 G4", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)},
+    {"no rope d5 G2", ref::model(3, 2, 1, 5, KVP_ROPE_NONE)},
+    {"gptj d8 G6", ref::model(1, 6, 1, 8)},
+};
 
 // Each layer gets its own rows (seed + layer), so that the modes' aggregations over layers matter.
 void prefill_layers(ref::Cache &c, const std::vector<ref::Inputs> &in, uint32_t t0, uint32_t n) {
@@ -264,14 +273,7 @@ void decode_layers(ref::Cache &c, const std::vector<ref::Inputs> &in, uint32_t t
 }
 
 TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
-    const Geometry geos[] = {
-        {"gptj d8", ref::model(2, 4, 2, 8)},
-        {"neox d16 G1", ref::model(2, 2, 2, 16, KVP_ROPE_NEOX)},
-        {"neox partial 8 of 12", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)},
-        {"no rope d5", ref::model(3, 2, 1, 5, KVP_ROPE_NONE)},
-        {"gptj G6", ref::model(1, 6, 1, 8)},  // the scorer's four-head block and a remainder of two
-    };
-    for (const Geometry &g : geos) {
+    for (const Geometry &g : kScorerGeometries) {
         std::vector<ref::Inputs> in;
         for (uint32_t l = 0; l < g.m.n_layers; ++l) in.emplace_back(g.m, 70, 21 + l, 1.0f);
         const Ref r{g.m, 10, 5, 16, in};
@@ -294,14 +296,7 @@ TEST(TriAttention, KeepsWhatThePapersScoreKeeps) {
 // to the f32 rotation's rounding in float mode and to the fixed-point key copy's precision in
 // fixed mode. Group sizes 1, 2, 4 and 6 (the four-head block, and a remainder).
 TEST(TriAttention, ScoresAreThePapersFormula) {
-    const Geometry geos[] = {
-        {"gptj d8 G2", ref::model(2, 4, 2, 8)},
-        {"neox d16 G1", ref::model(1, 2, 2, 16, KVP_ROPE_NEOX)},
-        {"neox partial 8 of 12 G4", ref::model(1, 4, 1, 12, KVP_ROPE_NEOX, 8)},
-        {"no rope d5 G2", ref::model(1, 2, 1, 5, KVP_ROPE_NONE)},
-        {"gptj d8 G6", ref::model(1, 6, 1, 8)},
-    };
-    for (const Geometry &g : geos) {
+    for (const Geometry &g : kScorerGeometries) {
         std::vector<ref::Inputs> in;
         for (uint32_t l = 0; l < g.m.n_layers; ++l) in.emplace_back(g.m, 40, 21 + l, 1.0f);
         const Ref r{g.m, 30, 20, 16, in};
