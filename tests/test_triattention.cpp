@@ -645,11 +645,9 @@ TEST(TriAttention, FixedScoresAreTheSameForThreadsAndStorage) {
 }
 
 // union over a shared pool that runs dry: a store evicts by its own scores (self_prune) and holds
-// other tokens than the reference store, so the choice goes through the nominations
-// (triattention.cpp "nominate"); the stores are scored in parallel, each participant into its own
-// maxima and marks, merged: the same tokens for threads 1/2/3. (At these sizes the nominations
-// never change the choice: a store's extra tokens would have to outrank a kept token in the very
-// store and query head where it scores its maximum.)
+// other tokens than the reference store (its extra tokens are evicted at the cut, its missing ones
+// take their maximum from the other stores); the stores are scored in parallel, each participant
+// into its own maxima, merged: the same tokens for threads 1/2/3.
 TEST(TriAttention, UnionOverADryPoolIsTheSameForThreads) {
     const kvp_model m = ref::model(2, 8, 2, 16, KVP_ROPE_NEOX);
     const ref::Inputs in(m, 200, 17, 1.0f);

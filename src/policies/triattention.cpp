@@ -359,22 +359,10 @@ uint32_t index_of(const int32_t *pos, uint32_t m, int32_t p) {
     return it != pos + m && *it == p ? uint32_t(it - pos) : m;
 }
 
-// Whether store (l, h) holds other generated tokens than the reference positions w.pos[0..m).
-bool diverged(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m) {
-    PolicyCtx hc = ctx.at_layer(l).at_head(h);
-    int64_t R;
-    const uint32_t ms = candidates(hc, hc.store(h), w.order, &R);
-    if (ms != m) return true;
-    for (uint32_t i = 0; i < ms; ++i)
-        if (hc.pool->pos[w.order[i]] != w.pos[i]) return true;
-    return false;
-}
-
 // Scores every generated token of store (l, h) per query head and adds them, by the index of its
 // position among the reference positions w.pos[0..m), to: w.sum/w.cnt (the group's max: per_head),
-// or w.score (max over heads: union) and, when `nominate`, w.mask (a query head's `keep` best).
-void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, uint32_t keep, bool union_mode,
-                 bool nominate) {
+// or w.score (max over heads: union).
+void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, bool union_mode) {
     PolicyCtx hc = ctx.at_layer(l).at_head(h);
     HeadStore &hs = hc.store(h);
     uint32_t *slots = w.order;  // this store's candidates (order is free until the choice)
@@ -382,10 +370,9 @@ void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, ui
     const uint32_t ms = candidates(hc, hs, slots, &R);
     if (ms == 0) return;
     w.sc.prepare(hc, R);
-    const size_t ld = size_t(hc.plan().store_cap) + 1;
     for (uint32_t i = 0; i < ms; ++i) {
         const uint32_t k = index_of(w.pos, m, hc.pool->pos[slots[i]]);
-        const double best = w.sc.score(hc, slots[i], nominate ? w.per_g + i : nullptr, ld);
+        const double best = w.sc.score(hc, slots[i]);
         if (k == m) continue;  // not a token of the reference store: it is evicted below
         if (!union_mode) {
             w.sum[k] += best;
@@ -393,20 +380,6 @@ void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, ui
         } else if (best > w.score[k] || w.cnt[k] == 0) {
             w.score[k] = best;
             w.cnt[k] = 1;
-        }
-    }
-    if (!nominate) return;
-    // union: each query head nominates its `keep` best of this store (ties: the newer)
-    for (uint32_t g = 0; g < w.sc.G; ++g) {
-        const double *sg = w.per_g + size_t(g) * ld;
-        int32_t *pos = reinterpret_cast<int32_t *>(w.sum);  // positions of this store's candidates
-        for (uint32_t i = 0; i < ms; ++i) pos[i] = hc.pool->pos[slots[i]];
-        uint32_t *idx = w.slots;
-        const uint32_t below = ms > keep ? ms - keep : 0;
-        split_lowest(idx, ms, below, sg, pos);
-        for (uint32_t r = below; r < ms; ++r) {
-            const uint32_t k = index_of(w.pos, m, pos[idx[r]]);
-            if (k < m) w.mask[k] = 1;
         }
     }
 }
@@ -427,13 +400,12 @@ void keep_chosen(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m) {
 }
 
 // The union's parallel parts (PolicyCtx::parallel): scoring, item i = (layer i / heads, head
-// i % heads), each participant into its own accumulators (its Work's score, cnt and mask over the
+// i % heads), each participant into its own accumulators (its Work's score and cnt over the
 // reference positions, which it reads from the caller's Work); then the eviction, item = KV head
 // (its stores of every layer share its pool).
 struct UnionJob {
     Work *w;  // the caller's: reference positions, its accumulators, the choice
-    uint32_t m, keep;
-    bool nominate;
+    uint32_t m;
 };
 
 Work participant_work(const PolicyCtx &ctx, const Work &caller) {  // own scratch, the caller's positions
@@ -447,7 +419,7 @@ void union_score_item(PolicyCtx &ctx, uint32_t i, uint32_t, void *arg) {
     const uint32_t H = ctx.cfg().model.n_kv_heads, l = i / H;
     if (!layer_runs_policy(ctx.cfg(), l)) return;
     Work w = participant_work(ctx, *j.w);
-    score_store(ctx, l, i % H, w, j.m, j.keep, true, j.nominate);
+    score_store(ctx, l, i % H, w, j.m, true);
 }
 
 void union_keep_item(PolicyCtx &ctx, uint32_t h, uint32_t, void *arg) {
@@ -474,22 +446,13 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
         w.cnt[i] = 0;
         w.mask[i] = 0;
     }
-    // The union's nominations matter only when some store holds other tokens than the reference:
-    // over the same tokens the `keep` best by the maximum are all nominated (a token outside its
-    // maximising query head's `keep` best would have `keep` tokens above it), so they are skipped.
-    bool nominate = false;
-    for (uint32_t l = 0; union_mode && !nominate && l < cfg.model.n_layers; ++l)
-        if (layer_runs_policy(cfg, l))
-            for (uint32_t h = h0; h < h1 && !nominate; ++h) nominate = diverged(ctx, l, h, w, m);
-    UnionJob job{&w, m, keep, nominate};
+    UnionJob job{&w, m};
     if (union_mode) {
-        // every participant's accumulators start empty; the maxima and nominations merge in any order
+        // every participant's accumulators start empty; the maxima merge in any order
         for (uint32_t t = 1; t < cfg.threads; ++t) {
             PolicyCtx tc = ctx;
             tc.scratch = ctx.scratch_at(t);
-            Work wt = work_of(tc);
-            memset(wt.cnt, 0, size_t(m) * sizeof *wt.cnt);
-            memset(wt.mask, 0, m);
+            memset(work_of(tc).cnt, 0, size_t(m) * sizeof(uint32_t));
         }
         const uint32_t k = ctx.parallel(cfg.model.n_layers * cfg.model.n_kv_heads, &union_score_item, &job);
         for (uint32_t t = 1; t < k; ++t) {
@@ -501,24 +464,22 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
                     w.score[i] = wt.score[i];
                     w.cnt[i] = 1;
                 }
-                w.mask[i] |= wt.mask[i];
             }
         }
     } else {
         for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
             if (layer_runs_policy(cfg, l))
-                for (uint32_t h = h0; h < h1; ++h) score_store(ctx, l, h, w, m, keep, false, false);
+                for (uint32_t h = h0; h < h1; ++h) score_store(ctx, l, h, w, m, false);
     }
-    // the choice: per_head the best mean over layers; union the nominees with the highest score
-    // (the others only when fewer than keep were nominated)
+    // The choice: per_head the best mean over layers; union the best maximum over every store and
+    // query head. (The reference's union lets each query head nominate its `keep` best and keeps
+    // the nominees with the highest maximum. Over the same tokens that is the `keep` best by the
+    // maximum: a token outside its maximising head's `keep` best has `keep` tokens above it there,
+    // so above it by the maximum too, ties going the same way (the newer kept). test_triattention's
+    // reference computes the nominations; DECISIONS "TriAttention", Modes.)
     double *key = w.score;
     if (!union_mode)
         for (uint32_t k = 0; k < m; ++k) key[k] = w.cnt[k] ? w.sum[k] / w.cnt[k] : -HUGE_VAL;
-    uint32_t nominated = 0;
-    for (uint32_t k = 0; k < m; ++k) nominated += w.mask[k];
-    if (nominate)  // nominees first (all of them when fewer than keep), then by score
-        for (uint32_t k = 0; k < m; ++k)
-            if (nominated >= keep ? !w.mask[k] : w.mask[k]) key[k] = nominated >= keep ? -HUGE_VAL : HUGE_VAL;
     split_lowest(w.order, m, m - keep, key, w.pos);
     for (uint32_t r = m - keep; r < m; ++r) w.mask[w.order[r]] = 2;
     if (union_mode) {

@@ -29,14 +29,15 @@
 // - per_head: one choice per KV head for every layer: the mean over layers of the group's maximum.
 // - union (default, the reference's default): one choice for every layer and head: every (layer,
 //   query head) nominates its budget best, and of the nominees those with the highest maximum over
-//   all (layer, query head) scores stay.
+//   all (layer, query head) scores stay; that is the budget best by the maximum, which the library
+//   computes directly (triattention.cpp choose_shared).
 // The shared modes decide in the layer phase of the last layer that runs the policy (the last
 // non-sliding layer), when its stores hold budget + beta generated tokens, and evict from every
 // layer there (LayerPlan::phase_all_layers); the earlier layers hold budget + beta until then, so
 // the bound holds. The phase runs on the cache's threads (PolicyCtx::parallel): per_head one item
-// per KV head; union scores one item per store, each participant into its own maxima and marks
-// (merged: maxima and unions do not depend on the order), then evicts one item per KV head. Stores are matched by position (a store a dry shared pool
-// made diverge loses the tokens the choice does not name).
+// per KV head; union scores one item per store, each participant into its own maxima (merged:
+// maxima do not depend on the order), then evicts one item per KV head. Stores are matched by
+// position (a store a dry shared pool made diverge loses the tokens the choice does not name).
 //
 // Interpretations (docs/DECISIONS.md "TriAttention"):
 // - budget counts generated tokens only (the rule); the reference's keep step counts the
@@ -63,11 +64,11 @@ extern const Policy kTriAttentionPolicy;
 // next query (R = newest position + 1) by query head g of the group into per_g[g * ld + i], its
 // position into pos[i]; scratch: 8-aligned, at least the layer's scratch (LayerPlan::scratch_bytes +
 // scratch_per_token x (its store's cap + 1)). Returns the number of generated tokens.
+uint32_t triattention_scores(const kvp_cache *c, uint32_t layer, uint32_t h, void *scratch, double *per_g, size_t ld,
+                             int32_t *pos);
+
 // Test hook (test_triattention AdaHeadAtItsMost): false makes head_budget=ada's cut sort every
 // candidate instead of selecting the best when no head reaches its most (the same tokens).
 extern bool tri_ada_select;
-
-uint32_t triattention_scores(const kvp_cache *c, uint32_t layer, uint32_t h, void *scratch, double *per_g, size_t ld,
-                             int32_t *pos);
 
 }  // namespace kvp
