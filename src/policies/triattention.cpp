@@ -372,8 +372,8 @@ void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, bo
     w.sc.prepare(hc, R);
     for (uint32_t i = 0; i < ms; ++i) {
         const uint32_t k = index_of(w.pos, m, hc.pool->pos[slots[i]]);
+        if (k == m) continue;  // not a token of the reference store: it is evicted, unscored
         const double best = w.sc.score(hc, slots[i]);
-        if (k == m) continue;  // not a token of the reference store: it is evicted below
         if (!union_mode) {
             w.sum[k] += best;
             ++w.cnt[k];
@@ -384,7 +384,7 @@ void score_store(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m, bo
     }
 }
 
-// Keeps the generated tokens of store (l, h) whose positions are w.pos[k] with w.mask[k] == 2.
+// Keeps the generated tokens of store (l, h) whose positions are w.pos[k] with w.mask[k] set.
 void keep_chosen(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m) {
     PolicyCtx hc = ctx.at_layer(l).at_head(h);
     HeadStore &hs = hc.store(h);
@@ -393,7 +393,7 @@ void keep_chosen(PolicyCtx &ctx, uint32_t l, uint32_t h, Work &w, uint32_t m) {
     uint32_t e = 0;
     for (uint32_t i = 0; i < ms; ++i) {
         const uint32_t k = index_of(w.pos, m, hc.pool->pos[w.order[i]]);
-        if (k == m || w.mask[k] != 2) w.order[e++] = w.order[i];
+        if (k == m || !w.mask[k]) w.order[e++] = w.order[i];
     }
     if (e) store_evict(hs, *hc.pool, l, w.order, e);
     hs.pword[0] = ms - e;
@@ -481,7 +481,7 @@ void choose_shared(PolicyCtx &ctx, uint32_t h0, uint32_t h1, bool union_mode) {
     if (!union_mode)
         for (uint32_t k = 0; k < m; ++k) key[k] = w.cnt[k] ? w.sum[k] / w.cnt[k] : -HUGE_VAL;
     split_lowest(w.order, m, m - keep, key, w.pos);
-    for (uint32_t r = m - keep; r < m; ++r) w.mask[w.order[r]] = 2;
+    for (uint32_t r = m - keep; r < m; ++r) w.mask[w.order[r]] = 1;
     if (union_mode) {
         ctx.parallel(cfg.model.n_kv_heads, &union_keep_item, &job);
         return;

@@ -107,8 +107,9 @@ double rms(const double *x, int n) {
 }
 
 // The format's forward pass (RMSNorm with unit weights, GPT-J RoPE, causal softmax attention with
-// w.kv KV heads (query head h reads KV head h / (heads / kv)), zero FFN) over `tokens`, through layers [0, n_layers); returns the mean RMS of the residual
-// rows that come out. Used only to calibrate two scales of the construction.
+// w.kv KV heads (query head h reads KV head h / (heads / kv)), zero FFN) over `tokens`, through
+// layers [0, n_layers); returns the mean RMS of the residual rows that come out. Used only to
+// calibrate two scales of the construction.
 double mean_residual_rms(const Weights &w, const std::vector<double> &theta, const std::vector<int> &tokens,
                          int n_layers) {
     const int T = (int)tokens.size(), D = w.dim, H = w.heads, hd = w.hd, P = hd / 2, KV = w.kv, group = H / KV;
@@ -346,7 +347,8 @@ bool write_induction_model(const InductionParams &p, const std::vector<uint8_t> 
     const double rms_final = mean_residual_rms(w, theta, sample, 2);
 
     // ---- Classifier: bigram log-probabilities (add-one counts) from the current byte's code, least
-    // squares over the 256 codes, plus the copy read from the answer subspace.
+    // squares over the 256 codes, plus the copy read from the answer subspace (and with two KV heads
+    // the skip-bigram read from the previous-byte subspace, fitted the same way).
     // logp[a][b] = log P(next = b | the byte `gap` positions back = a), add-one counts.
     auto skip_logp = [&](size_t gap) {
         Mat logp(kVocab, kVocab);
