@@ -235,6 +235,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
 
     const Policy &pol = policy_of(cfg);
     p->pstate_bytes = pol.state_bytes ? pol.state_bytes(cfg, p->stage) : 0;
+    const size_t phase = pol.phase_bytes ? pol.phase_bytes(cfg, p->stage) : 0;  // in the scratch, below
     p->off_pstate = off;
     off = z.add(off, z.al(p->pstate_bytes));
 
@@ -263,11 +264,18 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     if (any_obs) pre = z.add(pre, z.add(z.add(z.al16(z.mul(TR, ld)), z.al16(z.mul(G, ld))), z.al16(TR)));
     if (any_colsum) pre = z.add(pre, z.al16(z.mul(TR, (ld + kKeyBlock - 1) / kKeyBlock)));  // colsum's block maxima
     const size_t work = dec > pre ? dec : pre;
+    const size_t runs_b = z.al(z.mul(sizeof(Run), max_runs)), part_b = z.al(z.mul(z.mul(p->max_chunks, p->part_floats), sizeof(float))),
+                 priv_b = z.al(z.mul(z.al16(z.mul(G, st)), sizeof(float)));
+    size_t work_b = z.al(z.mul(work, sizeof(float)));
+    // the policy's phase region (policy.h phase_bytes) spans participant 0's runs..priv: work
+    // grows where it does not fit
+    const size_t span = z.add(z.add(runs_b, work_b), z.add(part_b, priv_b));
+    if (phase > span) work_b = z.add(work_b, z.al(phase - span));
     p->scr_runs = z.al(z.mul(p->memo_floats, sizeof(float)));
-    p->scr_work = z.add(p->scr_runs, z.al(z.mul(sizeof(Run), max_runs)));
-    p->scr_part = z.add(p->scr_work, z.al(z.mul(work, sizeof(float))));
-    p->scr_priv = z.add(p->scr_part, z.al(z.mul(z.mul(p->max_chunks, p->part_floats), sizeof(float))));
-    p->scr_policy = z.add(p->scr_priv, z.al(z.mul(z.al16(z.mul(G, st)), sizeof(float))));
+    p->scr_work = z.add(p->scr_runs, runs_b);
+    p->scr_part = z.add(p->scr_work, work_b);
+    p->scr_priv = z.add(p->scr_part, part_b);
+    p->scr_policy = z.add(p->scr_priv, priv_b);
     size_t fx = z.add(p->scr_policy, z.al(pol_scratch));
     p->fx_qx = p->fx_qr = p->fx_qe = p->fx_z = p->fx_cs = p->fx_y = p->fx_obs = 0;
     if (fixed) {

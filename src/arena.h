@@ -154,6 +154,10 @@ struct ArenaPlan {
     size_t part_floats;      // decode partials per chunk: m, l, sumsq (G each, padded), o [G][stride]
     size_t off_pstate, pstate_bytes;  // the policy's state region (Policy::state_bytes; 0 bytes: none)
     size_t off_memos, off_scratch, scratch_bytes;
+    // A thread's scratch: RoPE memo floats, then runs, work, partials, private rows (data only
+    // while a call's per-head work runs), the policy scratch, fixed-point and formatted parts.
+    // Participant 0's runs..priv hold the policy's phase region between per-head work
+    // (policies/policy.h phase_bytes; work is enlarged where it does not fit).
     size_t memo_floats, scr_runs, scr_work, scr_part, scr_priv, scr_policy;
     // score=fixed scratch (offsets in a thread's scratch): quantized and rotated query rows
     // [G][kq_stride] i16, their exponents [G] i32, a rotation table [kq_stride] i16, logits

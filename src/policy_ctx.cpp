@@ -28,6 +28,7 @@ PolicyCtx PolicyCtx::at_layer(uint32_t l) const { return PolicyCtx{c, l, head, p
 uint32_t &PolicyCtx::evict_threshold() const { return c->layers[layer].evict_threshold; }
 int32_t &PolicyCtx::lazy() const { return c->layers[layer].lazy; }
 void *PolicyCtx::state() const { return c->pstate; }
+void *PolicyCtx::phase() const { return c->scratch + c->plan.scr_runs; }  // participant 0's (arena.cpp)
 const kern::ScoreF32 &PolicyCtx::score_kernels() const { return *c->skern; }
 
 namespace {

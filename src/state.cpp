@@ -720,6 +720,10 @@ void visit(kvp_cache *c, Ar &ar) {
         if (v && ar.ok) {
             ar.require(v->rows == v->layer_rows(l) && v->bytes == v->layer_bytes(l),
                        "a layer's kept tokens or live bytes do not match its stores");
+            // heads that lend hold the capacity each between calls (cache_room_check); the
+            // layer-wide rankings are sized for that (policies/policy.h layer_tokens_cap)
+            ar.require(!p.lend || v->rows <= uint64_t(H) * c->layers[l].geom.lp.cap,
+                       "a layer's KV heads hold more tokens than their capacities together");
             v->sum_rows += v->rows;
             v->sum_bytes += v->bytes;
             v->rows = v->bytes = 0;

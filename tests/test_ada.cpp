@@ -19,8 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "arena.h"
 #include "kvprune/kvprune.h"
 #include "policies/h2o.h"
+#include "policies/policy.h"
 #include "reference.h"
 
 namespace {
@@ -650,6 +652,65 @@ TEST(Ada, LetheTiesGoToTheLowerHead) {
         apart = apart || p1.size() < p0.size();
     }
     EXPECT_TRUE(apart) << "no tie was broken";
+}
+
+// h2o's and lethe's layer-wide rankings (head_budget=ada) keep one record per token of the layer
+// in participant 0's scratch (policy.h phase_bytes, layer_tokens_cap): the arena has no region
+// for them, and the most tokens a layer holds at a layer phase (a prompt held whole, every
+// head at its capacity + max_prompt) fill the records exactly. That run keeps and outputs what
+// the same run with room to spare (a larger max_prompt) does, and for h2o what a one-call prefill
+// does.
+TEST(Ada, RankingRecordsFitTheLayersMostTokens) {
+    // the plan, on a Llama-3-8B shape: no state region; the records fit the scratch parts that
+    // are dead in the layer phase (runs, work, partials, private rows)
+    const kvp_model big = ref::model(32, 32, 8, 128, KVP_ROPE_NEOX, 0, 500000.0f);
+    for (const char *pol : {"policy=h2o budget=2048", "policy=lethe budget=2048"})
+        for (const char *more : {"", " threads=2", " max_prompt=512", " score=fixed"}) {
+            kvp_config cfg;
+            char err[256];
+            ASSERT_EQ(kvp_config_default(&cfg, &big), KVP_OK);
+            const std::string s = std::string(pol) + " head_budget=ada" + more;
+            ASSERT_EQ(kvp_config_apply(&cfg, s.c_str(), err, sizeof err), KVP_OK) << err;
+            kvp::ArenaPlan p;
+            ASSERT_TRUE(kvp::arena_plan(cfg, &p, nullptr, nullptr)) << s;
+            const size_t rec = kvp::policy_of(cfg).phase_bytes(cfg, p.stage);
+            EXPECT_EQ(p.pstate_bytes, 0u) << s;
+            EXPECT_GT(rec, 8u * 8 * 2048) << s;
+            EXPECT_LE(rec, p.scr_policy - p.scr_runs) << s;
+        }
+    const ref::Inputs in = inputs(1, 7, kN + 20);
+    // h2o: capacity 25 (budget + 1), 71 more while the prompt is open; lethe: 48 and 48
+    const std::string h2o = "policy=h2o budget=" + std::to_string(kB) + " head_budget=ada recent=4";
+    const std::string lethe = lethe_spec("ada", "sparse_ratio=20");
+    for (const auto &c : {std::make_pair(h2o, kN - (kB + 1)), std::make_pair(lethe, kN - 48)}) {
+        ref::Cache tight(in.m, c.first + " max_prompt=" + std::to_string(c.second));
+        ref::Cache roomy(in.m, c.first + " max_prompt=" + std::to_string(kN));
+        ASSERT_EQ(kvp_layer_capacity(tight.c, 0) + c.second, kN) << c.first;
+        for (uint32_t t = 0; t < kN; t += 8) {
+            prefill(tight, in, 1, t, 8);
+            prefill(roomy, in, 1, t, 8);
+        }
+        // the layer phase at the prompt's end ranks every token: exactly the records' count
+        kvp_config cfg;
+        char err[256];
+        ASSERT_EQ(kvp_config_default(&cfg, &in.m), KVP_OK);
+        ASSERT_EQ(kvp_config_apply(&cfg, (c.first + " max_prompt=" + std::to_string(c.second)).c_str(), err, sizeof err), KVP_OK);
+        ASSERT_EQ(tight.positions(0, 0).size() + tight.positions(0, 1).size(), 2 * kN) << "held whole: " << c.first;
+        EXPECT_EQ(kvp::layer_tokens_cap(cfg, kvp_layer_capacity(tight.c, 0)), 2 * kN) << c.first;
+        ASSERT_EQ(kvp_prompt_end(tight.c), KVP_OK) << kvp_last_error(tight.c);
+        ASSERT_EQ(kvp_prompt_end(roomy.c), KVP_OK) << kvp_last_error(roomy.c);
+        for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(tight.positions(0, h), roomy.positions(0, h)) << c.first << " head " << h;
+        EXPECT_NE(tight.positions(0, 0).size(), tight.positions(0, 1).size()) << c.first << ": the heads kept alike";
+        if (c.first == h2o) {
+            ref::Cache one(in.m, h2o + " capacity=" + std::to_string(kN + 1));
+            prefill(one, in, 1, 0, kN);
+            for (uint32_t h = 0; h < 2; ++h) EXPECT_EQ(tight.positions(0, h), one.positions(0, h)) << h;
+        }
+        std::vector<float> ot, orm;
+        decode(tight, in, 1, kN, 20, &ot);
+        decode(roomy, in, 1, kN, 20, &orm);
+        EXPECT_EQ(memcmp(ot.data(), orm.data(), ot.size() * sizeof(float)), 0) << c.first;
+    }
 }
 
 // lethe ada: the same bits for 1, 2 and 3 threads (forced parallel; also with a shared pool), and a

@@ -33,10 +33,11 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
 
 inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
 
-// head_budget=ada (see "AdaKV over H2O" below): the state region, transient (policy.h
-// state_transient): a scratch row of one head's scores and slots in logical order [smax] (8 bytes
-// each), the kept count per head [H], then the layer's candidates [H * smax] (16 bytes each);
-// smax = the largest store (its cap, and an open prompt's room: max_prompt, prompt.h).
+// head_budget=ada (see "AdaKV over H2O" below): the phase region (policy.h phase_bytes): a
+// scratch row of one head's scores and slots in logical order [smax] (8 bytes each), the kept
+// count per head [H], then the layer's candidates (16 bytes each), at most all the layer's
+// tokens (policy.h layer_tokens_cap: each candidate is a token of a head, the fast path's
+// included); smax = the largest store (its cap, and an open prompt's room: max_prompt, prompt.h).
 struct AdaCand {
     uint64_t key;   // rank_key (policy.h): the larger, the better kept
     uint32_t head;  // its KV head, | kKept once kept
@@ -64,11 +65,13 @@ void evict_cands(PolicyCtx &ctx, const AdaCand *cand, size_t n, uint32_t *slot) 
         if (nv) store_evict(ctx.store(h), ctx.pool_of(h), ctx.layer, slot, nv);
     }
 }
-uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, config_capacity(cfg, cfg.budget + 1)) + cfg.max_prompt; }
-size_t state_bytes(const kvp_config &cfg, uint32_t) {
+uint32_t ada_cap(const kvp_config &cfg) { return config_capacity(cfg, cfg.budget + 1); }
+uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, ada_cap(cfg)) + cfg.max_prompt; }
+size_t phase_bytes(const kvp_config &cfg, uint32_t) {
     if (!ada(cfg)) return 0;
     const size_t smax = ada_smax(cfg), H = cfg.model.n_kv_heads;
-    return align_up(8 * smax, kAlign) + align_up(4 * H, kAlign) + align_up(sizeof(AdaCand) * H * smax, kAlign);
+    return align_up(8 * smax, kAlign) + align_up(4 * H, kAlign) +
+           align_up(sizeof(AdaCand) * size_t(layer_tokens_cap(cfg, ada_cap(cfg))), kAlign);
 }
 
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
@@ -167,7 +170,7 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
     }
     const uint64_t keep = total < uint64_t(H) * B ? total : uint64_t(H) * B;
     if (total <= keep && !over) return;
-    char *region = static_cast<char *>(ctx.state());
+    char *region = static_cast<char *>(ctx.phase());
     float *score = reinterpret_cast<float *>(region);
     uint32_t *slot = reinterpret_cast<uint32_t *>(score + smax);
     uint32_t *held = reinterpret_cast<uint32_t *>(region + align_up(8 * size_t(smax), kAlign));
@@ -234,9 +237,9 @@ void self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n) {
 
 const Policy kH2oPolicy = {"h2o", KVP_POS_ORIGINAL, &check, &plan, &observe, &prune, &layer_phase, &evictable,
                            &self_prune, nullptr,
-                            /* state_bytes */ &state_bytes, /* reset */ nullptr, /* selection_size */ nullptr,
+                            /* state_bytes */ nullptr, /* reset */ nullptr, /* selection_size */ nullptr,
                             /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
                             /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ true,
-                            /* state_transient */ true};
+                            /* state_transient */ false, /* phase_bytes */ &phase_bytes};
 
 }  // namespace kvp

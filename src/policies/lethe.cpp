@@ -195,8 +195,9 @@ void decay_scores(Layer &ly) {
 // - Ranking: candidates, then recent tokens, then sinks (as uniform); within a tier the lower
 //   score, then the older position, then the higher KV head goes first (the best kept: higher
 //   score, newer, lower head). With one KV head every step is uniform Lethe's, bit for bit.
-// Runs in the layer phase on the calling thread; its records live in the state region (policy.h
-// state_transient): smax = the largest store (its cap and an open prompt's room).
+// Runs in the layer phase (and layer_prepare) on the calling thread; its records, one per token
+// of the layer (policy.h layer_tokens_cap), live in the phase region (policy.h phase_bytes);
+// smax = the largest store (its cap and an open prompt's room).
 inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
 
 struct AdaTok {
@@ -207,12 +208,14 @@ struct AdaTok {
     uint32_t out;   // 1 once chosen (kept by a round, evicted by the hard capacity)
 };
 
-uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, config_capacity(cfg, 2 * cfg.budget)) + cfg.max_prompt; }
+uint32_t ada_cap(const kvp_config &cfg) { return config_capacity(cfg, 2 * cfg.budget); }
+uint32_t ada_smax(const kvp_config &cfg) { return store_cap(cfg, ada_cap(cfg)) + cfg.max_prompt; }
 
-size_t state_bytes(const kvp_config &cfg, uint32_t) {
+size_t phase_bytes(const kvp_config &cfg, uint32_t) {
     if (!ada(cfg)) return 0;
     const size_t smax = ada_smax(cfg), H = cfg.model.n_kv_heads;
-    return align_up(4 * smax, kAlign) + align_up(4 * (smax > H ? smax : H), kAlign) + align_up(sizeof(AdaTok) * H * smax, kAlign);
+    return align_up(4 * smax, kAlign) + align_up(4 * (smax > H ? smax : H), kAlign) +
+           align_up(sizeof(AdaTok) * size_t(layer_tokens_cap(cfg, ada_cap(cfg))), kAlign);
 }
 
 // Kept order (the best first) and eviction order (the first to go).
@@ -234,7 +237,7 @@ struct AdaLayer {
 
 AdaLayer ada_of(PolicyCtx &ctx) {
     const size_t smax = ada_smax(ctx.cfg()), H = ctx.cfg().model.n_kv_heads;
-    char *r = static_cast<char *>(ctx.state());
+    char *r = static_cast<char *>(ctx.phase());
     AdaLayer a{&ctx, uint32_t(H), reinterpret_cast<float *>(r), nullptr, nullptr, 0, 0, 0};
     a.slot = reinterpret_cast<uint32_t *>(r + align_up(4 * smax, kAlign));
     a.tok = reinterpret_cast<AdaTok *>(r + align_up(4 * smax, kAlign) + align_up(4 * (smax > H ? smax : H), kAlign));
@@ -502,9 +505,9 @@ void observe(PolicyCtx &ctx, HeadStore &, const Run *runs, uint32_t nr, const Ob
 
 const Policy kLethePolicy = {"lethe", KVP_POS_ORIGINAL, &check,     &plan,       &observe,     nullptr,
                              &layer_phase, &evictable,  &self_prune, &layer_prepare,
-                             /* state_bytes */ &state_bytes, /* reset */ nullptr, /* selection_size */ nullptr,
+                             /* state_bytes */ nullptr, /* reset */ nullptr, /* selection_size */ nullptr,
                              /* selection */ nullptr, /* keeps_prompt */ nullptr, /* observe_queries */ nullptr,
                              /* set_query_stats */ nullptr, /* state_kept */ nullptr, /* streaming_heads */ false,
-                             /* state_transient */ true};
+                             /* state_transient */ false, /* phase_bytes */ &phase_bytes};
 
 }  // namespace kvp

@@ -20,15 +20,16 @@
 // prefill observation (LayerPlan::obs_extra) and an observation of the first decode query
 // after create/reset (observe_first_decode), both handed to `observe` with their Obs::kind; a
 // per-head value from the per-head work to the layer phase (HeadStore::pword/pflag); a policy
-// state region in the arena (state_bytes, initialised by `reset`); and the prefill selection a
-// call returns to its caller (selection_size is asked before the call, selection after it:
-// kvp_selection).
+// state region in the arena (state_bytes, initialised by `reset`); a phase region for what a
+// layer phase ranks within one call (phase_bytes, in participant 0's scratch); and the prefill
+// selection a call returns to its caller (selection_size is asked before the call, selection
+// after it: kvp_selection).
 //
 // The seam is narrow (issue 32 item 0): a policy file includes this header (and other policies'),
 // never a core header. It sees the cache only through PolicyCtx: its config, the layer's plan and
 // geometry, its stores and pools (and the store operations of storage.h), its scores, its state
-// region and the two per-layer values it owns (evict_threshold, lazy). The core implements the
-// accessors (src/policy_ctx.cpp); `c` is the core's handle and opaque here.
+// and phase regions and the two per-layer values it owns (evict_threshold, lazy). The core
+// implements the accessors (src/policy_ctx.cpp); `c` is the core's handle and opaque here.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -114,6 +115,8 @@ struct PolicyCtx {
     uint32_t &evict_threshold() const;   // this layer's kvp_layer_stats.evict_threshold (Lethe)
     int32_t &lazy() const;               // this layer's laziness (SimLayerKV; -1 undecided)
     void *state() const;                 // the policy's state region (Policy::state_bytes)
+    void *phase() const;                 // the policy's phase region (Policy::phase_bytes; 64-aligned):
+                                         // from layer_prepare and layer_phase only
     const kern::ScoreF32 &score_kernels() const;
     // RoPE as this cache's score mode rotates keys (triattention): the style, the rotated pairs
     // (rope_dim/2; 0 without RoPE) and their frequencies (score=fixed: the deterministic table
@@ -174,6 +177,14 @@ inline bool heads_lend(const kvp_config &cfg) {
 // (DECISIONS "Heads lend blocks"), else cap.
 inline uint32_t store_cap(const kvp_config &cfg, uint32_t cap) {
     return heads_lend(cfg) ? (cap < kMaxCapacity ? 2 * cap : cap) : cap;
+}
+// The most tokens a layer of capacity cap holds in all its KV heads together during a call: the
+// capacity each (cache_room_check: where heads lend, their sum), and an open prompt's room each
+// (prompt_room_check bounds every head by cap + its room). A ranking over all the layer's tokens
+// (head_budget=ada's records) needs no more entries; kvp_state_load refuses a lending layer whose
+// heads hold more than the capacity each.
+inline uint64_t layer_tokens_cap(const kvp_config &cfg, uint32_t cap) {
+    return uint64_t(cfg.model.n_kv_heads) * (uint64_t(cap) + cfg.max_prompt);
 }
 // The capacity a policy works within (what it prunes to stay below): the layer capacity less the
 // draft room.
@@ -254,6 +265,14 @@ struct Policy {
     // the per-head work and the layer phase): kvp_state_save stores none of it, kvp_state_load
     // leaves it as it is.
     bool state_transient = false;
+    // Bytes of the policy's phase region (PolicyCtx::phase): memory that layer_prepare and
+    // layer_phase use within one call, on the calling thread (a layer phase's parallel items may
+    // write it too). The core places it in participant 0's scratch, over the parts that hold data
+    // only while a call's per-head work runs (runs, work, partials, private rows: arena.h
+    // scr_runs..scr_policy; not the policy scratch), enlarged where it does not fit: it costs the
+    // arena no region of its own (issue 32: head_budget=ada's layer-wide rankings). Its bytes are
+    // not kept between calls, saved or zeroed. May be NULL (none).
+    size_t (*phase_bytes)(const kvp_config &cfg, uint32_t stage) = nullptr;
 };
 
 // The table of cfg.policy (valid config).

@@ -87,16 +87,16 @@ kvp_status check(const kvp_config &cfg, Msg &m) {
     return KVP_OK;
 }
 
+uint32_t capacity_of(const kvp_config &cfg) { return config_capacity(cfg, cfg.budget + beta_of(cfg) + kFullDefaultCapacity); }
+
 void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
     *p = LayerPlan{};
-    p->cap = config_capacity(cfg, cfg.budget + beta_of(cfg) + kFullDefaultCapacity);
+    p->cap = capacity_of(cfg);
     p->hole_cap = default_hole_cap(p->cap);
     p->reads_keys = true;
     const Units u = units_of(cfg.model);
     const uint32_t G = cfg.model.n_q_heads / cfg.model.n_kv_heads;
     p->scratch_per_token = kPerToken + G * sizeof(double);  // Work
-    // head_budget=ada: the layer phase's records of every head's generated tokens (AdaRec, below)
-    if (cfg.head_budget == KVP_HEAD_BUDGET_ADA) p->scratch_per_token += size_t(cfg.model.n_kv_heads) * 24;
     p->scratch_bytes = (size_t(G) * u.n * 3 + u.hd + 3 * size_t(u.n)) * sizeof(double) + p->scratch_per_token + 64;
     p->phase_all_layers = cfg.tri_mode != KVP_TRI_PER_LAYER_PERHEAD;
 }
@@ -268,7 +268,6 @@ struct Work {
     uint32_t *slots, *order, *cnt;
     int32_t *pos;
     uint8_t *mask;
-    char *end;  // the first byte after the Work (head_budget=ada's records follow: ada_records)
 };
 
 Work work_of(const PolicyCtx &ctx) {
@@ -288,7 +287,6 @@ Work work_of(const PolicyCtx &ctx) {
     w.cnt = w.order + cap;
     w.pos = reinterpret_cast<int32_t *>(w.cnt + cap);
     w.mask = reinterpret_cast<uint8_t *>(w.pos + cap);
-    w.end = reinterpret_cast<char *>(w.mask + cap);
     return w;
 }
 
@@ -516,8 +514,8 @@ void per_head_item(PolicyCtx &ctx, uint32_t h, uint32_t, void *) {
 //   position, lower head. A head keeps at most max(budget, its store's cap - its prompt - beta)
 //   (the next beta tokens must fit before the next cut; heads lend blocks, pool.h "Lending").
 // - The prompt is always kept. Runs in the layer phase: the heads are scored in parallel (one item
-//   per KV head, PolicyCtx::parallel, each into its own records in the calling thread's scratch,
-//   LayerPlan::scratch_per_token), the ranking over all heads then on the calling thread.
+//   per KV head, PolicyCtx::parallel, each into its own records in the phase region, policy.h
+//   phase_bytes), the ranking over all heads then on the calling thread.
 bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
 
 struct AdaRec {
@@ -527,7 +525,7 @@ struct AdaRec {
     uint32_t slot;
     uint32_t pad;
 };
-static_assert(sizeof(AdaRec) == 24, "plan() reserves 24 bytes per (KV head, token)");
+static_assert(sizeof(AdaRec) == 24, "phase_bytes() reserves 24 bytes per token of a layer");
 constexpr uint32_t kAdaKept = 0x80000000u;
 
 bool ada_better(const AdaRec &a, const AdaRec &b) {
@@ -536,10 +534,22 @@ bool ada_better(const AdaRec &a, const AdaRec &b) {
     return (a.head & ~kAdaKept) < (b.head & ~kAdaKept);
 }
 
-// The records after the scoring Work in this thread's scratch (plan: 24 bytes per KV head and
-// token, and the extra token's worth in scratch_bytes holds the four per-head counts).
-AdaRec *ada_records(const Work &w) {
-    return reinterpret_cast<AdaRec *>((reinterpret_cast<uintptr_t>(w.end) + 7) & ~uintptr_t(7));
+// The phase region: four per-head counts [4][H], then a record per token of the layer (head h's
+// from the tokens of the heads before it: each head's generated tokens are at most its tokens,
+// and the layer's tokens at most layer_tokens_cap, policy.h).
+size_t ada_counts_bytes(const kvp_config &cfg) { return align_up(4 * sizeof(uint32_t) * cfg.model.n_kv_heads, kAlign); }
+size_t phase_bytes(const kvp_config &cfg, uint32_t) {
+    if (!ada(cfg)) return 0;
+    return ada_counts_bytes(cfg) + align_up(sizeof(AdaRec) * size_t(layer_tokens_cap(cfg, capacity_of(cfg))), kAlign);
+}
+AdaRec *ada_records(const PolicyCtx &ctx) {
+    return reinterpret_cast<AdaRec *>(static_cast<char *>(ctx.phase()) + ada_counts_bytes(ctx.cfg()));
+}
+// Where head h's records start: after the tokens of the heads before it.
+size_t ada_base(const PolicyCtx &ctx, uint32_t h) {
+    size_t b = 0;
+    for (uint32_t g = 0; g < h; ++g) b += ctx.store(g).len();
+    return b;
 }
 
 // Scores head h's generated tokens into rec[0..m) (keys normalised when `norm`); returns m.
@@ -571,9 +581,8 @@ uint32_t ada_score_head(PolicyCtx &ctx, uint32_t h, Work &w, AdaRec *rec, bool n
 }
 
 struct AdaJob {
-    AdaRec *rec;  // the caller's records
+    AdaRec *rec;  // the phase region's records
     uint32_t *held, *most, *cnt;
-    size_t stride;
 };
 
 // Item h of the cut (PolicyCtx::parallel): KV head h's generated tokens scored into its records,
@@ -583,7 +592,7 @@ void ada_head_item(PolicyCtx &ctx, uint32_t h, uint32_t, void *arg) {
     const kvp_config &cfg = ctx.cfg();
     const uint32_t H = cfg.model.n_kv_heads, B = cfg.budget, beta = beta_of(cfg);
     Work w = work_of(ctx);
-    AdaRec *rec = j.rec + h * j.stride;
+    AdaRec *rec = j.rec + ada_base(ctx, h);
     const HeadStore &hs = ctx.store(h);
     const uint32_t m = ada_score_head(ctx, h, w, rec, H > 1);
     const uint32_t prompt = hs.len() - m, sc = hs.cap;
@@ -606,21 +615,20 @@ void ada_cut(PolicyCtx &ctx) {
     if (gen < uint64_t(H) * (uint64_t(B) + beta) && ctx.store(0).pword[1] <= beta) return;
     for (uint32_t h = 0; h < H; ++h) ctx.store(h).pword[1] = 1;
     Work w = work_of(ctx);
-    // [H * store_cap] records, head h's from h * store_cap; then per head: kept so far, the most it
-    // keeps, room left, its generated tokens
-    AdaRec *rec = ada_records(w);
-    const size_t stride = ctx.plan().store_cap;
-    uint32_t *held = reinterpret_cast<uint32_t *>(rec + size_t(H) * stride), *most = held + H, *left = most + H,
-             *cnt = left + H;
-    AdaJob job{rec, held, most, cnt, stride};
+    // per head: kept so far, the most it keeps, room left, its generated tokens; then the records
+    AdaRec *rec = ada_records(ctx);
+    uint32_t *held = static_cast<uint32_t *>(ctx.phase()), *most = held + H, *left = most + H, *cnt = left + H;
+    AdaJob job{rec, held, most, cnt};
     ctx.parallel(H, &ada_head_item, &job);  // each head scored, its floor kept, in its own records
     uint64_t rest = gen < uint64_t(H) * B ? gen : uint64_t(H) * B;
     for (uint32_t h = 0; h < H; ++h) rest -= held[h];
     // the rest: the best of all heads' others (in head order), each head up to its most
     size_t k = 0;
-    for (uint32_t h = 0; h < H; ++h)
+    for (uint32_t h = 0; h < H; ++h) {
+        const size_t b = ada_base(ctx, h);
         for (uint32_t i = 0; i < cnt[h]; ++i)
-            if (!(rec[h * stride + i].head & kAdaKept)) rec[k++] = rec[h * stride + i];
+            if (!(rec[b + i].head & kAdaKept)) rec[k++] = rec[b + i];
+    }
     // The walk below keeps the best others in order, skipping heads at their most. Usually no head
     // reaches its most among the best min(rest, k): then the walk keeps exactly those, found by a
     // selection (the order is total, so they are a set); else the walk needs them sorted.
@@ -715,6 +723,7 @@ uint32_t triattention_scores(const kvp_cache *c, uint32_t layer, uint32_t h, voi
 const Policy kTriAttentionPolicy = {"triattention", KVP_POS_ORIGINAL, &check,   &plan,      nullptr,
                                     &prune,         &layer_phase,          &evictable, &self_prune, nullptr,
                                     &state_bytes,   nullptr,          nullptr,    nullptr,     &keeps_prompt,
-                                    &observe_queries, &set_query_stats, &state_kept};
+                                    &observe_queries, &set_query_stats, &state_kept, /* streaming_heads */ false,
+                                    /* state_transient */ false, /* phase_bytes */ &phase_bytes};
 
 }  // namespace kvp
