@@ -108,6 +108,20 @@ kvp_config config(const char *spec, uint32_t nq = 8, uint32_t nkv = 4) {
     return cfg;
 }
 
+// A cache of `spec` in caller memory (the 2-layer geometry above) runs the workload without an
+// allocation.
+void expect_no_allocation(const char *spec) {
+    kvp_config cfg = config(spec);
+    const size_t bytes = kvp_arena_size(&cfg);
+    ASSERT_GT(bytes, 0u) << spec;
+    void *arena = __libc_memalign(64, bytes);
+    kvp_cache *c = nullptr;
+    ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
+    EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
+    kvp_destroy(c);
+    __libc_free(arena);
+}
+
 TEST(NoAllocation, AfterCreateInCallerMemory) {
     kvp_config cfg = config("policy=streaming sinks=4 window=120 compress_every=16 slack=8 max_drop=8 capacity=260 threads=2");
     const size_t bytes = kvp_arena_size(&cfg);
@@ -133,15 +147,7 @@ TEST(NoAllocation, ScoredPolicyAndDryPool) {
                              // sliding-window layers: pieces, evictions before and after, masked tiles
                              "policy=h2o budget=120 recent=16 capacity=260 sliding_window=40 sliding_pattern=2 threads=2",
                              "policy=full capacity=260 sliding_window=33 kv_dtype=q8 threads=1"}) {
-        kvp_config cfg = config(spec);
-        const size_t bytes = kvp_arena_size(&cfg);
-        ASSERT_GT(bytes, 0u) << spec;
-        void *arena = __libc_memalign(64, bytes);
-        kvp_cache *c = nullptr;
-        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
-        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;  // its 200-token prefill prunes (or self-prunes)
-        kvp_destroy(c);
-        __libc_free(arena);
+        expect_no_allocation(spec);  // its 200-token prefill prunes (or self-prunes)
     }
 }
 
@@ -175,15 +181,7 @@ TEST(NoAllocation, QuantizedAndThinkStorage) {
                              "policy=streaming sinks=4 window=120 compress_every=16 capacity=260 kv_dtype=q4 quant_group=8",
                              "policy=think key_channel_ratio=0.4 capacity=600 kv_dtype=f32 threads=3",
                              "policy=h2o budget=200 recent=16 capacity=260 total_capacity=420 kv_dtype=q8 threads=2"}) {
-        kvp_config cfg = config(spec);
-        const size_t bytes = kvp_arena_size(&cfg);
-        ASSERT_GT(bytes, 0u) << spec;
-        void *arena = __libc_memalign(64, bytes);
-        kvp_cache *c = nullptr;
-        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
-        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
-        kvp_destroy(c);
-        __libc_free(arena);
+        expect_no_allocation(spec);
     }
 }
 
@@ -214,15 +212,7 @@ TEST(NoAllocation, SimLayerKvAndAsl) {
           "policy=triattention budget=16 beta=8 capacity=400 threads=2",
           "policy=triattention budget=16 beta=8 capacity=400 tri_mode=per_layer_perhead threads=2",
           "policy=triattention budget=16 beta=8 capacity=400 score=fixed kv_dtype=q4 max_prompt=256 threads=2"}) {
-        kvp_config cfg = config(spec);
-        const size_t bytes = kvp_arena_size(&cfg);
-        ASSERT_GT(bytes, 0u) << spec;
-        void *arena = __libc_memalign(64, bytes);
-        kvp_cache *c = nullptr;
-        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
-        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
-        kvp_destroy(c);
-        __libc_free(arena);
+        expect_no_allocation(spec);
     }
 }
 
@@ -246,15 +236,7 @@ TEST(NoAllocation, SnapKvPyramidKvLetheAndFixedScores) {
           "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 head_budget=ada score=fixed threads=2",
           "policy=lethe capacity=260 evict_threshold=40 sparse_ratio=3 total_capacity=440 head_budget=ada threads=1",
           "policy=triattention budget=64 beta=16 tri_mode=per_layer_perhead head_budget=ada score=fixed threads=2"}) {
-        kvp_config cfg = config(spec);
-        const size_t bytes = kvp_arena_size(&cfg);
-        ASSERT_GT(bytes, 0u) << spec;
-        void *arena = __libc_memalign(64, bytes);
-        kvp_cache *c = nullptr;
-        ASSERT_EQ(kvp_create(&cfg, arena, bytes, &c), KVP_OK) << spec;
-        EXPECT_EQ(allocations_during_workload(c, 2), 0) << spec;
-        kvp_destroy(c);
-        __libc_free(arena);
+        expect_no_allocation(spec);
     }
 }
 
