@@ -67,6 +67,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
 
     // Per-layer plans: block needs, table sizes, scratch needs.
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
+    uint64_t max_tokens = 0;  // the most tokens a layer's KV heads hold together in a call (heads lend)
     uint32_t max_cap = 0, max_pin = 0, max_pcap = 0;  // max_pcap: the largest policy capacity
     size_t max_runs = 0;
     const uint32_t prompt_w = prompt_window(cfg);  // max_prompt: queries stashed per layer (prompt.h)
@@ -103,6 +104,9 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
         // the longest store (logits, runs, RoPE tables, formatted rows) takes that
         const uint32_t scap = g.lp.store_cap + layer_prompt_room(cfg, l);
         if (scap > max_cap) max_cap = scap;
+        // policies/policy.h layer_tokens_cap, the layer's own room
+        const uint64_t tokens = uint64_t(H) * (uint64_t(g.lp.cap) + layer_prompt_room(cfg, l));
+        if (tokens > max_tokens) max_tokens = tokens;
         if (g.lp.cap > max_pcap) max_pcap = g.lp.cap;
         if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
         const size_t runs = store_max_runs(scap, g.pin_blk_cap, g.blk_cap);
@@ -295,10 +299,34 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
         p->scratch_bytes = z.add(p->scratch_bytes, z.al(z.mul(z.mul(max_cap, st), sizeof(float))));
     p->off_scratch = off;
     off = z.add(off, z.mul(p->scratch_bytes, cfg.threads));
-    off = z.add(off, z.mul(head_area_plan(*p, cfg.threads, G, z).bytes, H));
+    const HeadAreaPlan ha = head_area_plan(*p, cfg.threads, G, z);
+    size_t areas = z.mul(ha.bytes, H);
+    if (p->lend && ha.bytes && max_tokens) {
+        // packed (head_need): sum_h need(L_h) over sum_h L_h <= max_tokens, each part rounded up
+        // to kAlign (64 bytes) and a row to 16 floats at most once per head
+        const uint64_t runs_k = p->max_runs > p->max_cap ? p->max_runs - p->max_cap : p->max_runs;
+        const uint64_t runs = max_tokens + uint64_t(H) * runs_k, lrows = max_tokens + uint64_t(H) * 15,
+                       chunks = (max_tokens + uint64_t(H) * p->granule) / p->granule;
+        size_t packed = z.add(z.mul(sizeof(Run), z.fit(runs)), z.mul(H, 3 * kAlign));
+        if (p->decode_scores) packed = z.add(packed, z.mul(z.mul(G, z.fit(lrows)), sizeof(float)));
+        packed = z.add(packed, z.mul(z.mul(z.fit(chunks), p->part_floats), sizeof(float)));
+        if (packed < areas) areas = packed;
+    }
+    off = z.add(off, areas);
     p->total = off;
     if (!z.ok && why) *why = "the arena size overflows size_t";
     return z.ok;
+}
+
+HeadNeed head_need(const ArenaPlan &p, uint32_t group, uint32_t L) {
+    const size_t runs_k = p.max_runs > p.max_cap ? p.max_runs - p.max_cap : p.max_runs;
+    const size_t runs = size_t(L) + runs_k < p.max_runs ? size_t(L) + runs_k : p.max_runs;
+    HeadNeed n;
+    n.ld = uint32_t(align_up(L, 16));
+    n.work = align_up(sizeof(Run) * runs, kAlign);
+    n.part = n.work + (p.decode_scores ? align_up(size_t(group) * n.ld * sizeof(float), kAlign) : 0);
+    n.bytes = n.part + align_up(size_t(decode_chunk_count(p, L)) * p.part_floats * sizeof(float), kAlign);
+    return n;
 }
 
 HeadAreaPlan head_area_plan(const ArenaPlan &p, uint32_t threads, uint32_t group, Sz &z) {

@@ -212,5 +212,16 @@ struct HeadAreaPlan {
     size_t off, bytes, work, part;
 };
 HeadAreaPlan head_area_plan(const ArenaPlan &p, uint32_t threads, uint32_t group, Sz &z);
+// Where heads lend (ArenaPlan::lend), the areas are packed instead (cache.cpp area_of): head h's
+// after those of heads 0..h-1, each sized for the L tokens its store holds after the call's
+// appends (its runs, at most one per token; its logits at row stride ld = L rounded up to 16;
+// its chunks' partials), so together they follow the layer's tokens (at most
+// policies/policy.h layer_tokens_cap) rather than KV heads x the longest store. Offsets within
+// the head's area; bytes a multiple of kAlign.
+struct HeadNeed {
+    size_t work, part, bytes;
+    uint32_t ld;
+};
+HeadNeed head_need(const ArenaPlan &p, uint32_t group, uint32_t L);
 
 }  // namespace kvp

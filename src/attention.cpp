@@ -142,7 +142,7 @@ void decode_chunk(const AttnIn &a, In q, int64_t qpos, uint32_t ci, int64_t *cur
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride;
-    const size_t ld = c->plan.logit_ld;
+    const size_t ld = a.ld ? a.ld : c->plan.logit_ld;
     const uint32_t j0 = ci * c->plan.granule, j1 = decode_chunk_end(c->plan, ci, a.L);
     const uint32_t nj = j1 - j0;
     float *logits = a.work, *qr = a.priv;
@@ -183,7 +183,7 @@ float decode_finish(const AttnIn &a, In q, int64_t qpos, Out out, bool scores) {
     const kvp_cache *c = a.c;
     const kern::AttnF32 &K = *c->kern;
     const uint32_t G = c->group, hd = c->cfg.model.head_dim, st = c->plan.stride, L = a.L;
-    const size_t ld = c->plan.logit_ld, pf = c->plan.part_floats, ooff = align_up(3 * size_t(G), kR16);
+    const size_t ld = a.ld ? a.ld : c->plan.logit_ld, pf = c->plan.part_floats, ooff = align_up(3 * size_t(G), kR16);
     const uint32_t nch = decode_chunks(a);
     float loc[2];  // G = 1: inv and wv here, priv_stage is priv itself
     float *inv = G == 1 ? loc : a.priv, *wv = G == 1 ? loc + 1 : a.priv + G;  // the query rows are no longer needed

@@ -53,6 +53,8 @@ struct AttnIn {
     const FmtIn *fmt = nullptr;     // formatted store (quant/attn_fmt.h); NULL: plain f32 rows.
                                     // Its scratch is the running thread's: a formatted store's
                                     // decode is never split across threads (cache.cpp).
+    size_t ld = 0;                  // decode logits' row stride in `work` (floats): 0 means
+                                    // plan.logit_ld; a packed head area's own (arena.h head_need)
 };
 
 // Decode: the G query heads of the newest token (rows q[g*hd], out[g*hd]) attend over all L

@@ -56,6 +56,8 @@ struct StepJob {
     uint32_t prompt_w;       // then: observed from its last prompt_w queries (= n)
     uint32_t nitems, parts;  // parts: participants (split decode)
     HeadAreaPlan areas;      // split only: the heads' areas (arena.h head_area_plan)
+    bool packed;             // split where heads lend: the areas are packed (arena.h head_need),
+    uint32_t aoff[kSplitHeadsMax];  // head h's at areas.off + aoff[h] x kAlign
     std::atomic<uint32_t> next;
     // split only: prefill items of head h are [base[h], base[h+1]); decode: range[t] holds
     // participant t's chunks not yet taken (split_decode); left[h] counts the items or chunks of
@@ -68,20 +70,30 @@ struct StepJob {
     uint32_t nr[kSplitHeadsMax], L0[kSplitHeadsMax];
 };
 
-// Head h's area in the split schedules: its runs at 0, logits at .work, partials at .part.
-char *head_area(kvp_cache *c, const HeadAreaPlan &p, uint32_t h) {
-    return reinterpret_cast<char *>(c) + p.off + size_t(h) * p.bytes;  // the cache object opens the arena
+// Head h's area in the split schedules: its runs at 0, logits at .work (row stride ld; 0: the
+// plan's), partials at .part. Fixed slots (arena.h head_area_plan), or packed where heads lend
+// (head_need of the store's tokens: they are at most those the area was placed for).
+struct Area {
+    char *base;
+    size_t work, part, ld;
+};
+Area area_of(kvp_cache *c, const StepJob &j, uint32_t h) {
+    char *arena = reinterpret_cast<char *>(c);  // the cache object opens the arena
+    if (!j.packed) return Area{arena + j.areas.off + size_t(h) * j.areas.bytes, j.areas.work, j.areas.part, 0};
+    const HeadNeed n = head_need(c->plan, c->group, head_of(c, j.layer, h).len());
+    return Area{arena + j.areas.off + size_t(j.aoff[h]) * kAlign, n.work, n.part, n.ld};
 }
-Run *head_runs(kvp_cache *c, const HeadAreaPlan &p, uint32_t h) { return reinterpret_cast<Run *>(head_area(c, p, h)); }
+Run *head_runs(kvp_cache *c, const StepJob &j, uint32_t h) { return reinterpret_cast<Run *>(area_of(c, j, h).base); }
 
 // Attention input of head h on thread tid: runs, logits and partials in the thread's scratch
-// (heads schedule: areas == nullptr) or in the head's area (split), the rest the thread's.
-AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t tid, const HeadAreaPlan *areas) {
+// (heads schedule: area == nullptr) or in the head's area (split), the rest the thread's.
+AttnIn attn_in(kvp_cache *c, uint32_t h, uint32_t nr, uint32_t L, size_t tid, const Area *area) {
     const Scratch st = scratch_of(c, tid);
-    if (areas) {
-        char *b = head_area(c, *areas, h);
-        return AttnIn{c, &c->pools[h], reinterpret_cast<Run *>(b), nr, L, &c->memos[tid],
-                      reinterpret_cast<float *>(b + areas->work), reinterpret_cast<float *>(b + areas->part), st.priv};
+    if (area) {
+        AttnIn a{c, &c->pools[h], reinterpret_cast<Run *>(area->base), nr, L, &c->memos[tid],
+                 reinterpret_cast<float *>(area->base + area->work), reinterpret_cast<float *>(area->base + area->part), st.priv};
+        a.ld = area->ld;
+        return a;
     }
     return AttnIn{c, &c->pools[h], st.runs, nr, L, &c->memos[tid], st.work, st.part, st.priv};
 }
@@ -297,12 +309,16 @@ void head_finish(StepJob &j, uint32_t h, size_t tid) {
 void split_work(StepJob &j, uint32_t h, uint32_t ci, size_t tid, int64_t *cur) {
     kvp_cache *c = j.c;
     const kvp_model &m = c->cfg.model;
-    AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), tid, &j.areas);
+    const Area area = area_of(c, j, h);
+    AttnIn a = attn_in(c, h, j.nr[h], head_of(c, j.layer, h).len(), tid, &area);
     a.window = layer_window(c->cfg, j.layer);
     // Prefill: tile scratch, the running thread's. Decode without scores: a chunk's logits are
     // dead after its pv, so they stay in the running thread's scratch too (the head's area has
     // logits only when some layer scores, arena.h head_area_plan).
-    if (j.mode == StepMode::kPrefill || !c->layers[j.layer].geom.lp.decode_scores) a.work = scratch_of(c, tid).work;
+    if (j.mode == StepMode::kPrefill || !c->layers[j.layer].geom.lp.decode_scores) {
+        a.work = scratch_of(c, tid).work;
+        a.ld = 0;
+    }
     FixedWork fw;
     if (c->pools[h].kq) {
         fw = fixed_work(c, tid);
@@ -403,7 +419,7 @@ void split_decode(StepJob &j, size_t tid) {
             // The owner appends and builds the runs in the head's area before it offers the chunks.
             j.L0[h] = head_append(c, j.layer, h, j.n, j.pos, j.k, j.v, false, false, tid).L0;
             HeadStore &hs = head_of(c, j.layer, h);
-            j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_runs(c, j.areas, h));
+            j.nr[h] = store_runs(hs, c->pools[h], c->positions == KVP_POS_REALIGN, head_runs(c, j, h));
             const uint32_t nch = decode_chunk_count(c->plan, hs.len());
             j.left[h].store(nch, std::memory_order_relaxed);
             j.range[tid].store(range_of(h, 0, nch), std::memory_order_release);
@@ -646,9 +662,20 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
     // heads that lend (pool.h): blocks move between pools here, before any head appends
     if (!(mode == StepMode::kPrefill && q && ls.geom.lp.staged_prefill && !prompt)) lend_blocks(c, layer, n);
     uint32_t parts = H;  // the most participants the call can use
+    j.packed = false;
     if (j.split) {
         Sz z;  // the plan was checked at create
         j.areas = head_area_plan(c->plan, c->cfg.threads, c->group, z);
+        j.packed = c->plan.lend;
+        // packed areas (arena.h head_need): a decode's heads are placed for their tokens after the
+        // call's append (its owners append concurrently); a prefill's as the caller appends, below
+        if (j.packed && mode == StepMode::kDecode) {
+            size_t at = 0;
+            for (uint32_t h = 0; h < H; ++h) {
+                j.aoff[h] = uint32_t(at / kAlign);
+                at += head_need(c->plan, c->group, head_of(c, layer, h).len() + n).bytes;
+            }
+        }
     }
     if (j.split && mode == StepMode::kDecode) {
 #if KVP_THREADS
@@ -664,10 +691,15 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         const bool realign = c->positions == KVP_POS_REALIGN;
         j.base[0] = 0;
         parts = 0;
+        size_t at = 0;  // packed areas: placed as the heads append
         for (uint32_t h = 0; h < H; ++h) {
             j.L0[h] = head_append(c, layer, h, n, pos, k, v, false, false, 0).L0;
             HeadStore &hs = head_of(c, layer, h);
-            j.nr[h] = store_runs(hs, c->pools[h], realign, head_runs(c, j.areas, h));
+            if (j.packed) {
+                j.aoff[h] = uint32_t(at / kAlign);
+                at += head_need(c->plan, c->group, hs.len()).bytes;
+            }
+            j.nr[h] = store_runs(hs, c->pools[h], realign, head_runs(c, j, h));
             const uint32_t items = (n + kPrefillItemTiles * kTileTokens - 1) / (kPrefillItemTiles * kTileTokens);
             j.base[h + 1] = j.base[h] + items;
             j.left[h].store(items, std::memory_order_relaxed);

@@ -654,6 +654,15 @@ TEST(Ada, LetheTiesGoToTheLowerHead) {
     EXPECT_TRUE(apart) << "no tie was broken";
 }
 
+// The config and arena plan of `spec` on a Llama-3-8B shape (32 layers, 32 query / 8 KV heads,
+// head_dim 128).
+bool big_plan(const std::string &spec, kvp_config *cfg, kvp::ArenaPlan *p) {
+    const kvp_model big = ref::model(32, 32, 8, 128, KVP_ROPE_NEOX, 0, 500000.0f);
+    char err[256];
+    return kvp_config_default(cfg, &big) == KVP_OK && kvp_config_apply(cfg, spec.c_str(), err, sizeof err) == KVP_OK &&
+           kvp::arena_plan(*cfg, p, nullptr, nullptr);
+}
+
 // h2o's and lethe's layer-wide rankings (head_budget=ada) keep one record per token of the layer
 // in participant 0's scratch (policy.h phase_bytes, layer_tokens_cap): the arena has no region
 // for them, and the most tokens a layer holds at a layer phase (a prompt held whole, every
@@ -663,16 +672,12 @@ TEST(Ada, LetheTiesGoToTheLowerHead) {
 TEST(Ada, RankingRecordsFitTheLayersMostTokens) {
     // the plan, on a Llama-3-8B shape: no state region; the records fit the scratch parts that
     // are dead in the layer phase (runs, work, partials, private rows)
-    const kvp_model big = ref::model(32, 32, 8, 128, KVP_ROPE_NEOX, 0, 500000.0f);
     for (const char *pol : {"policy=h2o budget=2048", "policy=lethe budget=2048"})
         for (const char *more : {"", " threads=2", " max_prompt=512", " score=fixed"}) {
             kvp_config cfg;
-            char err[256];
-            ASSERT_EQ(kvp_config_default(&cfg, &big), KVP_OK);
-            const std::string s = std::string(pol) + " head_budget=ada" + more;
-            ASSERT_EQ(kvp_config_apply(&cfg, s.c_str(), err, sizeof err), KVP_OK) << err;
             kvp::ArenaPlan p;
-            ASSERT_TRUE(kvp::arena_plan(cfg, &p, nullptr, nullptr)) << s;
+            const std::string s = std::string(pol) + " head_budget=ada" + more;
+            ASSERT_TRUE(big_plan(s, &cfg, &p)) << s;
             const size_t rec = kvp::policy_of(cfg).phase_bytes(cfg, p.stage);
             EXPECT_EQ(p.pstate_bytes, 0u) << s;
             EXPECT_GT(rec, 8u * 8 * 2048) << s;
@@ -711,6 +716,55 @@ TEST(Ada, RankingRecordsFitTheLayersMostTokens) {
         decode(roomy, in, 1, kN, 20, &orm);
         EXPECT_EQ(memcmp(ot.data(), orm.data(), ot.size() * sizeof(float)), 0) << c.first;
     }
+}
+
+// Where heads lend, the split schedules' per-KV-head areas (threads > 1) are packed by the
+// heads' lengths (arena.h head_need): the arena holds every split of the layer's tokens over its
+// heads (each head up to its store's cap), for less than KV heads x the longest store's area.
+TEST(Ada, PackedHeadAreasHoldEverySplitOfTheLayersTokens) {
+    for (const char *pol : {"policy=h2o budget=2048", "policy=lethe budget=2048", "policy=snapkv budget=2048",
+                            "policy=triattention budget=2048 tri_mode=per_layer_perhead", "policy=h2o budget=1000 max_prompt=700"})
+        for (const char *threads : {" threads=2", " threads=3 score=fixed"}) {
+            kvp_config cfg;
+            kvp::ArenaPlan p;
+            const std::string s = std::string(pol) + " head_budget=ada" + threads;
+            ASSERT_TRUE(big_plan(s, &cfg, &p)) << s;
+            kvp::Sz z;
+            const kvp::HeadAreaPlan fixed = kvp::head_area_plan(p, cfg.threads, 4, z);
+            const size_t areas = p.total - fixed.off;  // the areas close the arena
+            EXPECT_LT(areas, 8 * fixed.bytes) << s;
+            kvp::LayerGeom g;
+            kvp::layer_geom(cfg, 0, &g);
+            const uint32_t R = cfg.max_prompt, T = 8 * (g.lp.cap + R), most = g.lp.store_cap + R;
+            // splits of T tokens: even, one head at its most and the rest even, pairs at their
+            // most and empty, and seeded random ones (each head at most `most`)
+            std::vector<std::vector<uint32_t>> splits = {std::vector<uint32_t>(8, T / 8)};
+            std::vector<uint32_t> one(8, (T - most) / 7);
+            one[3] = most;
+            splits.push_back(one);
+            std::vector<uint32_t> pairs(8, 0);
+            for (uint32_t h = 0, left = T; h < 8 && left; ++h) left -= pairs[h] = left < most ? left : most;
+            splits.push_back(pairs);
+            ref::Rng rng(11);
+            for (int r = 0; r < 200; ++r) {
+                std::vector<uint32_t> L(8, 0);
+                for (uint32_t left = T; left;) {
+                    const uint32_t h = uint32_t(rng.uniform(0, 8)) % 8, k = 1 + uint32_t(rng.uniform(0, 97));
+                    const uint32_t add = std::min({k, left, most - L[h]});
+                    L[h] += add;
+                    left -= add;
+                }
+                splits.push_back(L);
+            }
+            size_t worst = 0;
+            for (const auto &L : splits) {
+                size_t sum = 0;
+                for (uint32_t h = 0; h < 8; ++h) sum += kvp::head_need(p, 4, L[h]).bytes;
+                worst = std::max(worst, sum);
+                ASSERT_LE(sum, areas) << s;
+            }
+            printf("%s: areas %zu bytes (fixed slots %zu), the largest split needs %zu\n", s.c_str(), areas, 8 * fixed.bytes, worst);
+        }
 }
 
 // lethe ada: the same bits for 1, 2 and 3 threads (forced parallel; also with a shared pool), and a
