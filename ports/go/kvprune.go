@@ -645,29 +645,39 @@ func iptr(x []int32) *C.int32_t {
 	return (*C.int32_t)(unsafe.Pointer(&x[0]))
 }
 
-// Decode decodes one token of layer: q and out hold QHeads*HeadDim floats, k and v KVHeads*HeadDim.
-func (c *Cache) Decode(layer int, q, k, v, out []float32) error {
+// tokenCall is the frame of the token calls: the lock, the rows' token count (count checks
+// the lengths), one token only for a decode, the layer, the C call, its status.
+func (c *Cache) tokenCall(layer int, decode bool, count func() (int, error), call func(l, n C.uint32_t) C.kvp_status) error {
 	if err := c.lock(); err != nil {
 		return err
 	}
 	defer c.mu.Unlock()
-	if out == nil {
-		return argErr("out is nil")
-	}
-	n, err := c.tokens(q, true, k, v, out, nil)
+	n, err := count()
 	if err != nil {
 		return err
 	}
-	if n != 1 {
+	if decode && n != 1 {
 		return argErr("decode takes one token, k holds %d", n)
 	}
 	l, err := u32("layer", layer)
 	if err != nil {
 		return err
 	}
-	s := C.kvp_decode(c.c, l, fptr(q), fptr(k), fptr(v), fptr(out))
+	s := call(l, C.uint32_t(n))
 	runtime.KeepAlive(c)
 	return c.status(s)
+}
+
+// Decode decodes one token of layer: q and out hold QHeads*HeadDim floats, k and v KVHeads*HeadDim.
+func (c *Cache) Decode(layer int, q, k, v, out []float32) error {
+	return c.tokenCall(layer, true, func() (int, error) {
+		if out == nil {
+			return 0, argErr("out is nil")
+		}
+		return c.tokens(q, true, k, v, out, nil)
+	}, func(l, _ C.uint32_t) C.kvp_status {
+		return C.kvp_decode(c.c, l, fptr(q), fptr(k), fptr(v), fptr(out))
+	})
 }
 
 // Prefill appends a chunk of tokens (count from k) to layer with exact causal attention into
@@ -733,21 +743,10 @@ func (c *Cache) prefill(layer int, q, k, v []float32, positions []int32, out []f
 
 // Append stores tokens without attention (position-based pruning still applies).
 func (c *Cache) Append(layer int, k, v []float32, positions []int32) error {
-	if err := c.lock(); err != nil {
-		return err
-	}
-	defer c.mu.Unlock()
-	n, err := c.tokens(nil, false, k, v, nil, positions)
-	if err != nil {
-		return err
-	}
-	l, err := u32("layer", layer)
-	if err != nil {
-		return err
-	}
-	s := C.kvp_append(c.c, l, C.uint32_t(n), iptr(positions), fptr(k), fptr(v))
-	runtime.KeepAlive(c)
-	return c.status(s)
+	return c.tokenCall(layer, false, func() (int, error) { return c.tokens(nil, false, k, v, nil, positions) },
+		func(l, n C.uint32_t) C.kvp_status {
+			return C.kvp_append(c.c, l, n, iptr(positions), fptr(k), fptr(v))
+		})
 }
 
 // Half is the element type of the *Half calls' rows (kvp_io_dtype; the numbers are pinned).
@@ -774,66 +773,30 @@ func (c *Cache) halfTokens(q []uint16, checkQ bool, k, v, out []uint16, position
 // half (F16) or bfloat16 (BF16) values. The cache and outputs are those of Decode on the widened
 // values, its outputs rounded to nearest even.
 func (c *Cache) DecodeHalf(layer int, dtype Half, q, k, v, out []uint16) error {
-	if err := c.lock(); err != nil {
-		return err
-	}
-	defer c.mu.Unlock()
-	if out == nil {
-		return argErr("out is nil")
-	}
-	n, err := c.halfTokens(q, true, k, v, out, nil)
-	if err != nil {
-		return err
-	}
-	if n != 1 {
-		return argErr("decode takes one token, k holds %d", n)
-	}
-	l, err := u32("layer", layer)
-	if err != nil {
-		return err
-	}
-	s := C.kvp_decode_ex(c.c, l, C.kvp_io_dtype(dtype), hptr(q), hptr(k), hptr(v), hptr(out))
-	runtime.KeepAlive(c)
-	return c.status(s)
+	return c.tokenCall(layer, true, func() (int, error) {
+		if out == nil {
+			return 0, argErr("out is nil")
+		}
+		return c.halfTokens(q, true, k, v, out, nil)
+	}, func(l, _ C.uint32_t) C.kvp_status {
+		return C.kvp_decode_ex(c.c, l, C.kvp_io_dtype(dtype), hptr(q), hptr(k), hptr(v), hptr(out))
+	})
 }
 
 // PrefillHalf is Prefill with 2-byte rows (kvp_prefill_ex; see DecodeHalf).
 func (c *Cache) PrefillHalf(layer int, dtype Half, q, k, v []uint16, positions []int32, out []uint16) error {
-	if err := c.lock(); err != nil {
-		return err
-	}
-	defer c.mu.Unlock()
-	n, err := c.halfTokens(q, true, k, v, out, positions)
-	if err != nil {
-		return err
-	}
-	l, err := u32("layer", layer)
-	if err != nil {
-		return err
-	}
-	s := C.kvp_prefill_ex(c.c, l, C.uint32_t(n), iptr(positions), C.kvp_io_dtype(dtype), hptr(q), hptr(k), hptr(v),
-		hptr(out), nil)
-	runtime.KeepAlive(c)
-	return c.status(s)
+	return c.tokenCall(layer, false, func() (int, error) { return c.halfTokens(q, true, k, v, out, positions) },
+		func(l, n C.uint32_t) C.kvp_status {
+			return C.kvp_prefill_ex(c.c, l, n, iptr(positions), C.kvp_io_dtype(dtype), hptr(q), hptr(k), hptr(v), hptr(out), nil)
+		})
 }
 
 // AppendHalf is Append with 2-byte rows (kvp_append_ex; see DecodeHalf).
 func (c *Cache) AppendHalf(layer int, dtype Half, k, v []uint16, positions []int32) error {
-	if err := c.lock(); err != nil {
-		return err
-	}
-	defer c.mu.Unlock()
-	n, err := c.halfTokens(nil, false, k, v, nil, positions)
-	if err != nil {
-		return err
-	}
-	l, err := u32("layer", layer)
-	if err != nil {
-		return err
-	}
-	s := C.kvp_append_ex(c.c, l, C.uint32_t(n), iptr(positions), C.kvp_io_dtype(dtype), hptr(k), hptr(v))
-	runtime.KeepAlive(c)
-	return c.status(s)
+	return c.tokenCall(layer, false, func() (int, error) { return c.halfTokens(nil, false, k, v, nil, positions) },
+		func(l, n C.uint32_t) C.kvp_status {
+			return C.kvp_append_ex(c.c, l, n, iptr(positions), C.kvp_io_dtype(dtype), hptr(k), hptr(v))
+		})
 }
 
 // LayerLen is the number of tokens layer keeps (max over KV heads); 0 for a bad layer or a closed cache.
