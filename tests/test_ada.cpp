@@ -767,6 +767,34 @@ TEST(Ada, PackedHeadAreasHoldEverySplitOfTheLayersTokens) {
         }
 }
 
+// What head_budget=ada adds to the arena on a Llama-3-8B shape (budget 2048; the figures of
+// docs/harness.md "AdaKV per-head budgets"): the K/V pools are uniform's; the rankings live in
+// the dead scratch and the threads' head areas are packed, so what is left (block tables and
+// per-thread scratch for stores of up to twice the capacity) stays below these fractions. With
+// the rankings in a region of their own h2o's and lethe's 1-thread rows fail; with the head areas
+// at fixed slots the 2-thread rows do.
+TEST(Ada, ArenaOverUniformOnALlama3Shape) {
+    struct Row {
+        const char *policy;
+        double most[2];  // the largest fraction ada adds, 1 and 2 threads
+    };
+    for (const Row &r : {Row{"policy=h2o budget=2048", {0.0008, 0.0012}}, Row{"policy=lethe budget=2048", {0.0009, 0.0015}},
+                         Row{"policy=snapkv budget=2048", {0.0023, 0.0024}},
+                         Row{"policy=triattention budget=2048 tri_mode=per_layer_perhead", {0.0011, 0.0019}}})
+        for (uint32_t t = 1; t <= 2; ++t) {
+            kvp_config cu, ca;
+            kvp::ArenaPlan pu, pa;
+            const std::string s = std::string(r.policy) + " threads=" + std::to_string(t);
+            ASSERT_TRUE(big_plan(s, &cu, &pu) && big_plan(s + " head_budget=ada", &ca, &pa)) << s;
+            const uint64_t u = kvp_arena_size(&cu), a = kvp_arena_size(&ca);
+            ASSERT_GT(u, 0u);
+            const double frac = (double(a) - double(u)) / double(u);
+            printf("%s: uniform %llu bytes, ada %+lld (%.3f %%)\n", s.c_str(), (unsigned long long)u, (long long)(a - u),
+                   100.0 * frac);
+            EXPECT_LT(frac, r.most[t - 1]) << s;
+        }
+}
+
 // lethe ada: the same bits for 1, 2 and 3 threads (forced parallel; also with a shared pool), and a
 // state saved mid-decode decodes on to the same bits in a fresh cache.
 TEST(Ada, LetheThreadsAndState) {
