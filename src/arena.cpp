@@ -304,8 +304,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     if (p->lend && ha.bytes && max_tokens) {
         // packed (head_need): sum_h need(L_h) over sum_h L_h <= max_tokens, each part rounded up
         // to kAlign (64 bytes) and a row to 16 floats at most once per head
-        const uint64_t runs_k = p->max_runs > p->max_cap ? p->max_runs - p->max_cap : p->max_runs;
-        const uint64_t runs = max_tokens + uint64_t(H) * runs_k, lrows = max_tokens + uint64_t(H) * 15,
+        const uint64_t runs = max_tokens + uint64_t(H) * run_slack(*p), lrows = max_tokens + uint64_t(H) * 15,
                        chunks = (max_tokens + uint64_t(H) * p->granule) / p->granule;
         size_t packed = z.add(z.mul(sizeof(Run), z.fit(runs)), z.mul(H, 3 * kAlign));
         if (p->decode_scores) packed = z.add(packed, z.mul(z.mul(G, z.fit(lrows)), sizeof(float)));
@@ -319,8 +318,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
 }
 
 HeadNeed head_need(const ArenaPlan &p, uint32_t group, uint32_t L) {
-    const size_t runs_k = p.max_runs > p.max_cap ? p.max_runs - p.max_cap : p.max_runs;
-    const size_t runs = size_t(L) + runs_k < p.max_runs ? size_t(L) + runs_k : p.max_runs;
+    const size_t runs = size_t(L) + run_slack(p) < p.max_runs ? size_t(L) + run_slack(p) : p.max_runs;
     HeadNeed n;
     n.ld = uint32_t(align_up(L, 16));
     n.work = align_up(sizeof(Run) * runs, kAlign);

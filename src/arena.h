@@ -223,5 +223,7 @@ struct HeadNeed {
     uint32_t ld;
 };
 HeadNeed head_need(const ArenaPlan &p, uint32_t group, uint32_t L);
+// The runs a store may have beyond one per token (head_need: at most L + this, and max_runs).
+inline size_t run_slack(const ArenaPlan &p) { return p.max_runs > p.max_cap ? p.max_runs - p.max_cap : p.max_runs; }
 
 }  // namespace kvp

@@ -84,6 +84,11 @@ Area area_of(kvp_cache *c, const StepJob &j, uint32_t h) {
     return Area{arena + j.areas.off + size_t(j.aoff[h]) * kAlign, n.work, n.part, n.ld};
 }
 Run *head_runs(kvp_cache *c, const StepJob &j, uint32_t h) { return reinterpret_cast<Run *>(area_of(c, j, h).base); }
+// Packed areas: head h's at *at, for a store of L tokens; *at moves past it.
+void place_area(kvp_cache *c, StepJob &j, uint32_t h, uint32_t L, size_t *at) {
+    j.aoff[h] = uint32_t(*at / kAlign);
+    *at += head_need(c->plan, c->group, L).bytes;
+}
 
 // Attention input of head h on thread tid: runs, logits and partials in the thread's scratch
 // (heads schedule: area == nullptr) or in the head's area (split), the rest the thread's.
@@ -671,10 +676,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         // call's append (its owners append concurrently); a prefill's as the caller appends, below
         if (j.packed && mode == StepMode::kDecode) {
             size_t at = 0;
-            for (uint32_t h = 0; h < H; ++h) {
-                j.aoff[h] = uint32_t(at / kAlign);
-                at += head_need(c->plan, c->group, head_of(c, layer, h).len() + n).bytes;
-            }
+            for (uint32_t h = 0; h < H; ++h) place_area(c, j, h, head_of(c, layer, h).len() + n, &at);
         }
     }
     if (j.split && mode == StepMode::kDecode) {
@@ -695,10 +697,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         for (uint32_t h = 0; h < H; ++h) {
             j.L0[h] = head_append(c, layer, h, n, pos, k, v, false, false, 0).L0;
             HeadStore &hs = head_of(c, layer, h);
-            if (j.packed) {
-                j.aoff[h] = uint32_t(at / kAlign);
-                at += head_need(c->plan, c->group, hs.len()).bytes;
-            }
+            if (j.packed) place_area(c, j, h, hs.len(), &at);
             j.nr[h] = store_runs(hs, c->pools[h], realign, head_runs(c, j, h));
             const uint32_t items = (n + kPrefillItemTiles * kTileTokens - 1) / (kPrefillItemTiles * kTileTokens);
             j.base[h + 1] = j.base[h] + items;

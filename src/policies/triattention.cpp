@@ -624,11 +624,10 @@ void ada_cut(PolicyCtx &ctx) {
     for (uint32_t h = 0; h < H; ++h) rest -= held[h];
     // the rest: the best of all heads' others (in head order), each head up to its most
     size_t k = 0;
-    for (uint32_t h = 0; h < H; ++h) {
-        const size_t b = ada_base(ctx, h);
+    size_t b = 0;  // ada_base(ctx, h)
+    for (uint32_t h = 0; h < H; b += ctx.store(h).len(), ++h)
         for (uint32_t i = 0; i < cnt[h]; ++i)
             if (!(rec[b + i].head & kAdaKept)) rec[k++] = rec[b + i];
-    }
     // The walk below keeps the best others in order, skipping heads at their most. Usually no head
     // reaches its most among the best min(rest, k): then the walk keeps exactly those, found by a
     // selection (the order is total, so they are a set); else the walk needs them sorted.
