@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmath>
@@ -321,6 +322,23 @@ TEST(QuantKernels, Avx512IsBitIdenticalToAvx2) {
             }
         }
     }
+}
+
+// The table decode uses without KVP_KERNEL_Q: the widest the CPU runs, and of the two AVX-512
+// tables the 512-bit value passes only on Intel (full-width units; DECISIONS "avx512z on
+// full-width cores"), avx512 on AMD (Zen 4 splits 512-bit operations).
+TEST(QuantKernels, BestTableFollowsTheCpu) {
+    if (getenv("KVP_KERNEL_Q")) GTEST_SKIP() << "KVP_KERNEL_Q is set";
+    const char *want = "simde";
+    if (kvp::kern::attn_q_avx512()) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_cpu_init();
+        want = __builtin_cpu_is("intel") ? "avx512z" : "avx512";
+#endif
+    } else if (kvp::kern::attn_q_avx2()) {
+        want = "avx2";
+    }
+    EXPECT_STREQ(kvp::kern::attn_q_best()->name, want);
 }
 
 // A run split into calls gives the same bits as one call (the store's physical layout never
