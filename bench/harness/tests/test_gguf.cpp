@@ -17,6 +17,7 @@
 #include "checkpoint.h"
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "llama2c_vocab.h"
 #include "qmatmul.h"
 #include "session.h"
 #include "tasks.h"
@@ -1353,45 +1354,6 @@ TEST(GgufModel, EnbytesAsGgufF32IsBitIdenticalAndQ8IsClose) {
 }
 
 // ---------------------------------------------------------------- tokenizers
-
-struct SpmVocab {
-    std::vector<std::string> pieces;
-    std::vector<float> scores;
-    std::vector<int32_t> types;
-};
-
-// tokenizer-llama2.bin (llama2.c's export: int32 max length, then per token f32 score, int32
-// length, bytes, with U+2581 written as a space and BOS/EOS as "\n<s>\n" / "\n</s>\n") back to
-// GGUF's pieces and token types.
-bool read_llama2c_vocab(const std::string &path, SpmVocab *v) {
-    std::ifstream f(path, std::ios::binary);
-    int32_t maxlen;
-    if (!f.read((char *)&maxlen, 4)) return false;
-    for (int i = 0;; i++) {
-        float s;
-        int32_t n;
-        if (!f.read((char *)&s, 4)) break;
-        if (!f.read((char *)&n, 4) || n < 0 || n > 1000) return false;
-        std::string p((size_t)n, '\0');
-        if (!f.read(&p[0], n)) return false;
-        int32_t ty = 1;
-        if (i == 0) ty = 2;
-        if (i == 1 || i == 2) {
-            ty = 3;
-            p = i == 1 ? "<s>" : "</s>";
-        }
-        if (p.size() == 6 && p.compare(0, 3, "<0x") == 0) ty = 6;
-        std::string g;
-        for (char ch : p) {
-            if (ch == ' ') g += "\xE2\x96\x81";
-            else g.push_back(ch);
-        }
-        v->pieces.push_back(g);
-        v->scores.push_back(s);
-        v->types.push_back(ty);
-    }
-    return v->pieces.size() == 32000;
-}
 
 // The cases file: [{"text": "...", "ids_with_bos": [..]}, ...] (a minimal reader for it).
 std::vector<std::pair<std::string, std::vector<int32_t>>> read_cases(const std::string &path) {

@@ -16,6 +16,7 @@
 
 #include "gguf.h"
 #include "gguf_writer.h"
+#include "llama2c_vocab.h"
 #include "tokenizer.h"
 
 using namespace kvh;
@@ -217,26 +218,12 @@ std::string random_text(std::mt19937 &rng, const std::vector<std::string> &alpha
 
 // The real SentencePiece vocabulary (../shared/models), when present.
 bool llama2_vocab(std::vector<std::string> *pieces, std::vector<float> *scores, std::vector<int32_t> *types) {
-    std::ifstream f(std::string(KVP_SHARED_MODELS_DIR) + "/tokenizer-llama2.bin", std::ios::binary);
-    int32_t maxlen;
-    if (!f.read((char *)&maxlen, 4)) return false;
-    for (int i = 0;; i++) {
-        float s;
-        int32_t n;
-        if (!f.read((char *)&s, 4)) break;
-        if (!f.read((char *)&n, 4) || n < 0 || n > 1000) return false;
-        std::string p((size_t)n, '\0');
-        if (!f.read(&p[0], n)) return false;
-        int32_t ty = i == 0 ? 2 : (i == 1 || i == 2) ? 3 : 1;
-        if (i == 1 || i == 2) p = i == 1 ? "<s>" : "</s>";
-        if (p.size() == 6 && p.compare(0, 3, "<0x") == 0) ty = 6;
-        std::string g;
-        for (char ch : p) g += ch == ' ' ? std::string("\xE2\x96\x81") : std::string(1, ch);
-        pieces->push_back(g);
-        scores->push_back(s);
-        types->push_back(ty);
-    }
-    return pieces->size() == 32000;
+    SpmVocab v;
+    if (!read_llama2c_vocab(std::string(KVP_SHARED_MODELS_DIR) + "/tokenizer-llama2.bin", &v)) return false;
+    *pieces = std::move(v.pieces);
+    *scores = std::move(v.scores);
+    *types = std::move(v.types);
+    return true;
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
