@@ -716,6 +716,41 @@ TEST(State, LentBlocksRoundTripAndEdits) {
     EXPECT_GT(refused, 0u);
 }
 
+// The load's bound for lending layers (state.cpp: a layer's KV heads hold at most their
+// capacities together between calls, cache_room_check; the layer-wide rankings are sized for
+// that, policies/policy.h layer_tokens_cap). No consistent state exceeds it, so the test lowers
+// the loading cache's capacity (read by that check alone): one token short of the state's
+// rows is refused with the cache unchanged; exactly the rows loads.
+TEST(State, LendingLayerAboveItsCapacitiesIsRefused) {
+    const kvp_model m = ref::model(2, 4, 2, 16);
+    const std::string s = "policy=snapkv budget=10 obs_window=4 capacity=20 head_budget=ada ada_floor=0";
+    ref::Cache a(m, s), b(m, s);
+    ASSERT_TRUE(a.c && b.c && a.c->plan.lend);
+    Feeder fa(m, 5), fb(m, 6);
+    fa.prompt(a.c, 40);
+    fa.decodes(a.c, nullptr, 14, s);
+    fb.prompt(b.c, 9);
+    const std::vector<uint8_t> st = save(a.c), b0 = save(b.c);
+    const uint32_t H = m.n_kv_heads;
+    for (uint32_t l = 0; l < m.n_layers; ++l) {
+        const uint64_t rows = a.c->layers[l].rows;
+        ASSERT_EQ(rows % H, 0u) << "layer " << l << ": pick a spec whose layers hold a multiple of the heads";
+        const uint32_t cap = b.c->layers[l].geom.lp.cap, tight = uint32_t(rows / H);
+        ASSERT_LE(tight, cap);
+        b.c->layers[l].geom.lp.cap = tight - 1;
+        const kvp_status r = kvp_state_load(b.c, st.data(), st.size());
+        const std::string msg = kvp_last_error(b.c);
+        b.c->layers[l].geom.lp.cap = cap;
+        EXPECT_EQ(r, KVP_ERR_ARG) << "layer " << l;
+        EXPECT_NE(msg.find("more tokens than their capacities together"), std::string::npos) << msg;
+        EXPECT_TRUE(save(b.c) == b0) << "layer " << l << ": a refused load changed the cache";
+        b.c->layers[l].geom.lp.cap = tight;
+        EXPECT_EQ(kvp_state_load(b.c, st.data(), st.size()), KVP_OK) << "layer " << l << ": " << kvp_last_error(b.c);
+        b.c->layers[l].geom.lp.cap = cap;
+        ASSERT_EQ(kvp_state_load(b.c, b0.data(), b0.size()), KVP_OK);
+    }
+}
+
 // The ownership bitmap in windows (what pools with more blocks than thread 0's scratch has bits
 // need): with 64 bits per pass, every edited state gets the verdict of the one-pass check.
 TEST(State, OwnershipWindowsGiveTheSameVerdicts) {
