@@ -318,7 +318,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
 }
 
 HeadNeed head_need(const ArenaPlan &p, uint32_t group, uint32_t L) {
-    const size_t runs = size_t(L) + run_slack(p) < p.max_runs ? size_t(L) + run_slack(p) : p.max_runs;
+    const size_t want = size_t(L) + run_slack(p), runs = want < p.max_runs ? want : p.max_runs;
     HeadNeed n;
     n.ld = uint32_t(align_up(L, 16));
     n.work = align_up(sizeof(Run) * runs, kAlign);

@@ -18,17 +18,23 @@ bool has_f16c() {
     unsigned a = 0, b = 0, c = 0, d = 0;
     return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
 }
+}  // namespace
+#endif
 
+namespace {
 // Whether a 512-bit operation runs at full width. No CPUID bit says so; every Intel core with
 // AVX-512 has 512-bit data paths, while Zen 4 splits each 512-bit operation into two 256-bit halves.
 // Measured (docs/DECISIONS.md "avx512z on full-width cores"): on an Emerald Rapids Xeon the 512-bit
 // value passes are faster; on Zen 4 they tie or lose. Zen 5 is not measured, so AMD keeps avx512.
 bool full_width_512() {
+#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
     return __builtin_cpu_is("intel") != 0;
+#else
+    return false;
+#endif
 }
 }  // namespace
-#endif
 
 const AttnQ *attn_q_simde() { return attn_q_simde_table(); }
 
@@ -67,9 +73,7 @@ const AttnQ *attn_q_best() {
     }
 #endif
     const AttnQ *a = attn_q_avx512();
-#if defined(KVP_HAVE_AVX2) && (defined(__x86_64__) || defined(__i386__))
     if (a && full_width_512()) a = attn_q_avx512z();
-#endif
     if (!a) a = attn_q_avx2();
     return a ? a : attn_q_simde();
 }
