@@ -217,13 +217,8 @@ std::string random_text(std::mt19937 &rng, const std::vector<std::string> &alpha
 }
 
 // The real SentencePiece vocabulary (../shared/models), when present.
-bool llama2_vocab(std::vector<std::string> *pieces, std::vector<float> *scores, std::vector<int32_t> *types) {
-    SpmVocab v;
-    if (!read_llama2c_vocab(std::string(KVP_SHARED_MODELS_DIR) + "/tokenizer-llama2.bin", &v)) return false;
-    *pieces = std::move(v.pieces);
-    *scores = std::move(v.scores);
-    *types = std::move(v.types);
-    return true;
+bool llama2_vocab(SpmVocab *v) {
+    return read_llama2c_vocab(std::string(KVP_SHARED_MODELS_DIR) + "/tokenizer-llama2.bin", v);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -256,11 +251,9 @@ TEST(Tokenizer, SentencePieceEqualsTheQuadraticReference) {
 }
 
 TEST(Tokenizer, Llama2VocabularyRunsEqualTheReference) {
-    std::vector<std::string> p;
-    std::vector<float> sc;
-    std::vector<int32_t> ty;
-    if (!llama2_vocab(&p, &sc, &ty)) GTEST_SKIP() << "no ../shared/models/tokenizer-llama2.bin";
-    Spm s = make_spm(p, sc, ty);
+    SpmVocab v;
+    if (!llama2_vocab(&v)) GTEST_SKIP() << "no ../shared/models/tokenizer-llama2.bin";
+    Spm s = make_spm(v.pieces, v.scores, v.types);
     for (const char *ch : {"a", " ", "-", "\n", "=", "1", "ab", "- "})
         for (size_t n : {1, 2, 3, 7, 16, 100, 777}) {
             std::string text;
@@ -298,11 +291,9 @@ TEST(Tokenizer, BytePairEqualsTheQuadraticReference) {
 TEST(Tokenizer, OneMebibyteOfOneCharacter) {
     const size_t n = 1 << 20;
     Spm s = small_spm();
-    std::vector<std::string> p;
-    std::vector<float> sc;
-    std::vector<int32_t> ty;
+    SpmVocab v;
     std::shared_ptr<const Tokenizer> real;
-    if (llama2_vocab(&p, &sc, &ty)) real = make_spm(p, sc, ty).tok;
+    if (llama2_vocab(&v)) real = make_spm(v.pieces, v.scores, v.types).tok;
     Bpe llama3 = make_bpe("llama-bpe", kMerges);
     for (char ch : {'a', ' ', '-'}) {
         const std::string text(n, ch);
