@@ -718,6 +718,55 @@ TEST(Ada, RankingRecordsFitTheLayersMostTokens) {
     }
 }
 
+// snapkv's and pyramidkv's ada selection ranks in the phase region too (snapkv.cpp ada_tokens):
+// candidates and kept marks for the layer's tokens, KV heads x (capacity + prompt room + a staged
+// chunk), not KV heads x the longest store. On the Llama-3-8B shape they fit the dead scratch; in
+// a run where the heads lend (the layer at uniform's total) and then take a staged chunk of the
+// stage's size, the selection ranks what the bound allows less one slot per head (a decode leaves
+// capacity - 1): the bound holds with nothing to spare, and one without the staged chunk fails.
+TEST(Ada, SelectionMarksFitTheLayersMostTokens) {
+    for (const char *pol : {"policy=snapkv budget=2048", "policy=pyramidkv budget=2048"})
+        for (const char *more : {"", " threads=2", " max_prompt=512", " score=fixed"}) {
+            kvp_config cfg;
+            kvp::ArenaPlan p;
+            const std::string s = std::string(pol) + " head_budget=ada" + more;
+            ASSERT_TRUE(big_plan(s, &cfg, &p)) << s;
+            const size_t rec = kvp::policy_of(cfg).phase_bytes(cfg, p.stage);
+            EXPECT_GT(rec, 9u * 8 * 2048) << s;
+            EXPECT_LE(rec, p.scr_policy - p.scr_runs) << s;
+        }
+    const uint32_t S = 32, T = kN + 40;
+    const ref::Inputs in = inputs(1, 7, T + S + 4);
+    const std::string sp = spec("snapkv", "ada", "prefill_stage=" + std::to_string(S));
+    ref::Cache c(in.m, sp);
+    for (uint32_t t = 0; t < kN; t += S) prefill(c, in, 1, t, S);
+    decode(c, in, 1, kN, 40);
+    const size_t l0 = c.positions(0, 0).size(), l1 = c.positions(0, 1).size(), cap = kvp_layer_capacity(c.c, 0);
+    ASSERT_NE(l0, l1);
+    ASSERT_GT(l1, cap) << "a head lends";
+    ASSERT_EQ(l0 + l1, 2 * (cap - 1)) << "the layer at uniform's total";
+    kvp_config cfg;
+    char err[256];
+    ASSERT_EQ(kvp_config_default(&cfg, &in.m), KVP_OK);
+    ASSERT_EQ(kvp_config_apply(&cfg, sp.c_str(), err, sizeof err), KVP_OK) << err;
+    const size_t ranked = l0 + l1 + 2 * S, rec = kvp::policy_of(cfg).phase_bytes(cfg, S);
+    EXPECT_GE(rec, 8 * ranked + ranked) << "the candidates and marks of the selection";
+    EXPECT_LT(rec, 8 * (ranked + 2 + 8) + (ranked + 2 + 64)) << "the bound is KV heads x (capacity + stage)";
+    // the selection over lent stores and a staged chunk keeps tokens of both and goes on decoding
+    const uint64_t ev = [&] {
+        kvp_stats st{};
+        st.struct_size = sizeof st;
+        return kvp_get_stats(c.c, &st) == KVP_OK ? st.tokens_evicted : 0;
+    }();
+    prefill(c, in, 1, T, S);
+    kvp_stats st{};
+    st.struct_size = sizeof st;
+    ASSERT_EQ(kvp_get_stats(c.c, &st), KVP_OK);
+    EXPECT_GT(st.tokens_evicted, ev) << "the chunk's selection evicted";
+    EXPECT_EQ(c.positions(0, 0).size() + c.positions(0, 1).size(), 2 * size_t(kB) + 0) << "the layer keeps its budget per head";
+    decode(c, in, 1, T + S, 4);
+}
+
 // Where heads lend, the split schedules' per-KV-head areas (threads > 1) are packed by the
 // heads' lengths (arena.h head_need): the arena holds every split of the layer's tokens over its
 // heads (each head up to its store's cap), for less than KV heads x the longest store's area.
@@ -770,16 +819,17 @@ TEST(Ada, PackedHeadAreasHoldEverySplitOfTheLayersTokens) {
 // What head_budget=ada adds to the arena on a Llama-3-8B shape (budget 2048; the figures of
 // docs/harness.md "AdaKV per-head budgets"): the K/V pools are uniform's; the rankings live in
 // the dead scratch and the threads' head areas are packed, so what is left (block tables and
-// per-thread scratch for stores of up to twice the capacity) stays below these fractions. With
-// the rankings in a region of their own h2o's and lethe's 1-thread rows fail; with the head areas
-// at fixed slots the 2-thread rows do.
+// per-thread scratch for stores of up to twice the capacity, snapkv's votes) stays below these
+// fractions. With the rankings in a region of their own h2o's and lethe's 1-thread rows fail
+// (snapkv's with its candidates and marks in its state region); with the head areas at fixed
+// slots the 2-thread rows do.
 TEST(Ada, ArenaOverUniformOnALlama3Shape) {
     struct Row {
         const char *policy;
         double most[2];  // the largest fraction ada adds, 1 and 2 threads
     };
     for (const Row &r : {Row{"policy=h2o budget=2048", {0.0008, 0.0012}}, Row{"policy=lethe budget=2048", {0.0009, 0.0015}},
-                         Row{"policy=snapkv budget=2048", {0.0023, 0.0024}},
+                         Row{"policy=snapkv budget=2048", {0.0014, 0.0014}},
                          Row{"policy=triattention budget=2048 tri_mode=per_layer_perhead", {0.0011, 0.0019}}})
         for (uint32_t t = 1; t <= 2; ++t) {
             kvp_config cu, ca;

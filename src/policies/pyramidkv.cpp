@@ -89,6 +89,6 @@ const Policy kPyramidKvPolicy = {"pyramidkv",    KVP_POS_ORIGINAL, &check,      
                                  /* state_bytes */ &snapkv_state_bytes, /* reset */ &snapkv_reset,
                                  /* selection_size */ nullptr, /* selection */ nullptr, /* keeps_prompt */ nullptr,
                                  /* observe_queries */ nullptr, /* set_query_stats */ nullptr, /* state_kept */ nullptr,
-                                 /* streaming_heads */ false, /* state_transient */ true};
+                                 /* streaming_heads */ false, /* state_transient */ true, /* phase_bytes */ &snapkv_phase_bytes};
 
 }  // namespace kvp

@@ -7,7 +7,8 @@
 namespace kvp {
 namespace {
 
-// Policy scratch of a selection, for Lmax = capacity + prefill_stage tokens.
+// Policy scratch of a selection, for Lmax = capacity + prefill_stage tokens: the votes (uniform
+// only), then tmp, idx and victims.
 struct SelScratch {
     double *vote;      // [Lmax] float mode
     uint64_t *vote_u;  // [Lmax] fixed mode (same memory as vote)
@@ -17,10 +18,14 @@ struct SelScratch {
     uint32_t *victims; // [Lmax]
 };
 constexpr size_t kBytesPerToken = 24;
+constexpr size_t kAdaBytesPerToken = 16;  // head_budget=ada: the votes are in the state region
 
 // head_budget=ada (see "AdaKV" below): the state region, transient (policy.h state_transient):
-// a header (lmax: the most tokens a selection ranks in any layer), per KV head its AdaMeta, its
-// votes [lmax] (8 bytes), then the layer's candidates [H * lmax] (u64) and kept marks [H * lmax].
+// a header (lmax: the most tokens a selection ranks in any layer), per KV head its AdaMeta, then
+// its votes [lmax] (8 bytes), written in the head's own work. The layer phase's candidates (u64)
+// and kept marks (a byte per token, head h's after those of heads 0..h-1) sit in the phase region
+// (policy.h phase_bytes), sized for the most tokens a selection ranks in all of a layer's heads
+// together (ada_tokens), not KV heads x lmax.
 struct AdaMeta {
     uint32_t pending;     // prune deferred a selection to the layer phase
     uint32_t staged, stage_slot, prompt_w;  // the head's PolicyCtx fields at that prune
@@ -28,19 +33,17 @@ struct AdaMeta {
     uint32_t mx;          // the most the head may keep (its store's room, one decode slot left)
     uint32_t u;           // what uniform keeps (the head's share)
     uint32_t kept;        // tokens kept so far (the layer phase)
+    uint32_t koff;        // the head's first kept mark in the phase region (the layer phase)
 };
 struct AdaRegion {
     uint64_t lmax;
     AdaMeta *meta;
     char *votes;          // head h's at votes + h * lmax * 8
-    uint64_t *cand;
-    uint8_t *kept;
 };
 constexpr size_t kAdaHeader = 64;
 inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
 size_t ada_bytes(uint32_t H, uint64_t lmax) {
-    return kAdaHeader + align_up(sizeof(AdaMeta) * H, kAlign) + align_up(8 * H * lmax, kAlign) +
-           align_up(8 * H * lmax, kAlign) + align_up(H * lmax, kAlign);
+    return kAdaHeader + align_up(sizeof(AdaMeta) * H, kAlign) + align_up(8 * H * lmax, kAlign);
 }
 AdaRegion ada_region(const PolicyCtx &ctx) {
     char *b = static_cast<char *>(ctx.state());
@@ -51,11 +54,30 @@ AdaRegion ada_region(const PolicyCtx &ctx) {
     r.meta = reinterpret_cast<AdaMeta *>(b);
     b += align_up(sizeof(AdaMeta) * H, kAlign);
     r.votes = b;
-    b += align_up(8 * H * r.lmax, kAlign);
-    r.cand = reinterpret_cast<uint64_t *>(b);
-    b += align_up(8 * H * r.lmax, kAlign);
-    r.kept = reinterpret_cast<uint8_t *>(b);
     return r;
+}
+// The most tokens one selection ranks in all KV heads of a layer together: per head its store
+// (the layer's heads hold at most the capacity each, and an open prompt's room each: policy.h
+// layer_tokens_cap) plus a staged chunk. The phase region holds that many candidates and marks.
+uint64_t ada_tokens(const kvp_config &cfg, uint32_t stage) {
+    const Policy &pol = policy_of(cfg);
+    uint64_t most = 0;
+    for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
+        LayerPlan lp;
+        pol.plan(cfg, l, &lp);
+        const uint64_t n = uint64_t(cfg.model.n_kv_heads) * (uint64_t(lp.cap) + layer_prompt_room(cfg, l) + stage);
+        if (n > most) most = n;
+    }
+    return most;
+}
+struct AdaPhase {
+    uint64_t *cand;       // [ada_tokens]
+    uint8_t *kept;        // [ada_tokens], head h's at meta[h].koff
+};
+AdaPhase ada_phase_region(const PolicyCtx &ctx) {
+    char *b = static_cast<char *>(ctx.phase());
+    const uint64_t n = ada_tokens(ctx.cfg(), ctx.stage());
+    return AdaPhase{reinterpret_cast<uint64_t *>(b), reinterpret_cast<uint8_t *>(b + align_up(8 * n, kAlign))};
 }
 
 SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
@@ -70,11 +92,13 @@ SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
         const AdaRegion r = ada_region(ctx);
         s.vote = reinterpret_cast<double *>(r.votes + size_t(ctx.head) * r.lmax * 8);
         s.vote_u = reinterpret_cast<uint64_t *>(s.vote);
+    } else {
+        b += 8 * lmax;  // the votes (ada: in the state region, so the scratch holds 8 bytes less per token)
     }
-    s.tmp = reinterpret_cast<double *>(b + 8 * lmax);
-    s.tmp_u = reinterpret_cast<uint64_t *>(b + 8 * lmax);
-    s.idx = reinterpret_cast<uint32_t *>(b + 16 * lmax);
-    s.victims = reinterpret_cast<uint32_t *>(b + 20 * lmax);
+    s.tmp = reinterpret_cast<double *>(b);
+    s.tmp_u = reinterpret_cast<uint64_t *>(b);
+    s.idx = reinterpret_cast<uint32_t *>(b + 8 * lmax);
+    s.victims = reinterpret_cast<uint32_t *>(b + 12 * lmax);
     return s;
 }
 
@@ -158,9 +182,8 @@ void select_and_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t budget) {
 
 // The top n of the prefix [0, P) of head h's votes by SnapKV's order (higher vote, then newer),
 // marked kept; idx: P entries of scratch.
-void mark_top(const AdaRegion &r, bool fx, uint32_t h, uint32_t P, uint32_t n, uint32_t *idx) {
+void mark_top(const AdaRegion &r, uint8_t *kept, bool fx, uint32_t h, uint32_t P, uint32_t n, uint32_t *idx) {
     if (n == 0) return;
-    uint8_t *kept = r.kept + size_t(h) * r.lmax;
     for (uint32_t j = 0; j < P; ++j) idx[j] = j;
     const char *vb = r.votes + size_t(h) * r.lmax * 8;
     if (fx) {
@@ -208,6 +231,7 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
     bool any = false;
     for (uint32_t h = 0; h < H; ++h) any = any || r.meta[h].pending;
     if (!any) return;
+    const AdaPhase ph = ada_phase_region(ctx);
     const bool fx = ctx.fixed();
     auto head_ctx = [&](uint32_t h) {
         PolicyCtx ch = ctx.at_head(h);
@@ -217,6 +241,7 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         return ch;
     };
     uint64_t rest = 0;  // sum(u_h) - sum(floors)
+    uint32_t koff = 0;  // the pending heads' tokens so far (at most ada_tokens: see there)
     for (uint32_t h = 0; h < H; ++h) {
         AdaMeta &m = r.meta[h];
         if (!m.pending) continue;
@@ -240,9 +265,11 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         m.mx = mx;
         m.u = u;
         m.kept = fl;
-        uint8_t *kept = r.kept + size_t(h) * r.lmax;
+        m.koff = koff;
+        koff += L;
+        uint8_t *kept = ph.kept + m.koff;
         for (uint32_t j = 0; j < L; ++j) kept[j] = j >= L - wk;
-        mark_top(r, fx, h, m.P, fl - wk, reinterpret_cast<uint32_t *>(r.cand));
+        mark_top(r, kept, fx, h, m.P, fl - wk, reinterpret_cast<uint32_t *>(ph.cand));
         rest += u - fl;
     }
     // one ranking of every head's remaining prefix tokens
@@ -250,14 +277,14 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
     for (uint32_t h = 0; h < H; ++h) {
         const AdaMeta &m = r.meta[h];
         if (!m.pending) continue;
-        const uint8_t *kept = r.kept + size_t(h) * r.lmax;
+        const uint8_t *kept = ph.kept + m.koff;
         for (uint32_t j = 0; j < m.P; ++j)
-            if (!kept[j]) r.cand[nc++] = uint64_t(h) << 32 | j;
+            if (!kept[j]) ph.cand[nc++] = uint64_t(h) << 32 | j;
     }
     const char *vb = r.votes;
     const uint64_t lmax = r.lmax;
     auto order = [&](auto *v) {
-        std::sort(r.cand, r.cand + nc, [v, lmax](uint64_t a, uint64_t b) {
+        std::sort(ph.cand, ph.cand + nc, [v, lmax](uint64_t a, uint64_t b) {
             const uint32_t ha = uint32_t(a >> 32), hb = uint32_t(b >> 32), ja = uint32_t(a), jb = uint32_t(b);
             const auto va = v[ha * lmax + ja], vb2 = v[hb * lmax + jb];
             if (va != vb2) return va > vb2;
@@ -268,10 +295,10 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
     if (fx) order(reinterpret_cast<const uint64_t *>(vb));
     else order(reinterpret_cast<const double *>(vb));
     for (size_t i = 0; i < nc && rest > 0; ++i) {
-        const uint32_t h = uint32_t(r.cand[i] >> 32), j = uint32_t(r.cand[i]);
+        const uint32_t h = uint32_t(ph.cand[i] >> 32), j = uint32_t(ph.cand[i]);
         AdaMeta &m = r.meta[h];
         if (m.kept >= m.mx) continue;
-        r.kept[size_t(h) * lmax + j] = 1;
+        ph.kept[m.koff + j] = 1;
         ++m.kept;
         --rest;
     }
@@ -282,7 +309,7 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         PolicyCtx ch = head_ctx(h);
         HeadStore &hs = ctx.store(h);
         const SelScratch s = sel_scratch(ch, hs);
-        const uint8_t *kept = r.kept + size_t(h) * lmax;
+        const uint8_t *kept = ph.kept + m.koff;
         uint32_t nv = 0;
         for (uint32_t j = 0; j < m.L; ++j)
             if (!kept[j]) s.victims[nv++] = j;
@@ -309,6 +336,12 @@ uint64_t ada_lmax(const kvp_config &cfg, uint32_t stage) {
 
 size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) {
     return ada(cfg) ? ada_bytes(cfg.model.n_kv_heads, ada_lmax(cfg, stage)) : 0;
+}
+
+size_t snapkv_phase_bytes(const kvp_config &cfg, uint32_t stage) {
+    if (!ada(cfg)) return 0;
+    const uint64_t n = ada_tokens(cfg, stage);
+    return align_up(8 * n, kAlign) + align_up(n, kAlign);
 }
 
 void snapkv_reset(const PolicyCtx &ctx) {
@@ -397,7 +430,8 @@ void snapkv_plan(const kvp_config &cfg, uint32_t budget, uint32_t cap, LayerPlan
     p->decode_scores = true;
     p->obs_queries = cfg.obs_window;
     p->staged_prefill = true;
-    p->scratch_per_token = kBytesPerToken;  // selection; also covers evict_lowest's 12 per stored token
+    // selection; also covers evict_lowest's 12 per stored token
+    p->scratch_per_token = ada(cfg) ? kAdaBytesPerToken : kBytesPerToken;
     p->hole_cap = default_hole_cap(cap);
     p->select_in_phase = ada(cfg);
 }
@@ -439,6 +473,6 @@ const Policy kSnapKvPolicy = {"snapkv",         KVP_POS_ORIGINAL, &check,       
                               /* state_bytes */ &snapkv_state_bytes, /* reset */ &snapkv_reset,
                               /* selection_size */ nullptr, /* selection */ nullptr, /* keeps_prompt */ nullptr,
                               /* observe_queries */ nullptr, /* set_query_stats */ nullptr, /* state_kept */ nullptr,
-                              /* streaming_heads */ false, /* state_transient */ true};
+                              /* streaming_heads */ false, /* state_transient */ true, /* phase_bytes */ &snapkv_phase_bytes};
 
 }  // namespace kvp
