@@ -663,6 +663,24 @@ bool big_plan(const std::string &spec, kvp_config *cfg, kvp::ArenaPlan *p) {
            kvp::arena_plan(*cfg, p, nullptr, nullptr);
 }
 
+// The phase region of `pol` with head_budget=ada on the Llama-3-8B shape (1 and 2 threads,
+// max_prompt, score=fixed): more than `least` bytes, within the scratch parts that are dead in
+// the layer phase (runs, work, partials, private rows); no_state: the plan has no state region.
+void phase_fits_dead_span(const char *pol, size_t least, bool no_state) {
+    for (const char *more : {"", " threads=2", " max_prompt=512", " score=fixed"}) {
+        kvp_config cfg;
+        kvp::ArenaPlan p;
+        const std::string s = std::string(pol) + " head_budget=ada" + more;
+        ASSERT_TRUE(big_plan(s, &cfg, &p)) << s;
+        const size_t rec = kvp::policy_of(cfg).phase_bytes(cfg, p.stage);
+        if (no_state) {
+            EXPECT_EQ(p.pstate_bytes, 0u) << s;
+        }
+        EXPECT_GT(rec, least) << s;
+        EXPECT_LE(rec, p.scr_policy - p.scr_runs) << s;
+    }
+}
+
 // h2o's and lethe's layer-wide rankings (head_budget=ada) keep one record per token of the layer
 // in participant 0's scratch (policy.h phase_bytes, layer_tokens_cap): the arena has no region
 // for them, and the most tokens a layer holds at a layer phase (a prompt held whole, every
@@ -670,19 +688,8 @@ bool big_plan(const std::string &spec, kvp_config *cfg, kvp::ArenaPlan *p) {
 // the same run with room to spare (a larger max_prompt) does, and for h2o what a one-call prefill
 // does.
 TEST(Ada, RankingRecordsFitTheLayersMostTokens) {
-    // the plan, on a Llama-3-8B shape: no state region; the records fit the scratch parts that
-    // are dead in the layer phase (runs, work, partials, private rows)
-    for (const char *pol : {"policy=h2o budget=2048", "policy=lethe budget=2048"})
-        for (const char *more : {"", " threads=2", " max_prompt=512", " score=fixed"}) {
-            kvp_config cfg;
-            kvp::ArenaPlan p;
-            const std::string s = std::string(pol) + " head_budget=ada" + more;
-            ASSERT_TRUE(big_plan(s, &cfg, &p)) << s;
-            const size_t rec = kvp::policy_of(cfg).phase_bytes(cfg, p.stage);
-            EXPECT_EQ(p.pstate_bytes, 0u) << s;
-            EXPECT_GT(rec, 8u * 8 * 2048) << s;
-            EXPECT_LE(rec, p.scr_policy - p.scr_runs) << s;
-        }
+    // the plan, on a Llama-3-8B shape: no state region; the records fit the dead scratch
+    for (const char *pol : {"policy=h2o budget=2048", "policy=lethe budget=2048"}) phase_fits_dead_span(pol, 8u * 8 * 2048, true);
     const ref::Inputs in = inputs(1, 7, kN + 20);
     // h2o: capacity 25 (budget + 1), 71 more while the prompt is open; lethe: 48 and 48
     const std::string h2o = "policy=h2o budget=" + std::to_string(kB) + " head_budget=ada recent=4";
@@ -723,18 +730,10 @@ TEST(Ada, RankingRecordsFitTheLayersMostTokens) {
 // chunk), not KV heads x the longest store. On the Llama-3-8B shape they fit the dead scratch; in
 // a run where the heads lend (the layer at uniform's total) and then take a staged chunk of the
 // stage's size, the selection ranks what the bound allows less one slot per head (a decode leaves
-// capacity - 1): the bound holds with nothing to spare, and one without the staged chunk fails.
+// capacity - 1): the bound holds with one token per head to spare, and one without the staged
+// chunk fails.
 TEST(Ada, SelectionMarksFitTheLayersMostTokens) {
-    for (const char *pol : {"policy=snapkv budget=2048", "policy=pyramidkv budget=2048"})
-        for (const char *more : {"", " threads=2", " max_prompt=512", " score=fixed"}) {
-            kvp_config cfg;
-            kvp::ArenaPlan p;
-            const std::string s = std::string(pol) + " head_budget=ada" + more;
-            ASSERT_TRUE(big_plan(s, &cfg, &p)) << s;
-            const size_t rec = kvp::policy_of(cfg).phase_bytes(cfg, p.stage);
-            EXPECT_GT(rec, 9u * 8 * 2048) << s;
-            EXPECT_LE(rec, p.scr_policy - p.scr_runs) << s;
-        }
+    for (const char *pol : {"policy=snapkv budget=2048", "policy=pyramidkv budget=2048"}) phase_fits_dead_span(pol, 9u * 8 * 2048, false);
     const uint32_t S = 32, T = kN + 40;
     const ref::Inputs in = inputs(1, 7, T + S + 4);
     const std::string sp = spec("snapkv", "ada", "prefill_stage=" + std::to_string(S));

@@ -56,20 +56,23 @@ AdaRegion ada_region(const PolicyCtx &ctx) {
     r.votes = b;
     return r;
 }
-// The most tokens one selection ranks in all KV heads of a layer together: per head its store
-// (the layer's heads hold at most the capacity each, and an open prompt's room each: policy.h
-// layer_tokens_cap) plus a staged chunk. The phase region holds that many candidates and marks.
-uint64_t ada_tokens(const kvp_config &cfg, uint32_t stage) {
+// The most of a layer's capacity (its store's cap when `store`) + a staged chunk + a prompt's
+// room, over the layers.
+uint64_t layers_most(const kvp_config &cfg, uint32_t stage, bool store) {
     const Policy &pol = policy_of(cfg);
     uint64_t most = 0;
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
         LayerPlan lp;
         pol.plan(cfg, l, &lp);
-        const uint64_t n = uint64_t(cfg.model.n_kv_heads) * (uint64_t(lp.cap) + layer_prompt_room(cfg, l) + stage);
+        const uint64_t n = uint64_t(store ? store_cap(cfg, lp.cap) : lp.cap) + stage + layer_prompt_room(cfg, l);
         if (n > most) most = n;
     }
     return most;
 }
+// The most tokens one selection ranks in all KV heads of a layer together: per head its store
+// (the layer's heads hold at most the capacity each, and an open prompt's room each: policy.h
+// layer_tokens_cap) plus a staged chunk. The phase region holds that many candidates and marks.
+uint64_t ada_tokens(const kvp_config &cfg, uint32_t stage) { return cfg.model.n_kv_heads * layers_most(cfg, stage, false); }
 struct AdaPhase {
     uint64_t *cand;       // [ada_tokens]
     uint8_t *kept;        // [ada_tokens], head h's at meta[h].koff
@@ -320,18 +323,9 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
 }
 
 namespace {
-// The most tokens a selection ranks in any layer: its capacity, a staged chunk and a prompt's room.
-uint64_t ada_lmax(const kvp_config &cfg, uint32_t stage) {
-    const Policy &pol = policy_of(cfg);
-    uint64_t lmax = 0;
-    for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
-        LayerPlan lp;
-        pol.plan(cfg, l, &lp);
-        const uint64_t n = uint64_t(store_cap(cfg, lp.cap)) + stage + layer_prompt_room(cfg, l);
-        if (n > lmax) lmax = n;
-    }
-    return lmax;
-}
+// The most tokens a selection ranks in one head of any layer: its store's cap, a staged chunk and
+// a prompt's room.
+uint64_t ada_lmax(const kvp_config &cfg, uint32_t stage) { return layers_most(cfg, stage, true); }
 }  // namespace
 
 size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) {
