@@ -727,7 +727,8 @@ TEST(Ada, RankingRecordsFitTheLayersMostTokens) {
 
 // snapkv's and pyramidkv's ada selection ranks in the phase region too (snapkv.cpp ada_tokens):
 // candidates and kept marks for the layer's tokens, KV heads x (capacity + prompt room + a staged
-// chunk), not KV heads x the longest store. On the Llama-3-8B shape they fit the dead scratch; in
+// chunk), not KV heads x the longest store; the votes (a state region: the per-head work writes
+// them) are packed by the same bound. On the Llama-3-8B shape the marks fit the dead scratch; in
 // a run where the heads lend (the layer at uniform's total) and then take a staged chunk of the
 // stage's size, the selection ranks what the bound allows less one slot per head (a decode leaves
 // capacity - 1): the bound holds with one token per head to spare, and one without the staged
@@ -748,9 +749,12 @@ TEST(Ada, SelectionMarksFitTheLayersMostTokens) {
     char err[256];
     ASSERT_EQ(kvp_config_default(&cfg, &in.m), KVP_OK);
     ASSERT_EQ(kvp_config_apply(&cfg, sp.c_str(), err, sizeof err), KVP_OK) << err;
-    const size_t ranked = l0 + l1 + 2 * S, rec = kvp::policy_of(cfg).phase_bytes(cfg, S);
+    const kvp::Policy &pol = kvp::policy_of(cfg);
+    const size_t ranked = l0 + l1 + 2 * S, rec = pol.phase_bytes(cfg, S), votes = pol.state_bytes(cfg, S);
     EXPECT_GE(rec, 8 * ranked + ranked) << "the candidates and marks of the selection";
     EXPECT_LT(rec, 8 * (ranked + 2 + 8) + (ranked + 2 + 64)) << "the bound is KV heads x (capacity + stage)";
+    EXPECT_GE(votes, 8 * ranked + 2 * 40) << "the votes and two heads' records";
+    EXPECT_LT(votes, 8 * (ranked + 2 + 8) + 128) << "the votes' bound is the same";
     // the selection over lent stores and a staged chunk keeps tokens of both and goes on decoding
     const uint64_t ev = [&] {
         kvp_stats st{};
@@ -828,7 +832,7 @@ TEST(Ada, ArenaOverUniformOnALlama3Shape) {
         double most[2];  // the largest fraction ada adds, 1 and 2 threads
     };
     for (const Row &r : {Row{"policy=h2o budget=2048", {0.0008, 0.0012}}, Row{"policy=lethe budget=2048", {0.0009, 0.0015}},
-                         Row{"policy=snapkv budget=2048", {0.0014, 0.0014}},
+                         Row{"policy=snapkv budget=2048", {0.0012, 0.0012}},
                          Row{"policy=triattention budget=2048 tri_mode=per_layer_perhead", {0.0011, 0.0019}}})
         for (uint32_t t = 1; t <= 2; ++t) {
             kvp_config cu, ca;

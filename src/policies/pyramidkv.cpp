@@ -86,7 +86,7 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
 
 const Policy kPyramidKvPolicy = {"pyramidkv",    KVP_POS_ORIGINAL, &check,           &plan,    &snapkv_observe,
                                  &prune,         &layer_phase,     &snapkv_evictable, &snapkv_self_prune, nullptr,
-                                 /* state_bytes */ &snapkv_state_bytes, /* reset */ &snapkv_reset,
+                                 /* state_bytes */ &snapkv_state_bytes, /* reset */ nullptr,
                                  /* selection_size */ nullptr, /* selection */ nullptr, /* keeps_prompt */ nullptr,
                                  /* observe_queries */ nullptr, /* set_query_stats */ nullptr, /* state_kept */ nullptr,
                                  /* streaming_heads */ false, /* state_transient */ true, /* phase_bytes */ &snapkv_phase_bytes};

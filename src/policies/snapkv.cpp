@@ -21,11 +21,11 @@ constexpr size_t kBytesPerToken = 24;
 constexpr size_t kAdaBytesPerToken = 16;  // head_budget=ada: the votes are in the state region
 
 // head_budget=ada (see "AdaKV" below): the state region, transient (policy.h state_transient):
-// a header (lmax: the most tokens a selection ranks in any layer), per KV head its AdaMeta, then
-// its votes [lmax] (8 bytes), written in the head's own work. The layer phase's candidates (u64)
-// and kept marks (a byte per token, head h's after those of heads 0..h-1) sit in the phase region
-// (policy.h phase_bytes), sized for the most tokens a selection ranks in all of a layer's heads
-// together (ada_tokens), not KV heads x lmax.
+// per KV head its AdaMeta, then the layer's votes (8 bytes per token), written in each head's own
+// work, head h's after those of heads 0..h-1 (AdaMeta::voff). The layer phase's candidates (u64)
+// and kept marks (a byte per token, at the same offsets) sit in the phase region (policy.h
+// phase_bytes). Both are sized for the most tokens a selection ranks in all of a layer's heads
+// together (ada_tokens), not KV heads x the longest store.
 struct AdaMeta {
     uint32_t pending;     // prune deferred a selection to the layer phase
     uint32_t staged, stage_slot, prompt_w;  // the head's PolicyCtx fields at that prune
@@ -33,49 +33,50 @@ struct AdaMeta {
     uint32_t mx;          // the most the head may keep (its store's room, one decode slot left)
     uint32_t u;           // what uniform keeps (the head's share)
     uint32_t kept;        // tokens kept so far (the layer phase)
-    uint32_t koff;        // the head's first kept mark in the phase region (the layer phase)
+    uint32_t voff;        // the head's first vote and kept mark (ada_voff)
 };
 struct AdaRegion {
-    uint64_t lmax;
     AdaMeta *meta;
-    char *votes;          // head h's at votes + h * lmax * 8
+    char *votes;          // head h's at votes + meta[h].voff * 8
 };
-constexpr size_t kAdaHeader = 64;
 inline bool ada(const kvp_config &cfg) { return cfg.head_budget == KVP_HEAD_BUDGET_ADA; }
-size_t ada_bytes(uint32_t H, uint64_t lmax) {
-    return kAdaHeader + align_up(sizeof(AdaMeta) * H, kAlign) + align_up(8 * H * lmax, kAlign);
-}
-AdaRegion ada_region(const PolicyCtx &ctx) {
-    char *b = static_cast<char *>(ctx.state());
-    const uint32_t H = ctx.cfg().model.n_kv_heads;
-    AdaRegion r;
-    memcpy(&r.lmax, b, sizeof r.lmax);
-    b += kAdaHeader;
-    r.meta = reinterpret_cast<AdaMeta *>(b);
-    b += align_up(sizeof(AdaMeta) * H, kAlign);
-    r.votes = b;
-    return r;
-}
-// The most of a layer's capacity (its store's cap when `store`) + a staged chunk + a prompt's
-// room, over the layers.
-uint64_t layers_most(const kvp_config &cfg, uint32_t stage, bool store) {
+// The most tokens one selection ranks in all KV heads of a layer together: per head its store
+// (the layer's heads hold at most the capacity each, and an open prompt's room each: policy.h
+// layer_tokens_cap) plus a staged chunk. The votes, candidates and marks hold that many.
+uint64_t ada_tokens(const kvp_config &cfg, uint32_t stage) {
     const Policy &pol = policy_of(cfg);
     uint64_t most = 0;
     for (uint32_t l = 0; l < cfg.model.n_layers; ++l) {
         LayerPlan lp;
         pol.plan(cfg, l, &lp);
-        const uint64_t n = uint64_t(store ? store_cap(cfg, lp.cap) : lp.cap) + stage + layer_prompt_room(cfg, l);
+        const uint64_t n = uint64_t(lp.cap) + stage + layer_prompt_room(cfg, l);
         if (n > most) most = n;
     }
-    return most;
+    return cfg.model.n_kv_heads * most;
 }
-// The most tokens one selection ranks in all KV heads of a layer together: per head its store
-// (the layer's heads hold at most the capacity each, and an open prompt's room each: policy.h
-// layer_tokens_cap) plus a staged chunk. The phase region holds that many candidates and marks.
-uint64_t ada_tokens(const kvp_config &cfg, uint32_t stage) { return cfg.model.n_kv_heads * layers_most(cfg, stage, false); }
+size_t ada_bytes(const kvp_config &cfg, uint32_t stage) {
+    return align_up(sizeof(AdaMeta) * cfg.model.n_kv_heads, kAlign) + align_up(8 * ada_tokens(cfg, stage), kAlign);
+}
+AdaRegion ada_region(const PolicyCtx &ctx) {
+    char *b = static_cast<char *>(ctx.state());
+    AdaRegion r;
+    r.meta = reinterpret_cast<AdaMeta *>(b);
+    r.votes = b + align_up(sizeof(AdaMeta) * ctx.cfg().model.n_kv_heads, kAlign);
+    return r;
+}
+// Where head ctx.head's votes and marks start in a selection: the tokens its layer's lower KV
+// heads rank (each its store and the staged chunk). The stores do not change while a selection's
+// per-head work runs (a staged chunk waits in the staging slots, which need no room from the
+// store; the prompt's end appends nothing; ada's prunes defer to the layer phase), so every head
+// reads the same lengths, and the layer phase (before it commits) too.
+uint32_t ada_voff(const PolicyCtx &ctx) {
+    uint32_t off = 0;
+    for (uint32_t h = 0; h < ctx.head; ++h) off += ctx.store(h).len() + ctx.staged;
+    return off;
+}
 struct AdaPhase {
     uint64_t *cand;       // [ada_tokens]
-    uint8_t *kept;        // [ada_tokens], head h's at meta[h].koff
+    uint8_t *kept;        // [ada_tokens], head h's at meta[h].voff
 };
 AdaPhase ada_phase_region(const PolicyCtx &ctx) {
     char *b = static_cast<char *>(ctx.phase());
@@ -93,7 +94,7 @@ SelScratch sel_scratch(const PolicyCtx &ctx, const HeadStore &) {
     s.vote_u = reinterpret_cast<uint64_t *>(b);
     if (ada(ctx.cfg())) {  // the votes outlive this head's work: the layer phase ranks them
         const AdaRegion r = ada_region(ctx);
-        s.vote = reinterpret_cast<double *>(r.votes + size_t(ctx.head) * r.lmax * 8);
+        s.vote = reinterpret_cast<double *>(r.votes + size_t(r.meta[ctx.head].voff) * 8);
         s.vote_u = reinterpret_cast<uint64_t *>(s.vote);
     } else {
         b += 8 * lmax;  // the votes (ada: in the state region, so the scratch holds 8 bytes less per token)
@@ -183,12 +184,11 @@ void select_and_commit(PolicyCtx &ctx, HeadStore &hs, uint32_t budget) {
     stage_commit(ctx, hs, s.victims, nv);
 }
 
-// The top n of the prefix [0, P) of head h's votes by SnapKV's order (higher vote, then newer),
-// marked kept; idx: P entries of scratch.
-void mark_top(const AdaRegion &r, uint8_t *kept, bool fx, uint32_t h, uint32_t P, uint32_t n, uint32_t *idx) {
+// The top n of the prefix [0, P) of a head's votes vb by SnapKV's order (higher vote, then
+// newer), marked kept; idx: P entries of scratch.
+void mark_top(const char *vb, uint8_t *kept, bool fx, uint32_t P, uint32_t n, uint32_t *idx) {
     if (n == 0) return;
     for (uint32_t j = 0; j < P; ++j) idx[j] = j;
-    const char *vb = r.votes + size_t(h) * r.lmax * 8;
     if (fx) {
         const uint64_t *v = reinterpret_cast<const uint64_t *>(vb);
         std::nth_element(idx, idx + (n - 1), idx + P,
@@ -244,7 +244,6 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         return ch;
     };
     uint64_t rest = 0;  // sum(u_h) - sum(floors)
-    uint32_t koff = 0;  // the pending heads' tokens so far (at most ada_tokens: see there)
     for (uint32_t h = 0; h < H; ++h) {
         AdaMeta &m = r.meta[h];
         if (!m.pending) continue;
@@ -268,11 +267,9 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         m.mx = mx;
         m.u = u;
         m.kept = fl;
-        m.koff = koff;
-        koff += L;
-        uint8_t *kept = ph.kept + m.koff;
+        uint8_t *kept = ph.kept + m.voff;
         for (uint32_t j = 0; j < L; ++j) kept[j] = j >= L - wk;
-        mark_top(r, kept, fx, h, m.P, fl - wk, reinterpret_cast<uint32_t *>(ph.cand));
+        mark_top(r.votes + size_t(m.voff) * 8, kept, fx, m.P, fl - wk, reinterpret_cast<uint32_t *>(ph.cand));
         rest += u - fl;
     }
     // one ranking of every head's remaining prefix tokens
@@ -280,16 +277,16 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
     for (uint32_t h = 0; h < H; ++h) {
         const AdaMeta &m = r.meta[h];
         if (!m.pending) continue;
-        const uint8_t *kept = ph.kept + m.koff;
+        const uint8_t *kept = ph.kept + m.voff;
         for (uint32_t j = 0; j < m.P; ++j)
             if (!kept[j]) ph.cand[nc++] = uint64_t(h) << 32 | j;
     }
     const char *vb = r.votes;
-    const uint64_t lmax = r.lmax;
+    const AdaMeta *meta = r.meta;
     auto order = [&](auto *v) {
-        std::sort(ph.cand, ph.cand + nc, [v, lmax](uint64_t a, uint64_t b) {
+        std::sort(ph.cand, ph.cand + nc, [v, meta](uint64_t a, uint64_t b) {
             const uint32_t ha = uint32_t(a >> 32), hb = uint32_t(b >> 32), ja = uint32_t(a), jb = uint32_t(b);
-            const auto va = v[ha * lmax + ja], vb2 = v[hb * lmax + jb];
+            const auto va = v[meta[ha].voff + ja], vb2 = v[meta[hb].voff + jb];
             if (va != vb2) return va > vb2;
             if (ja != jb) return ja > jb;
             return ha < hb;
@@ -301,7 +298,7 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         const uint32_t h = uint32_t(ph.cand[i] >> 32), j = uint32_t(ph.cand[i]);
         AdaMeta &m = r.meta[h];
         if (m.kept >= m.mx) continue;
-        ph.kept[m.koff + j] = 1;
+        ph.kept[m.voff + j] = 1;
         ++m.kept;
         --rest;
     }
@@ -312,7 +309,7 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
         PolicyCtx ch = head_ctx(h);
         HeadStore &hs = ctx.store(h);
         const SelScratch s = sel_scratch(ch, hs);
-        const uint8_t *kept = ph.kept + m.koff;
+        const uint8_t *kept = ph.kept + m.voff;
         uint32_t nv = 0;
         for (uint32_t j = 0; j < m.L; ++j)
             if (!kept[j]) s.victims[nv++] = j;
@@ -322,26 +319,12 @@ void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, u
     }
 }
 
-namespace {
-// The most tokens a selection ranks in one head of any layer: its store's cap, a staged chunk and
-// a prompt's room.
-uint64_t ada_lmax(const kvp_config &cfg, uint32_t stage) { return layers_most(cfg, stage, true); }
-}  // namespace
-
-size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) {
-    return ada(cfg) ? ada_bytes(cfg.model.n_kv_heads, ada_lmax(cfg, stage)) : 0;
-}
+size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage) { return ada(cfg) ? ada_bytes(cfg, stage) : 0; }
 
 size_t snapkv_phase_bytes(const kvp_config &cfg, uint32_t stage) {
     if (!ada(cfg)) return 0;
     const uint64_t n = ada_tokens(cfg, stage);
     return align_up(8 * n, kAlign) + align_up(n, kAlign);
-}
-
-void snapkv_reset(const PolicyCtx &ctx) {
-    if (!ada(ctx.cfg())) return;
-    const uint64_t lmax = ada_lmax(ctx.cfg(), ctx.stage());
-    memcpy(ctx.state(), &lmax, sizeof lmax);
 }
 
 namespace {
@@ -359,6 +342,7 @@ void layer_phase(PolicyCtx &ctx, StepMode) {
 void snapkv_observe(PolicyCtx &ctx, HeadStore &hs, const Run *runs, uint32_t nr, const Obs &obs) {
     add_observed_mass(ctx, runs, nr, obs);  // the h2o score, for decode eviction
     if (!selecting(ctx)) return;
+    if (ada(ctx.cfg())) ada_region(ctx).meta[ctx.head].voff = ada_voff(ctx);  // where sel_scratch puts its votes
     const uint32_t L = hs.len() + ctx.staged, P = L - window_of(ctx);
     if (P > 0) compute_votes(ctx, obs, P, sel_scratch(ctx, hs));
 }
@@ -391,6 +375,7 @@ void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget,
     if (selecting(ctx) && ada(ctx.cfg())) {  // the layer phase selects for every head at once
         AdaMeta &am = ada_region(ctx).meta[ctx.head];
         am.pending = 1;
+        am.voff = ada_voff(ctx);
         am.staged = ctx.staged;
         am.stage_slot = ctx.stage_slot;
         am.prompt_w = ctx.prompt_w;
@@ -464,7 +449,7 @@ void plan(const kvp_config &cfg, uint32_t, LayerPlan *p) {
 
 const Policy kSnapKvPolicy = {"snapkv",         KVP_POS_ORIGINAL, &check,           &plan,    &snapkv_observe,
                               &snapkv_prune,    &layer_phase,     &snapkv_evictable, &snapkv_self_prune, nullptr,
-                              /* state_bytes */ &snapkv_state_bytes, /* reset */ &snapkv_reset,
+                              /* state_bytes */ &snapkv_state_bytes, /* reset */ nullptr,
                               /* selection_size */ nullptr, /* selection */ nullptr, /* keeps_prompt */ nullptr,
                               /* observe_queries */ nullptr, /* set_query_stats */ nullptr, /* state_kept */ nullptr,
                               /* streaming_heads */ false, /* state_transient */ true, /* phase_bytes */ &snapkv_phase_bytes};

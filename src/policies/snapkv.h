@@ -74,13 +74,10 @@ void snapkv_self_prune(PolicyCtx &ctx, HeadStore &hs, uint32_t n);
 // once it committed.
 void snapkv_ada_phase(PolicyCtx &ctx, uint32_t (*budget_of)(const PolicyCtx &, uint32_t L),
                       void (*after)(const PolicyCtx &, HeadStore &, uint32_t kept, uint32_t share));
-// The ada votes region (policy.h state_bytes, transient; 0 bytes with head_budget=uniform), and
-// its reset.
+// head_budget=ada: the votes region (policy.h state_bytes, transient) and the layer phase's
+// candidates and kept marks (policy.h phase_bytes); 0 bytes with head_budget=uniform.
 size_t snapkv_state_bytes(const kvp_config &cfg, uint32_t stage);
-// The ada layer phase's candidates and kept marks (policy.h phase_bytes; 0 bytes with
-// head_budget=uniform).
 size_t snapkv_phase_bytes(const kvp_config &cfg, uint32_t stage);
-void snapkv_reset(const PolicyCtx &ctx);
 // The plan of a layer that keeps `budget` prompt tokens in a store of `cap` slots.
 void snapkv_plan(const kvp_config &cfg, uint32_t budget, uint32_t cap, LayerPlan *p);
 // Checks shared by snapkv and pyramidkv.
