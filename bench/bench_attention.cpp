@@ -262,20 +262,8 @@ DecodeCache *get_cache(uint32_t n, int threads) {
         dc->c = nullptr;
         return dc;
     }
-    // N tokens of random K/V, appended in chunks
-    const uint32_t chunk = 1024;
-    const size_t row = (size_t)kKvHeads * kHeadDim;
-    std::vector<float> k(chunk * row), v(chunk * row);
-    for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
-        const uint32_t m = n - t0 < chunk ? n - t0 : chunk;
-        fill_random(k.data(), m * row, 100 + t0);
-        fill_random(v.data(), m * row, 200 + t0);
-        s = kvp_append(dc->c, 0, m, nullptr, k.data(), v.data());
-        if (s != KVP_OK) {
-            dc->error = std::string("kvp_append: ") + kvp_status_str(s) + ": " + kvp_last_error(dc->c);
-            return dc;
-        }
-    }
+    // N tokens of random K/V
+    if (!kvpbench::append_random(dc->c, 1, n, (size_t)kKvHeads * kHeadDim, &dc->error)) return dc;
     if (kvp_layer_len(dc->c, 0) != n) dc->error = "layer length after append != N";
     return dc;
 }
@@ -508,20 +496,7 @@ kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err, c
 }
 
 bool append_random(kvp_cache *c, uint32_t n, std::string *err, const SweepGeo &g = kMainGeo) {
-    const uint32_t chunk = 1024;
-    const size_t row = (size_t)g.nkv * g.hd;
-    std::vector<float> k((size_t)chunk * row), v((size_t)chunk * row);
-    for (uint32_t l = 0; l < g.layers; ++l)
-        for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
-            const uint32_t m = n - t0 < chunk ? n - t0 : chunk;
-            fill_random(k.data(), m * row, 100 + t0 + l);
-            fill_random(v.data(), m * row, 200 + t0 + l);
-            if (kvp_append(c, l, m, nullptr, k.data(), v.data()) != KVP_OK) {
-                *err = std::string("kvp_append: ") + kvp_last_error(c);
-                return false;
-            }
-        }
-    return true;
+    return kvpbench::append_random(c, g.layers, n, (size_t)g.nkv * g.hd, err);
 }
 
 bool sweep_decode(const SweepOpts &o, uint32_t n, int threads, double peak, SweepRow *row, std::string *err,

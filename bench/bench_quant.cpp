@@ -143,18 +143,7 @@ DecodeCache *get_cache(const std::string &dtype, uint32_t n, int threads) {
         dc->c = nullptr;
         return dc;
     }
-    const uint32_t chunk = 1024;
-    const size_t row = (size_t)kKvHeads * kHeadDim;
-    std::vector<float> k(chunk * row), v(chunk * row);
-    for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
-        const uint32_t cnt = n - t0 < chunk ? n - t0 : chunk;
-        fill_random(k.data(), cnt * row, 100 + t0);
-        fill_random(v.data(), cnt * row, 200 + t0);
-        if (kvp_append(dc->c, 0, cnt, nullptr, k.data(), v.data()) != KVP_OK) {
-            dc->error = std::string("kvp_append: ") + kvp_last_error(dc->c);
-            return dc;
-        }
-    }
+    kvpbench::append_random(dc->c, 1, n, (size_t)kKvHeads * kHeadDim, &dc->error);
     return dc;
 }
 

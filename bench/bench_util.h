@@ -11,9 +11,11 @@
 #include <chrono>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "isa.h"
 #include "kernels/attn_f32.h"
+#include "kvprune/kvprune.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -36,6 +38,26 @@ struct Rng {  // splitmix64
 inline void fill_random(float *x, size_t n, uint64_t seed) {
     Rng g(seed);
     for (size_t i = 0; i < n; ++i) x[i] = g.uni();
+}
+
+// Appends n tokens of seeded random K/V to each of `layers` layers of c (rows of `row` floats:
+// KV heads x head_dim), in chunks of 1024 tokens: layer l's chunk at t0 draws K from seed
+// 100 + t0 + l and V from 200 + t0 + l. false, with *err set, when an append fails.
+inline bool append_random(kvp_cache *c, uint32_t layers, uint32_t n, size_t row, std::string *err) {
+    const uint32_t chunk = 1024;
+    std::vector<float> k((size_t)chunk * row), v((size_t)chunk * row);
+    for (uint32_t l = 0; l < layers; ++l)
+        for (uint32_t t0 = 0; t0 < n; t0 += chunk) {
+            const uint32_t m = n - t0 < chunk ? n - t0 : chunk;
+            fill_random(k.data(), m * row, 100 + t0 + l);
+            fill_random(v.data(), m * row, 200 + t0 + l);
+            const kvp_status s = kvp_append(c, l, m, nullptr, k.data(), v.data());
+            if (s != KVP_OK) {
+                *err = std::string("kvp_append: ") + kvp_status_str(s) + ": " + kvp_last_error(c);
+                return false;
+            }
+        }
+    return true;
 }
 
 struct AlignedBuf {  // 64-byte aligned floats, freed with the object
