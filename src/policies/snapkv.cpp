@@ -374,8 +374,7 @@ uint32_t snapkv_gen_room(const kvp_config &cfg) { return cfg.max_new ? cfg.max_n
 void snapkv_prune_keep(PolicyCtx &ctx, HeadStore &hs, StepMode, uint32_t budget, uint32_t limit) {
     if (selecting(ctx) && ada(ctx.cfg())) {  // the layer phase selects for every head at once
         AdaMeta &am = ada_region(ctx).meta[ctx.head];
-        am.pending = 1;
-        am.voff = ada_voff(ctx);
+        am.pending = 1;  // (its votes' and marks' offset: snapkv_observe, which every selection runs first)
         am.staged = ctx.staged;
         am.stage_slot = ctx.stage_slot;
         am.prompt_w = ctx.prompt_w;
