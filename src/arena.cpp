@@ -14,6 +14,8 @@ uint32_t ceil_div(uint64_t a, uint32_t b) { return uint32_t((a + b - 1) / b); }
 
 }  // namespace
 
+uint32_t lend_lean_homes = 1;
+
 void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     const bool local = layer_local(cfg, layer);
     if (local) {  // sliding.h: the core's ring, W - 1 kept plus one prefill piece
@@ -39,7 +41,20 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     // up to store_cap tokens, with the blocks its layer's other heads (or other layers) leave.
     g->home_blocks = g->max_blocks();
     g->lp.store_cap = local ? cap : store_cap(cfg, cap);
-    if (g->lp.store_cap != cap) g->blk_cap = body_blocks(g->lp.store_cap);
+    if (g->lp.store_cap != cap) {
+        // The layer's heads share one hole allowance (DECISIONS "Heads share the hole
+        // allowance"): the home holds the capacity's blocks plus one block of rounding, without
+        // the per-head hole_cap; when a call's heads need more blocks than the layer's pools
+        // have free, lend_blocks (cache_append.cpp) first compacts the heads that hold dead
+        // slots. Once compacted, R heads holding x_h tokens (sum <= R x body) need
+        // sum ceil(x_h / block) <= R (body + block - 1) / block blocks: this home's.
+        if (lend_lean_homes && cap > pin) {
+            const uint64_t body = uint64_t(cap) + layer_prompt_room(cfg, layer) - pin + (g->lp.front_evict ? block - 1 : 0);
+            const uint32_t lean = g->pin_blk_cap + uint32_t(ceil_div(body + block - 1, block));
+            if (lean < g->home_blocks) g->home_blocks = lean;
+        }
+        g->blk_cap = body_blocks(g->lp.store_cap);
+    }
 }
 
 void stream_geom(const kvp_config &cfg, LayerGeom *g) {

@@ -102,6 +102,9 @@ struct LayerGeom {
     uint32_t max_blocks() const { return pin_blk_cap + blk_cap; }
 };
 void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g);
+// Test hook (as policies/h2o.h h2o_ada_fast_max): 0 plans lending layers' homes with every
+// head's hole allowance, as before the heads shared it (test_ada compares the two).
+extern uint32_t lend_lean_homes;
 
 // DuoAttention (issue 32 item 2, DECISIONS "DuoAttention heads"): the geometry of a streaming
 // head's store, the core's like a local layer's (sliding.h): duo_sink pinned tokens and a ring

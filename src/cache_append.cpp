@@ -121,16 +121,47 @@ void lend_blocks(kvp_cache *c, uint32_t layer, uint32_t n) {
         const HeadStore &hs = head_of(c, layer, h);
         return head_streaming(hs) ? 0 : store_blocks_needed(hs, c->plan.block, n);  // a streaming head's are reserved
     };
-    for (uint32_t h = 0; h < H; ++h) {
-        BlockPool &to = c->pools[h];
-        const uint32_t nh = need(h);
-        for (uint32_t g = 0; g < H && to.allowed(layer) < nh; ++g) {
-            if (g == h) continue;
-            BlockPool &from = c->pools[g];
-            const uint32_t ng = need(g);
-            while (to.allowed(layer) < nh && from.allowed(layer) > ng && from.lend(to, layer)) {
-            }
+    // The layer's blocks (held in every pool, and the call's need) against its homes in every
+    // pool: a layer whose heads hold dead slots stays within its homes (arena.cpp layer_geom), so
+    // the other layers' homes stay theirs. (A shared pool's layers take each other's blocks by
+    // design: there only a head's shortage compacts.)
+    auto over_home = [&]() {
+        if (c->plan.shared) return false;
+        uint64_t held = 0, home = 0;
+        for (uint32_t p = 0; p < H; ++p) {
+            const BlockPool &pool = c->pools[p];
+            held += pool.held[layer] + need(p);
+            home += pool.home_lo[layer + 1] - pool.home_lo[layer];
         }
+        return held > home;
+    };
+    for (;;) {
+        bool short_of = false;
+        for (uint32_t h = 0; h < H; ++h) {
+            BlockPool &to = c->pools[h];
+            const uint32_t nh = need(h);
+            for (uint32_t g = 0; g < H && to.allowed(layer) < nh; ++g) {
+                if (g == h) continue;
+                BlockPool &from = c->pools[g];
+                const uint32_t ng = need(g);
+                while (to.allowed(layer) < nh && from.allowed(layer) > ng && from.lend(to, layer)) {
+                }
+            }
+            short_of = short_of || to.allowed(layer) < nh;
+        }
+        if (!short_of && !over_home()) return;
+        // The heads share one hole allowance (arena.cpp layer_geom: the homes hold no per-head
+        // hole_cap): a call that needs more blocks than the layer's homes (or the pools) leave
+        // gets those its layer's dead slots hold. Compact the head with the most dead slots
+        // (ties: the lower head) and lend again; with none left, head_append's own rule
+        // (self_prune on a dry pool) decides, as before.
+        uint32_t best = H, most = 0;
+        for (uint32_t h = 0; h < H; ++h) {
+            const HeadStore &hs = head_of(c, layer, h);
+            if (!head_streaming(hs) && hs.holes > most) best = h, most = hs.holes;
+        }
+        if (best == H) return;
+        store_compact(head_of(c, layer, best), c->pools[best], layer);
     }
 }
 
