@@ -12,6 +12,9 @@
 //        h2o_ada, triattention_plh_ada  the same with head_budget=ada (issue 32 item 1): one ranking
 //                 of all 8 heads' tokens on the calling thread (h2o: every step; triattention:
 //                 at each cut, scoring the heads one after another)
+//        h2o_ada_holes  h2o_ada planned with every head's hole allowance in the pools (the test
+//                 hook lend_lean_homes = 0), as before the heads shared it: the cost of the
+//                 compactions a shared allowance adds (--paired only)
 //   BM_PruneEvent/L:<kept>/moved:<m>/cap:<C>   one arbitrary eviction compacted at once
 //                                              (store_evict with no hole allowance) in a
 //                                              (layer, head) of capacity C holding L tokens,
@@ -25,8 +28,8 @@
 //        h2o_all         h2o scored by every query (the default since 0.3, fused into the attention)
 //        *_fixed         the same with score=fixed (every query's integer weights are recomputed)
 //
-//   --paired[=S]   instead of the benchmarks: h2o, h2o_ada, triattention, triattention_plh,
-//                  triattention_plh_ada and h2o again at N 32768 on 1 and 2 threads, one decode step
+//   --paired[=S]   instead of the benchmarks: h2o, h2o_ada, h2o_ada_holes, triattention,
+//                  triattention_plh, triattention_plh_ada and h2o again at N 32768 on 1 and 2 threads, one decode step
 //                  of each in turn for S steps (default 512: four cuts), mean ms per step and the
 //                  ratio to the first h2o (issue 32's target: triattention within 10 %)
 //
@@ -44,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "arena.h"
 #include "cache.h"
 #include "kvprune/kvprune.h"
 
@@ -108,7 +112,8 @@ struct DecodeCase {
 
 DecodeCase decode_case(const std::string &p, uint32_t N, int threads) {
     std::string spec;
-    const bool ada = p.size() > 4 && p.compare(p.size() - 4, 4, "_ada") == 0;
+    const bool holes = p == "h2o_ada_holes";
+    const bool ada = holes || (p.size() > 4 && p.compare(p.size() - 4, 4, "_ada") == 0);
     if (p == "window") spec = "policy=window window=" + std::to_string(N);
     else if (p.rfind("h2o", 0) == 0) spec = "policy=h2o recent=32 budget=" + std::to_string(N);
     else if (p.rfind("triattention", 0) == 0)  // every beta = 128 steps the N generated tokens are scored and cut back
@@ -118,7 +123,9 @@ DecodeCase decode_case(const std::string &p, uint32_t N, int threads) {
     if (ada) spec += " head_budget=ada";
     spec += " threads=" + std::to_string(threads);
     DecodeCase d;
+    kvp::lend_lean_homes = holes ? 0 : 1;
     d.o.reset(new Owned(1, kQ, kKv, kD, spec));
+    kvp::lend_lean_homes = 1;
     if (!d.o->error.empty() || !fill(d.o->c, N, kKv, kD, 1)) {
         d.error = "setup: " + d.o->error;
         return d;
@@ -277,7 +284,7 @@ void register_all() {
 // mean ms per step of each over `steps` steps (beta 128: steps/128 cuts amortised) and its ratio
 // to h2o's. Returns false when a cache could not be set up.
 bool paired(uint32_t N, uint32_t steps, const std::vector<int> &threads) {
-    const char *pols[] = {"h2o", "h2o_ada", "triattention", "triattention_plh", "triattention_plh_ada", "h2o"};
+    const char *pols[] = {"h2o", "h2o_ada", "h2o_ada_holes", "triattention", "triattention_plh", "triattention_plh_ada", "h2o"};
     constexpr size_t P = sizeof pols / sizeof *pols;
     printf("paired decode steps, N %u, %u steps each (one step of each in turn)\n", N, steps);
     printf("%-22s %7s %10s %9s\n", "policy", "threads", "ms/step", "vs h2o");  // the first h2o row
