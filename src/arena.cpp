@@ -84,6 +84,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     uint64_t sum_blocks = 0, sum_min = 0, sum_cap = 0, tables = 0;
     uint64_t max_tokens = 0;  // the most tokens a layer's KV heads hold together in a call (heads lend)
     uint32_t max_cap = 0, max_pin = 0, max_pcap = 0;  // max_pcap: the largest policy capacity
+    uint32_t max_ccap = 0;  // the longest chunk a call appends: a layer's capacity and prompt room (not store_cap)
     size_t max_runs = 0;
     const uint32_t prompt_w = prompt_window(cfg);  // max_prompt: queries stashed per layer (prompt.h)
     bool any_obs = false, any_colsum = false, staged = false, any_compacting = false, any_scoring = false, any_pinned = false;
@@ -92,6 +93,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     stream_geom(cfg, &sg);
     if (roles) {
         if (sg.lp.cap > max_cap) max_cap = sg.lp.cap;
+        if (sg.lp.cap > max_ccap) max_ccap = sg.lp.cap;
         if (sg.pin_blk_cap) any_pinned = true;
         const size_t runs = store_max_runs(sg.lp.cap, sg.pin_blk_cap, sg.blk_cap);
         if (runs > max_runs) max_runs = runs;
@@ -119,6 +121,7 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
         // the longest store (logits, runs, RoPE tables, formatted rows) takes that
         const uint32_t scap = g.lp.store_cap + layer_prompt_room(cfg, l);
         if (scap > max_cap) max_cap = scap;
+        if (g.lp.cap + layer_prompt_room(cfg, l) > max_ccap) max_ccap = g.lp.cap + layer_prompt_room(cfg, l);
         // policies/policy.h layer_tokens_cap, the layer's own room
         const uint64_t tokens = uint64_t(H) * (uint64_t(g.lp.cap) + layer_prompt_room(cfg, l));
         if (tokens > max_tokens) max_tokens = tokens;
@@ -214,8 +217,11 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     off = z.add(off, fp.on ? z.al(fp.bytes) : 0);
 
     // Tables of one call's positions (rope.h Rope::call): a prefill chunk's, decode's one; a
-    // second range for the queries over streaming's sinks in realign mode.
-    p->rope_call_n = pairs && !p->rope_full_n ? (max_cap < kRopeCallTables ? max_cap : kRopeCallTables) : 0;
+    // second range for the queries over streaming's sinks in realign mode. A call appends at
+    // most a layer's capacity and prompt room per head, also where heads lend (cache_room_check:
+    // the layer's sum), so the tables follow that, not a store's cap; positions past them come
+    // from the thread's memo (rope.h: the same tables).
+    p->rope_call_n = pairs && !p->rope_full_n ? (max_ccap < kRopeCallTables ? max_ccap : kRopeCallTables) : 0;
     p->rope_call_ranges = any_pinned && config_positions(cfg) == KVP_POS_REALIGN ? 2 : 1;
     p->off_rope_call = off;
     off = z.add(off, z.mul(z.mul(z.mul(p->rope_call_n, p->rope_call_ranges), rope_table_floats(pairs)), sizeof(float)));
