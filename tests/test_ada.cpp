@@ -828,7 +828,7 @@ TEST(Ada, PackedHeadAreasHoldEverySplitOfTheLayersTokens) {
 // capacity (block tables, per-thread scratch, snapkv's votes, realign's RoPE tables) adds: ada's
 // arena is the smaller on 1 and 2 threads for every policy that takes the key. With every head's
 // hole allowance in the pools (the test hook lend_lean_homes = 0) each row is larger than
-// uniform's. At budget 128 there is no block to share (printed only: +0.2-0.3 %).
+// uniform's. At budget 128 there is no block to share (printed only: +0.04-0.16 %).
 TEST(Ada, ArenaOverUniformOnALlama3Shape) {
     for (const char *pol : {"policy=h2o", "policy=lethe", "policy=snapkv", "policy=pyramidkv",
                             "policy=triattention tri_mode=per_layer_perhead"})
