@@ -39,7 +39,9 @@
 //   ceil(pin_cap/block) + ceil((body_max [+ block-1 for a ring, whose front block is partly
 //   evicted]) / block)
 // blocks; the pool holds the sum over layers (default), or ceil(total_capacity/block) when
-// total_capacity is below the sum of the layers' capacities (sharing). tests/test_capi.cpp and
+// total_capacity is below the sum of the layers' capacities (sharing). Where heads lend, a
+// layer's home per pool is ceil(pin_cap/block) + ceil((body_max + block - 1)/block) without the
+// hole allowance, which the layer's heads share (layer_geom; cache_append.cpp lend_blocks). tests/test_capi.cpp and
 // tests/test_pool.cpp pin the byte counts.
 #pragma once
 #include <stddef.h>
