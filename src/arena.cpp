@@ -46,8 +46,8 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
         // allowance"): the home holds the capacity's blocks plus one block of rounding, without
         // the per-head hole_cap; when a call would take the layer past its homes, or a head
         // past what the pools can lend it, lend_blocks (cache_append.cpp) first compacts the
-        // heads that hold dead slots. Once compacted, R heads holding x_h tokens (sum <= R x body) need
-        // sum ceil(x_h / block) <= R (body + block - 1) / block blocks: this home's.
+        // heads that hold dead slots. Once compacted, R heads holding x_h tokens (sum <= R x
+        // body) need sum ceil(x_h / block) <= R (body + block - 1) / block blocks: this home's.
         if (lend_lean_homes && cap > pin) {
             const uint64_t body = uint64_t(cap) + layer_prompt_room(cfg, layer) - pin + (g->lp.front_evict ? block - 1 : 0);
             const uint32_t lean = g->pin_blk_cap + uint32_t(ceil_div(body + block - 1, block));
