@@ -118,12 +118,13 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
         else
             for (uint32_t h = 0; h < H; ++h) tables += store_geom(g, sg, roles, H, l, h).max_blocks();
         // a layer's store holds up to cap + its prompt room (prompt.h): every size that follows
-        // the longest store (logits, runs, RoPE tables, formatted rows) takes that
-        const uint32_t scap = g.lp.store_cap + layer_prompt_room(cfg, l);
+        // the longest store (logits, runs, realign's RoPE tables, formatted rows) takes that; a
+        // call's chunk follows the capacity and the room (lcap)
+        const uint32_t room = layer_prompt_room(cfg, l), scap = g.lp.store_cap + room, lcap = g.lp.cap + room;
         if (scap > max_cap) max_cap = scap;
-        if (g.lp.cap + layer_prompt_room(cfg, l) > max_ccap) max_ccap = g.lp.cap + layer_prompt_room(cfg, l);
+        if (lcap > max_ccap) max_ccap = lcap;
         // policies/policy.h layer_tokens_cap, the layer's own room
-        const uint64_t tokens = uint64_t(H) * (uint64_t(g.lp.cap) + layer_prompt_room(cfg, l));
+        const uint64_t tokens = uint64_t(H) * lcap;
         if (tokens > max_tokens) max_tokens = tokens;
         if (g.lp.cap > max_pcap) max_pcap = g.lp.cap;
         if (g.lp.pin_cap > max_pin) max_pin = g.lp.pin_cap < g.lp.cap ? g.lp.pin_cap : g.lp.cap;
