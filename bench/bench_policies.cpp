@@ -123,9 +123,10 @@ DecodeCase decode_case(const std::string &p, uint32_t N, int threads) {
     if (ada) spec += " head_budget=ada";
     spec += " threads=" + std::to_string(threads);
     DecodeCase d;
-    kvp::lend_lean_homes = holes ? 0 : 1;
+    const uint32_t lean = kvp::lend_lean_homes;
+    if (holes) kvp::lend_lean_homes = 0;
     d.o.reset(new Owned(1, kQ, kKv, kD, spec));
-    kvp::lend_lean_homes = 1;
+    kvp::lend_lean_homes = lean;
     if (!d.o->error.empty() || !fill(d.o->c, N, kKv, kD, 1)) {
         d.error = "setup: " + d.o->error;
         return d;

@@ -14,9 +14,9 @@ uint32_t ceil_div(uint64_t a, uint32_t b) { return uint32_t((a + b - 1) / b); }
 
 }  // namespace
 
-uint32_t lend_lean_homes = 1;
+uint32_t lend_lean_homes = 2;
 
-void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
+void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g, uint32_t *home_short) {
     const bool local = layer_local(cfg, layer);
     if (local) {  // sliding.h: the core's ring, W - 1 kept plus one prefill piece
         g->lp = LayerPlan{};
@@ -40,6 +40,8 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
     // Heads that lend (pool.h "Lending"): the home holds the capacity's blocks; a store may take
     // up to store_cap tokens, with the blocks its layer's other heads (or other layers) leave.
     g->home_blocks = g->max_blocks();
+    const uint32_t H = cfg.model.n_kv_heads;
+    if (home_short) *home_short = 0;
     g->lp.store_cap = local ? cap : store_cap(cfg, cap);
     if (g->lp.store_cap != cap) {
         // The layer's heads share one hole allowance (DECISIONS "Heads share the hole
@@ -48,10 +50,16 @@ void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g) {
         // past what the pools can lend it, lend_blocks (cache_append.cpp) first compacts the
         // heads that hold dead slots. Once compacted, R heads holding x_h tokens (sum <= R x
         // body) need sum ceil(x_h / block) <= R (body + block - 1) / block blocks: this home's.
+        // The rounding is the layer's too: sum ceil(x_h / block) <= floor(R (body + block - 1) /
+        // block), so its R homes together hold that many body blocks (pool_home splits them).
         if (lend_lean_homes && cap > pin) {
             const uint64_t body = uint64_t(cap) + layer_prompt_room(cfg, layer) - pin + (g->lp.front_evict ? block - 1 : 0);
             const uint32_t lean = g->pin_blk_cap + uint32_t(ceil_div(body + block - 1, block));
             if (lean < g->home_blocks) g->home_blocks = lean;
+            // (>= H x (lean - 1): at most H homes are one block short)
+            const uint64_t total = uint64_t(H) * g->pin_blk_cap + (body + block - 1) * H / block;
+            if (home_short && lend_lean_homes > 1 && total < uint64_t(H) * g->home_blocks)
+                *home_short = uint32_t(uint64_t(H) * g->home_blocks - total);
         }
         g->blk_cap = body_blocks(g->lp.store_cap);
     }
@@ -108,10 +116,12 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
             if (need > sum_blocks) sum_blocks = need;
         }
     }
+    uint64_t shorts = 0;  // pool_home's short homes over all layers
     for (uint32_t l = 0; l < L; ++l) {
         LayerGeom g;
-        layer_geom(cfg, l, &g);
-        if (!roles) sum_blocks += g.home_blocks;
+        uint32_t short_homes;
+        layer_geom(cfg, l, &g, &short_homes);
+        if (!roles) sum_blocks += g.home_blocks, shorts += short_homes;
         sum_min += g.min_blocks;
         sum_cap += g.lp.cap;
         if (!roles) tables += uint64_t(g.max_blocks()) * H;
@@ -163,6 +173,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     p->max_cap = max_cap;
     p->max_runs = max_runs;
     p->shared = cfg.total_capacity != 0 && cfg.total_capacity < sum_cap;
+    if (!p->shared) sum_blocks -= shorts / H;  // the pools hold the largest pool's sum (pool_home)
+    p->pool_homes = roles || (!p->shared && shorts);
     const uint64_t nblocks = p->shared ? ceil_div(cfg.total_capacity, p->block) : sum_blocks;
     if (nblocks > 0x7fffffffu) { if (why) *why = "the pool needs more than 2^31-1 blocks"; return false; }
     if (nblocks < sum_min) {
@@ -177,6 +189,8 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     FmtPlan fp;
     if (!fmt_plan(cfg, p->stride, p->block, p->nblocks, max_cap, max_pin, kTileTokens * G, p->stage, &fp)) z.ok = false;
     if (fp.on) max_runs += 8;  // runs also split where the rows are (store_fmt.h)
+    p->one_space = !fp.on;
+    p->lend = p->one_space && heads_lend(cfg);
     p->max_runs = max_runs;
 
     size_t off = z.al(sizeof(kvp_cache));
@@ -187,10 +201,11 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     p->off_tables = off;
     off = z.add(off, z.al(z.mul(sizeof(uint32_t), z.fit(tables))));
     p->off_home = off;
-    const size_t homes = roles ? H : 1;  // a role table: one set of home ranges per pool
-    off = z.add(off, z.al(z.mul(z.mul(sizeof(uint32_t), size_t(L) + 1), homes)));
+    // a role table, or heads that lend: one set of home ranges per pool (and a role table's
+    // reservations per pool)
+    off = z.add(off, z.al(z.mul(z.mul(sizeof(uint32_t), size_t(L) + 1), p->pool_homes ? H : 1)));
     p->off_minb = off;
-    off = z.add(off, z.al(z.mul(z.mul(sizeof(uint32_t), L), homes)));
+    off = z.add(off, z.al(z.mul(z.mul(sizeof(uint32_t), L), roles ? H : 1)));
     p->off_pools = off;
     off = z.add(off, z.al(z.mul(sizeof(BlockPool), H)));
     // per-block bookkeeping of every pool as three arrays indexed by block id over all pools
@@ -235,8 +250,6 @@ bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why, const uin
     // Plain f32 storage lays the pools' slots out as one slot space (pool.h "One slot space"):
     // each array holds every pool's slots, all blocks first, then each pool's staging and draft
     // slots; formatted storage keeps one data region per pool (quant/store_fmt.h).
-    p->one_space = !fp.on;
-    p->lend = p->one_space && heads_lend(cfg);
     const size_t pool_slots = z.add(z.add(z.mul(p->nblocks, p->block), p->stage), draft);
     const size_t slots = p->one_space ? z.mul(pool_slots, H) : pool_slots;
     const uint64_t all_slots = uint64_t(pool_slots) * (p->one_space ? H : 1u);  // (size_t may be 32 bits)

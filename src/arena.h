@@ -4,7 +4,8 @@
 //   [LayerState x n_layers]
 //   [HeadStore  x n_layers*n_kv_heads]
 //   [block tables]        uint32 per (layer, head): pinned blocks then the circular body list
-//   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared)
+//   [home_lo x (L+1), min_blocks x L]                   pool home ranges and reservations (shared;
+//                                                        per pool: a role table, pool_homes)
 //   [BlockPool x n_kv_heads]
 //   [pool bookkeeping]    next, dead, bseq [n_kv_heads*nblocks] (by block id over all pools), then
 //                         per pool top[L], held[L]
@@ -41,7 +42,9 @@
 // blocks; the pool holds the sum over layers (default), or ceil(total_capacity/block) when
 // total_capacity is below the sum of the layers' capacities (sharing). Where heads lend, a
 // layer's home per pool is ceil(pin_cap/block) + ceil((body_max + block - 1)/block) without the
-// hole allowance, which the layer's heads share (layer_geom; cache_append.cpp lend_blocks). tests/test_capi.cpp and
+// hole allowance, which the layer's heads share (layer_geom; cache_append.cpp lend_blocks), and
+// its homes in all pools hold floor(KV heads x (body_max + block - 1) / block) body blocks
+// together (pool_home: some homes one block less; then each pool has its own home ranges). tests/test_capi.cpp and
 // tests/test_pool.cpp pin the byte counts.
 #pragma once
 #include <stddef.h>
@@ -103,9 +106,22 @@ struct LayerGeom {
     // all one head's store can ever hold (for lp.store_cap tokens)
     uint32_t max_blocks() const { return pin_blk_cap + blk_cap; }
 };
-void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g);
-// Test hook (as policies/h2o.h h2o_ada_fast_max): 0 plans lending layers' homes with every
-// head's hole allowance, as before the heads shared it (test_ada compares the two).
+// *home_short (when given): where heads lend, how many of the layer's n_kv_heads homes hold one
+// block less than home_blocks (the rounding shared: pool_home); 0 otherwise. (Not a LayerGeom
+// field: every layer's state would grow by 8 bytes.)
+void layer_geom(const kvp_config &cfg, uint32_t layer, LayerGeom *g, uint32_t *home_short = nullptr);
+// Layer g's home in pool h of H (not a shared pool's: cache_init splits those in proportion to
+// home_blocks). Where heads lend, `short_homes` of the layer's H homes hold one block less than
+// home_blocks: those of the pools from `rot` on (cyclically). Over the layers rot starts at 0 and
+// moves on by the layer's short homes after each, so the short homes go round the pools in turn
+// and every pool's sum is within one block of the others' (arena_plan sizes the pools by the
+// largest: the layers' sum of home_blocks, less the short homes over H rounded down).
+inline uint32_t pool_home(const LayerGeom &g, uint32_t short_homes, uint32_t H, uint32_t h, uint32_t rot) {
+    return g.home_blocks - ((h + H - rot) % H < short_homes ? 1u : 0u);
+}
+// Test hook (as policies/h2o.h h2o_ada_fast_max) for lending layers' homes: 0 plans them with
+// every head's hole allowance, as before the heads shared it; 1 shares the allowance but rounds
+// each home up on its own; 2 (the default) shares the rounding too (test_ada compares them).
 extern uint32_t lend_lean_homes;
 
 // DuoAttention (issue 32 item 2, DECISIONS "DuoAttention heads"): the geometry of a streaming
@@ -143,6 +159,8 @@ struct ArenaPlan {
     size_t off_pool_tops, pool_meta_bytes;   // per pool: top[L], held[L]
     bool one_space;          // plain f32 storage: one slot space and block-id space for all pools (pool.h)
     bool lend;               // heads lend blocks (one space and policies/policy.h heads_lend; pool.h)
+    bool pool_homes;         // each pool has its own home ranges: a role table, or heads that lend
+                             // where some layer's homes share their rounding (arena.h pool_home)
     uint32_t rope_full_n;    // precomputed RoPE positions (0: none)
     size_t off_rope_full;
     uint32_t fixed_rope_n;   // score=fixed: precomputed Q14 RoPE tables (positions 0..n-1), like rope_full_n
@@ -197,6 +215,8 @@ inline size_t draft_layer_bytes(const kvp_config &cfg, Sz &z) {
 // roles: a DuoAttention role table with a streaming head (checked: roles_stream), or NULL. With
 // one, each pool has its own home ranges and reservations (H x (L+1) and H x L words at
 // off_home / off_minb), and nblocks is the largest pool's sum over layers of its stores' needs.
+// Heads that lend (without a shared pool) whose homes share their rounding also give each pool its
+// own home ranges (pool_home; ArenaPlan::pool_homes), the reservations staying shared.
 bool arena_plan(const kvp_config &cfg, ArenaPlan *p, const char **why = nullptr, const uint8_t *roles = nullptr);
 
 // Decode split-K (decode_granule): the chunks over L logical keys, and the key after chunk ci's

@@ -141,6 +141,19 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
             }
             hl[L] = plan.nblocks;
         }
+    else if (plan.pool_homes)  // heads that lend: the layers' rounding shared over the pools (arena.h pool_home)
+        for (uint32_t h = 0; h < H; ++h) {
+            uint32_t *hl = home_lo + size_t(h) * (L + 1), a = 0, rot = 0;
+            for (uint32_t l = 0; l < L; ++l) {
+                LayerGeom g;
+                uint32_t short_homes;
+                layer_geom(cfg, l, &g, &short_homes);
+                hl[l] = a;
+                a += pool_home(g, short_homes, H, h, rot);
+                rot = (rot + short_homes) % H;
+            }
+            hl[L] = plan.nblocks;
+        }
     if (store_formatted(cfg)) {  // the formatted-storage region (its plan is a function of the config)
         uint32_t max_pin = 0;
         for (uint32_t l = 0; l < L; ++l) {
@@ -167,7 +180,7 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
         p->bseq = reinterpret_cast<uint32_t *>(meta + 2 * plan.block_meta_bytes) + own;
         p->top = reinterpret_cast<int32_t *>(base + plan.off_pool_tops + size_t(h) * plan.pool_meta_bytes);
         p->held = reinterpret_cast<uint32_t *>(p->top + L);
-        p->home_lo = roles ? home_lo + size_t(h) * (L + 1) : home_lo;
+        p->home_lo = plan.pool_homes ? home_lo + size_t(h) * (L + 1) : home_lo;
         p->min_blocks = roles ? min_blocks + size_t(h) * L : min_blocks;
         p->k = reinterpret_cast<float *>(data);
         p->v = reinterpret_cast<float *>(data + plan.data_v);

@@ -34,9 +34,10 @@
 // got from another (an id outside its own range) to the freeing layer's home stack; reset gives
 // every pool its own blocks back. The layer's heads share one hole allowance (arena.cpp
 // layer_geom: a lending layer's home per pool holds its capacity's blocks plus one, without the
-// per-head hole_cap): before lending, lend_blocks compacts the head with the most dead slots while
-// the layer's blocks and the call's need exceed its homes in all pools, or a head's need exceeds
-// what the pools can give it.
+// per-head hole_cap, and some pools' one less: arena.h pool_home, the rounding shared too):
+// before lending, lend_blocks compacts the head with the most dead slots while the layer's blocks
+// and the call's need exceed its homes in all pools, or a head's need exceeds what the pools can
+// give it.
 //
 // Reservation: each layer may always reach `min_blocks` blocks (what its policy needs to make
 // progress), so a layer is never starved by the others: a layer at or above its minimum may take
