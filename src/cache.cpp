@@ -205,11 +205,17 @@ void head_observe_prune(StepJob &j, uint32_t h, const AttnIn &a, const Appended 
         fmt_convert(c, hs, pool, ap.nw, so);
         // peak_live_bytes: after the appends (converted: staged rows are scratch), before the prune
         fmt_store(*c->fmt, hs).bytes_after_append = store_bytes(c, hs, pool);
-    } else if (c->fmt && j.finish && hs.deferred) {
-        // the prompt's end of a deferred ThinK store: channels from the kept queries over the whole
-        // prompt, then every complete block converts, before the policy selects (store_fmt.h)
-        const StepObs so{&a, s.runs, realign, s.fmt, j.q + qoff, nullptr, tok_stride, j.n, &qp};
-        fmt_prompt_finish(c, hs, pool, so);
+    } else if (c->fmt && j.finish) {
+        if (hs.deferred) {
+            // the prompt's end of a deferred ThinK store: channels from the kept queries over the
+            // whole prompt, then every complete block converts, before the policy selects (store_fmt.h)
+            const StepObs so{&a, s.runs, realign, s.fmt, j.q + qoff, nullptr, tok_stride, j.n, &qp};
+            fmt_prompt_finish(c, hs, pool, so);
+        }
+        // peak_live_bytes: converted, before the selection (cache_prompt_select): a store's first
+        // conversion adds its side data (ThinK's channel record), so a store of a few tokens may
+        // take more bytes than its full-width rows did
+        fmt_store(*c->fmt, hs).bytes_after_append = store_bytes(c, hs, pool);
     } else if (c->fmt && ap.staged) {  // prompt staging: the staged tokens count as f32 residual rows (touched)
         fmt_store(*c->fmt, hs).bytes_after_append =
             store_bytes(c, hs, pool) + uint64_t(ap.staged) * fmt_residual_bytes(c->fmt->f);
@@ -542,6 +548,14 @@ void threads_feedback(kvp_cache *c, uint32_t nt, double late) {
 namespace {
 
 // The layer's kept rows and live bytes into its state and the cache's totals.
+// kvp_stats peak_live_rows/bytes: the layer holding `rows` and `bytes` (after a call's appends
+// and conversions, before the policy's prunes), the other layers what they hold.
+void note_peak(kvp_cache *c, const LayerState &ls, uint64_t rows, uint64_t bytes) {
+    const uint64_t at_rows = c->live_rows - ls.rows + rows, at_bytes = c->live_bytes - ls.bytes + bytes;
+    if (at_rows > c->peak_rows) c->peak_rows = at_rows;
+    if (at_bytes > c->peak_bytes) c->peak_bytes = at_bytes;
+}
+
 void layer_account(kvp_cache *c, uint32_t layer) {
     LayerState &ls = c->layers[layer];
     uint64_t rows = 0, bytes = 0;
@@ -577,6 +591,11 @@ void cache_prompt_select(kvp_cache *c, uint32_t layer, uint32_t w, const int32_t
     uint32_t nt = threads_for(c, layer, w ? w : 1, StepMode::kPrefill, true);
     if (nt > j.parts) nt = j.parts;
     threads_feedback(c, nt, pool_run(c->tpool, nt, step_worker, &j));
+    if (c->fmt) {  // the rows a deferred ThinK store converted (step_worker), before the selection
+        uint64_t bytes = 0;
+        for (uint32_t h = 0; h < c->cfg.model.n_kv_heads; ++h) bytes += fmt_store(*c->fmt, head_of(c, layer, h)).bytes_after_append;
+        note_peak(c, c->layers[layer], c->layers[layer].rows, bytes);
+    }
     if (c->policy->layer_phase) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};
         ctx.prompt_w = w ? w : 1;  // the prompt's end (policy.h PolicyCtx::prompt_w)
@@ -719,10 +738,7 @@ void cache_step(kvp_cache *c, uint32_t layer, uint32_t n, const int32_t *positio
         const HeadStore &hs = head_of(c, layer, h);
         appended_bytes += c->fmt ? fmt_store(*c->fmt, hs).bytes_after_append : hs.len_after_append * token_bytes(c);
     }
-    const uint64_t at_peak = c->live_rows - ls.rows + appended;
-    if (at_peak > c->peak_rows) c->peak_rows = at_peak;
-    const uint64_t at_peak_bytes = c->live_bytes - ls.bytes + appended_bytes;
-    if (at_peak_bytes > c->peak_bytes) c->peak_bytes = at_peak_bytes;
+    note_peak(c, ls, appended, appended_bytes);
 
     if (c->policy->layer_phase && !local && !prompt) {
         PolicyCtx ctx{c, layer, 0, nullptr, scratch_of(c, 0).policy, 0, 0};

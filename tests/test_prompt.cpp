@@ -497,6 +497,46 @@ TEST(Prompt, ThinkHoldsThePromptAtF32UntilItsEnd) {
     EXPECT_GE(with - base, H * slots * hd * 2 * sizeof(float)) << with - base;
 }
 
+// The peak counts the prompt's end too (cache.cpp cache_prompt_select): a deferred ThinK store
+// converts its rows there, before the selection, and a store's first conversion adds its side
+// data, so layer 2's one token takes 302 bytes where its full-width row took 256. The fuzzer found
+// peak_live_bytes below live_bytes after such a prompt's end (5786 against 5740;
+// tests/fuzz/corpus/calls/d8fe5927...): its calls, on its model (3 layers, 2 q / 1 KV head,
+// head_dim 32, no RoPE): decodes into layer 1, a prompt opened there, decodes into layer 0, then a
+// few tokens into every layer (a draft's accepted tokens) and the prompt's end. Fails without the
+// peak at the prompt's end.
+TEST(Prompt, PeakCountsThePromptsEndConversion) {
+    const kvp_model m = ref::model(3, 2, 1, 32, KVP_ROPE_NONE);
+    for (uint32_t acc = 1; acc <= 3; ++acc) {
+        ref::Cache cache(m, "policy=think token_policy=h2o budget=19 recent=8 key_channel_ratio=0.1 block=16 quant_group=1 max_prompt=37");
+        kvp_cache *c = cache.c;
+        ASSERT_NE(c, nullptr);
+        const ref::Inputs in(m, 40, 7, 1.0f);
+        std::vector<float> out(in.nq * 16);
+        uint32_t t = 0;
+        auto call = [&](uint32_t l, uint32_t n) {
+            const kvp_status st = n == 0 ? kvp_decode(c, l, &in.q[t * in.nq], &in.k[t * in.nkv], &in.v[t * in.nkv], out.data())
+                                         : kvp_prefill(c, l, n, nullptr, &in.q[t * in.nq], &in.k[t * in.nkv],
+                                                       &in.v[t * in.nkv], out.data(), nullptr);
+            ASSERT_EQ(st, KVP_OK) << kvp_last_error(c);
+            kvp_stats s;
+            s.struct_size = sizeof s;
+            ASSERT_EQ(kvp_get_stats(c, &s), KVP_OK);
+            EXPECT_GE(s.peak_live_bytes, s.live_bytes) << "after a call into layer " << l;
+        };
+        for (int i = 0; i < 6; ++i) call(1, 0), ++t;
+        call(1, 12);
+        t += 12;
+        for (int i = 0; i < 2; ++i) call(0, 0), ++t;
+        for (uint32_t l = 0; l < 3; ++l) call(l, acc);
+        ASSERT_EQ(kvp_prompt_end(c), KVP_OK) << kvp_last_error(c);
+        kvp_stats s;
+        s.struct_size = sizeof s;
+        ASSERT_EQ(kvp_get_stats(c, &s), KVP_OK);
+        EXPECT_GE(s.peak_live_bytes, s.live_bytes) << "after the prompt's end (" << acc << " tokens)";
+    }
+}
+
 // The arena a declared prompt adds: P tokens of K/V (+ slot metadata) per layer and KV head, the
 // kept queries, and the selection's scratch over P more tokens; nothing without max_prompt.
 TEST(Prompt, ArenaGrowsByThePromptOnly) {
