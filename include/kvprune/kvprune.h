@@ -399,7 +399,8 @@ typedef struct kvp_stats {   /* first member struct_size, like kvp_config; more 
     uint32_t struct_size;
     uint64_t arena_bytes;      /* bytes of the arena in use */
     uint64_t live_bytes;       /* K and V rows of the kept tokens, in their storage format */
-    uint64_t peak_live_bytes;  /* maximum live_bytes since create/reset (after appends, before prunes) */
+    uint64_t peak_live_bytes;  /* maximum live_bytes since create/reset (after appends, and a prompt's
+                                  conversion at its end, before prunes) */
     uint64_t tokens_seen;      /* tokens appended to layer 0 */
     uint64_t prune_events;     /* prunes, summed over layers and KV heads */
     uint64_t tokens_evicted;   /* evicted tokens, summed over layers and KV heads */
