@@ -547,7 +547,6 @@ void threads_feedback(kvp_cache *c, uint32_t nt, double late) {
 
 namespace {
 
-// The layer's kept rows and live bytes into its state and the cache's totals.
 // kvp_stats peak_live_rows/bytes: the layer holding `rows` and `bytes` (after a call's appends
 // and conversions, before the policy's prunes), the other layers what they hold.
 void note_peak(kvp_cache *c, const LayerState &ls, uint64_t rows, uint64_t bytes) {
@@ -556,6 +555,7 @@ void note_peak(kvp_cache *c, const LayerState &ls, uint64_t rows, uint64_t bytes
     if (at_bytes > c->peak_bytes) c->peak_bytes = at_bytes;
 }
 
+// The layer's kept rows and live bytes into its state and the cache's totals.
 void layer_account(kvp_cache *c, uint32_t layer) {
     LayerState &ls = c->layers[layer];
     uint64_t rows = 0, bytes = 0;

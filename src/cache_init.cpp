@@ -141,19 +141,21 @@ kvp_cache *cache_init(const kvp_config &cfg, const ArenaPlan &plan, void *arena,
             }
             hl[L] = plan.nblocks;
         }
-    else if (plan.pool_homes)  // heads that lend: the layers' rounding shared over the pools (arena.h pool_home)
-        for (uint32_t h = 0; h < H; ++h) {
-            uint32_t *hl = home_lo + size_t(h) * (L + 1), a = 0, rot = 0;
-            for (uint32_t l = 0; l < L; ++l) {
-                LayerGeom g;
-                uint32_t short_homes;
-                layer_geom(cfg, l, &g, &short_homes);
-                hl[l] = a;
-                a += pool_home(g, short_homes, H, h, rot);
-                rot = (rot + short_homes) % H;
+    else if (plan.pool_homes) {  // heads that lend: the layers' rounding shared over the pools (arena.h pool_home)
+        for (uint32_t h = 0; h < H; ++h) home_lo[size_t(h) * (L + 1)] = 0;
+        uint32_t rot = 0;
+        for (uint32_t l = 0; l + 1 < L; ++l) {  // (the last home ends at nblocks, below)
+            LayerGeom g;  // c->layers[l].geom, and the layer's short homes
+            uint32_t short_homes;
+            layer_geom(cfg, l, &g, &short_homes);
+            for (uint32_t h = 0; h < H; ++h) {
+                uint32_t *hl = home_lo + size_t(h) * (L + 1);
+                hl[l + 1] = hl[l] + pool_home(g, short_homes, H, h, rot);
             }
-            hl[L] = plan.nblocks;
+            rot = (rot + short_homes) % H;
         }
+        for (uint32_t h = 0; h < H; ++h) home_lo[size_t(h) * (L + 1) + L] = plan.nblocks;
+    }
     if (store_formatted(cfg)) {  // the formatted-storage region (its plan is a function of the config)
         uint32_t max_pin = 0;
         for (uint32_t l = 0; l < L; ++l) {
