@@ -8,6 +8,10 @@
 //                                          holding N tokens (policy=window window=N) stored as dtype
 //   BM_KernelQ/<dtype>/<variant>/N:<N>     qk + pv of one GQA group (4 rows) over N stored rows,
 //                                          one kernel variant, one thread (.../qk, .../pv: one pass)
+//   BM_PrefillQ/<dtype>/P:<P>/threads:<T>  a P-token prompt through kvp_prefill in 512-token calls
+//                                          (an engine's micro-batches: later calls attend over the
+//                                          stored, formatted keys of earlier ones) into an empty
+//                                          cache of the same layer; counter tok_per_s
 //
 // bytes_per_second counts the bytes a decode step reads: the layer's live bytes in its storage
 // format (K and V data, value scales, key grids, the f32 residual group). Counters:
@@ -99,6 +103,7 @@ struct DecodeCache {
     std::string dtype;
     uint32_t n = 0;
     int threads = 0;
+    bool empty = false;  // left empty (BM_PrefillQ) rather than holding n tokens
     void *arena = nullptr;
     kvp_cache *c = nullptr;
     size_t step_bytes = 0;  // live bytes read per step (after the step's append)
@@ -118,13 +123,14 @@ kvp_model model() {
     return m;
 }
 
-DecodeCache *get_cache(const std::string &dtype, uint32_t n, int threads) {
+DecodeCache *get_cache(const std::string &dtype, uint32_t n, int threads, bool empty = false) {
     for (DecodeCache *dc : g_caches)
-        if (dc->dtype == dtype && dc->n == n && dc->threads == threads) return dc;
+        if (dc->dtype == dtype && dc->n == n && dc->threads == threads && dc->empty == empty) return dc;
     DecodeCache *dc = new DecodeCache;
     dc->dtype = dtype;
     dc->n = n;
     dc->threads = threads;
+    dc->empty = empty;
     g_caches.push_back(dc);
     const kvp_model m = model();
     kvp_config cfg;
@@ -143,7 +149,7 @@ DecodeCache *get_cache(const std::string &dtype, uint32_t n, int threads) {
         dc->c = nullptr;
         return dc;
     }
-    kvpbench::append_random(dc->c, 1, n, (size_t)kKvHeads * kHeadDim, &dc->error);
+    if (!empty) kvpbench::append_random(dc->c, 1, n, (size_t)kKvHeads * kHeadDim, &dc->error);
     return dc;
 }
 
@@ -221,6 +227,41 @@ void BM_DecodeQ(benchmark::State &state, std::string dtype, uint32_t n, int thre
     g_results.push_back(r);
 }
 
+void BM_PrefillQ(benchmark::State &state, std::string dtype, uint32_t P, int threads) {
+    DecodeCache *dc = get_cache(dtype, P, threads, true);
+    if (!dc->error.empty()) {
+        state.SkipWithError(dc->error.c_str());
+        return;
+    }
+    const uint32_t chunk = 512;
+    std::vector<float> q((size_t)P * kQHeads * kHeadDim), k((size_t)P * kKvHeads * kHeadDim), v(k.size()),
+        out((size_t)chunk * kQHeads * kHeadDim);
+    fill_random(q.data(), q.size(), 17);
+    fill_random(k.data(), k.size(), 18);
+    fill_random(v.data(), v.size(), 19);
+    kvp_status s = KVP_OK;
+    const auto prompt = [&]() {
+        s = kvp_reset(dc->c);
+        for (uint32_t t0 = 0; t0 < P && s == KVP_OK; t0 += chunk) {
+            const uint32_t m = P - t0 < chunk ? P - t0 : chunk;
+            s = kvp_prefill(dc->c, 0, m, nullptr, q.data() + (size_t)t0 * kQHeads * kHeadDim,
+                            k.data() + (size_t)t0 * kKvHeads * kHeadDim, v.data() + (size_t)t0 * kKvHeads * kHeadDim,
+                            out.data(), nullptr);
+        }
+        benchmark::DoNotOptimize(out[0]);
+    };
+    prompt();  // warm up
+    const double t0 = now_s();
+    for (auto _ : state) prompt();
+    const double per = (now_s() - t0) / (double)state.iterations();
+    if (s != KVP_OK) {
+        state.SkipWithError(kvp_last_error(dc->c));
+        return;
+    }
+    state.counters["prompt_ms"] = per * 1e3;
+    state.counters["tok_per_s"] = P / per;
+}
+
 // ---- kernel level ---------------------------------------------------------------------------------
 
 // part: 0 = qk + pv, 1 = qk only, 2 = pv only (where a decode step's kernel time goes)
@@ -284,6 +325,11 @@ int main(int argc, char **argv) {
                         .c_str(),
                     BM_DecodeQ, std::string(dt), n, t)
                     ->UseRealTime();
+    for (int t : thread_counts)
+        for (const char *dt : kDtypes)
+            benchmark::RegisterBenchmark(("BM_PrefillQ/" + std::string(dt) + "/P:4096/threads:" + std::to_string(t)).c_str(),
+                                         BM_PrefillQ, std::string(dt), 4096u, t)
+                ->UseRealTime();
     const kvp::kern::AttnQ *vars[] = {kvp::kern::attn_q_simde(), kvp::kern::attn_q_avx2(), kvp::kern::attn_q_avx512(),
                                       kvp::kern::attn_q_avx512z()};
     for (const kvp::kern::AttnQ *var : vars) {
