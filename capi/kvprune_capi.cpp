@@ -5,6 +5,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "arena.h"
 #include "cache.h"
@@ -19,6 +22,22 @@
 using kvp::Msg;
 
 namespace {
+
+// kvp_arena_advise: the whole 2 MiB pages inside [p, p + len) (DECISIONS "Huge pages under the
+// arena"). 0: advised, or no whole page inside; -1: this platform or kernel has no such hint.
+constexpr uintptr_t kHugePage = uintptr_t(2) << 20;
+int advise_huge(void *p, size_t len) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p), lo = (a + kHugePage - 1) & ~(kHugePage - 1);
+    const uintptr_t hi = (len > UINTPTR_MAX - a ? UINTPTR_MAX : a + len) & ~(kHugePage - 1);
+    if (hi <= lo) return 0;
+    return madvise(reinterpret_cast<void *>(lo), hi - lo, MADV_HUGEPAGE) == 0 ? 0 : -1;
+#else
+    (void)p;
+    (void)len;
+    return -1;
+#endif
+}
 
 kvp_status fail(kvp_cache *c, kvp_status st, Msg &m) {
     if (c) {
@@ -328,6 +347,11 @@ size_t kvp_arena_size(const kvp_config *cfg) {
     return kvp::arena_plan(full, &p) ? p.total : 0;
 }
 
+kvp_status kvp_arena_advise(void *arena, size_t arena_len) {
+    if (!arena) return KVP_ERR_ARG;
+    return advise_huge(arena, arena_len) == 0 ? KVP_OK : KVP_ERR_UNSUPPORTED;
+}
+
 kvp_status kvp_create(const kvp_config *cfg, void *arena, size_t arena_len, kvp_cache **out) {
     return kvp_create_ex(cfg, arena, arena_len, out, nullptr, 0);
 }
@@ -380,11 +404,14 @@ kvp_status kvp_create_heads(const kvp_config *cfg, const double *inv_freq, uint3
         m.s("arena is NULL and this build has no heap (KVP_NO_HEAP): pass caller memory of kvp_arena_size bytes");
         return report(KVP_ERR_UNSUPPORTED, m.c_str(), err, err_len);
 #else
-        owned = aligned_alloc(kvp::kAlign, kvp::align_up(p.total, kvp::kAlign));
+        // from a whole huge page on, on huge-page boundaries and advised (kvp_arena_advise)
+        const size_t al = p.total >= kHugePage ? size_t(kHugePage) : kvp::kAlign;
+        owned = aligned_alloc(al, kvp::align_up(p.total, al));
         if (!owned) {
             m.s("cannot allocate an arena of ").u(p.total).s(" bytes");
             return report(KVP_ERR_ARENA, m.c_str(), err, err_len);
         }
+        if (al == kHugePage) advise_huge(owned, kvp::align_up(p.total, al));
         arena = owned;
         arena_len = p.total;
 #endif

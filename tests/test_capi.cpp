@@ -6,6 +6,12 @@
 #include <string.h>
 
 #include <functional>
+#include <fstream>
+#include <string>
+#include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include "reference.h"
 
@@ -180,6 +186,106 @@ TEST(Config, CheckCatchesContradictions) {
 //   16 B more in the cache object, whose 64-byte rounding shows on 32-bit targets only) +64 B:
 //   149696; and (issue 32, the pools' one slot space, pool.h) each pool's first block id, which
 //   fits the 64-bit pool struct's padding, +64 B of pool structs on 32-bit targets: 149760.
+#if defined(__linux__)
+// THPeligible of the mapping that holds addr (/proc/self/smaps): 1 or 0; -1 where not reported.
+int thp_eligible(const void *addr) {
+    std::ifstream f("/proc/self/smaps");
+    const uintptr_t a = reinterpret_cast<uintptr_t>(addr);
+    std::string line;
+    bool in = false;
+    while (std::getline(f, line)) {
+        unsigned long long lo = 0, hi = 0;
+        if (sscanf(line.c_str(), "%llx-%llx ", &lo, &hi) == 2) {  // a mapping's line (fields: "Name:")
+            in = a >= lo && a < hi;
+            continue;
+        }
+        if (in && line.rfind("THPeligible:", 0) == 0) return atoi(line.c_str() + 12);
+    }
+    return -1;
+}
+std::string thp_mode() {  // the bracketed word of the kernel's setting, "" where unreadable
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string s;
+    std::getline(f, s);
+    const size_t a = s.find('['), b = s.find(']');
+    return a != std::string::npos && b > a ? s.substr(a + 1, b - a - 1) : "";
+}
+#endif
+
+// kvp_arena_advise: NULL refused; the arena's bytes unchanged and a cache in it decodes as one
+// in plain memory; on Linux, the whole 2 MiB pages inside the range become eligible for huge
+// pages (smaps THPeligible), the partial ones around it do not (in the kernel's madvise mode),
+// an unmapped range is refused, and an arena kvp_create allocates itself (from 2 MiB on) is
+// advised too. Where the kernel (or an emulator) does not report the advice a direct madvise
+// of the test's own is the control: the Linux checks are skipped when it shows nothing.
+TEST(Arena, AdviseAsksForHugePages) {
+    EXPECT_EQ(kvp_arena_advise(nullptr, 1 << 22), KVP_ERR_ARG);
+    kvp_config cfg = base_config("capacity=100");
+    const size_t n = kvp_arena_size(&cfg);
+    std::vector<float> out[2];
+    for (int advised = 0; advised < 2; ++advised) {
+        void *mem = aligned_alloc(64, (n + 63) / 64 * 64);
+        ASSERT_NE(mem, nullptr);
+        memset(mem, 0x5a, n);
+        if (advised) {
+#if defined(__linux__)
+            EXPECT_EQ(kvp_arena_advise(mem, n), KVP_OK);  // no whole 2 MiB page: nothing to do
+#else
+            EXPECT_EQ(kvp_arena_advise(mem, n), KVP_ERR_UNSUPPORTED);
+#endif
+            for (size_t i = 0; i < n; ++i) ASSERT_EQ(static_cast<unsigned char *>(mem)[i], 0x5a) << i;
+        }
+        kvp_cache *c = nullptr;
+        ASSERT_EQ(kvp_create(&cfg, mem, n, &c), KVP_OK);
+        const ref::Inputs in(cfg.model, 20, 3, 1.0f);
+        out[advised].resize(size_t(20) * in.nq);
+        for (uint32_t l = 0; l < cfg.model.n_layers; ++l)
+            ASSERT_EQ(kvp_prefill(c, l, 20, nullptr, in.q.data(), in.k.data(), in.v.data(), out[advised].data(), nullptr), KVP_OK);
+        kvp_destroy(c);
+        free(mem);
+    }
+    EXPECT_EQ(memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+#if defined(__linux__)
+    const size_t M = size_t(2) << 20;
+    char *map = static_cast<char *>(mmap(nullptr, 16 * M, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    ASSERT_NE(map, MAP_FAILED);
+    char *lo = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(map) + M - 1) & ~uintptr_t(M - 1));
+    // [lo, lo + 2M): the control; [lo + 4M - 100, lo + 10M + 123): kvp_arena_advise, whose whole
+    // pages are [lo + 4M, lo + 10M); lo + 12M: never advised
+    ASSERT_EQ(madvise(lo, M, MADV_HUGEPAGE), 0);
+    char *arena = lo + 4 * M - 100;
+    for (size_t i = 0; i < 6 * M + 223; i += 4096) arena[i] = char(i >> 12);
+    ASSERT_EQ(kvp_arena_advise(arena, 6 * M + 223), KVP_OK);
+    for (size_t i = 0; i < 6 * M + 223; i += 4096) ASSERT_EQ(arena[i], char(i >> 12)) << i;
+    const int control = thp_eligible(lo);
+    if (control != 1) {
+        munmap(map, 16 * M);
+        GTEST_SKIP() << "huge-page advice not reported here (THPeligible " << control << ", mode '" << thp_mode() << "')";
+    }
+    EXPECT_EQ(thp_eligible(lo + 4 * M), 1);
+    EXPECT_EQ(thp_eligible(lo + 10 * M - 1), 1);
+    if (thp_mode() == "madvise") {
+        EXPECT_EQ(thp_eligible(lo + 4 * M - 1), 0) << "the partial page before the range";
+        EXPECT_EQ(thp_eligible(lo + 10 * M), 0) << "the partial page after it";
+        EXPECT_EQ(thp_eligible(lo + 12 * M), 0);
+    }
+    ASSERT_EQ(munmap(lo + 12 * M, 2 * M), 0);
+    if (madvise(lo + 12 * M, 2 * M, MADV_HUGEPAGE) != 0) {  // else advice is ignored here (an emulator)
+        EXPECT_EQ(kvp_arena_advise(lo + 12 * M, 2 * M), KVP_ERR_UNSUPPORTED) << "unmapped: refused";
+    }
+    munmap(map, 12 * M + (lo - map));
+    // the library's own arena (kvp_create with NULL): 2 MiB boundaries, advised
+    kvp_config big = base_config("capacity=8000");
+    ASSERT_GE(kvp_arena_size(&big), 2 * M);
+    kvp_cache *c = nullptr;
+    ASSERT_EQ(kvp_create(&big, nullptr, 0, &c), KVP_OK);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(c) & ~uintptr_t(1);  // the handle: the arena, tagged
+    EXPECT_EQ(at % M, 0u);
+    EXPECT_EQ(thp_eligible(reinterpret_cast<void *>(at)), 1);
+    kvp_destroy(c);
+#endif
+}
+
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);

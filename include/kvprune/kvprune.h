@@ -546,10 +546,30 @@ kvp_status kvp_config_check(const kvp_config *cfg, char *err, size_t err_len);
 size_t kvp_arena_size(const kvp_config *cfg);
 
 /**
+ * Asks the operating system to back the arena with huge pages: on Linux, madvise(MADV_HUGEPAGE)
+ * over the whole 2 MiB pages inside [arena, arena + arena_len) (transparent huge pages in
+ * "madvise" or "always" mode). Each decode step streams every live K/V row of the arena; with
+ * 4 KiB pages the CPU's hardware prefetchers stop at every page boundary and each page costs a
+ * TLB walk, which measured 6-16 % of a long-context decode step (docs/benchmarks.md "Huge pages").
+ * Call it after allocating the arena and before kvp_create (create writes the arena; pages
+ * touched before the hint stay small until the kernel collapses them). Aligning the arena to
+ * 2 MiB and its length to a multiple of 2 MiB lets every page of it be huge. Nothing is allocated,
+ * no cache is needed and the arena's bytes are not changed. kvp_create with arena == NULL
+ * allocates arenas of 2 MiB or more on 2 MiB boundaries and advises them itself.
+ * Returns KVP_OK when the hint was given, or when the range holds no whole 2 MiB page (nothing
+ * to advise); KVP_ERR_ARG for a NULL arena; KVP_ERR_UNSUPPORTED where the platform has no such
+ * hint (not Linux, a kernel without transparent huge pages) or the kernel refused it (for
+ * example memory that is not an ordinary private mapping). A refusal changes nothing: the arena
+ * works as before, with small pages.
+ */
+kvp_status kvp_arena_advise(void *arena, size_t arena_len);
+
+/**
  * Creates a cache in caller memory. arena must be 64-byte aligned and arena_len >=
  * kvp_arena_size(cfg); with arena == NULL the library allocates exactly that once (and
- * frees it in kvp_destroy); builds without heap (KVP_NO_HEAP) return KVP_ERR_UNSUPPORTED
- * for that.
+ * frees it in kvp_destroy; from 2 MiB on, rounded up to whole 2 MiB pages and advised as
+ * kvp_arena_advise does); builds without heap (KVP_NO_HEAP) return KVP_ERR_UNSUPPORTED
+ * for that. For a caller's arena, see kvp_arena_advise.
  * Threads: with threads=N > 1, N-1 worker threads are started here (their state lives in the
  * arena; creating a thread is the only allocation, by the C library, and it happens here), so
  * no later call allocates, whichever host thread makes it and whatever thread pools or OpenMP
