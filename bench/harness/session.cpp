@@ -415,12 +415,14 @@ bool Session::init(const Checkpoint &ck, const std::string &spec, std::string *e
         *err = e0[0] ? std::string("kvp_create: ") + e0 : "kvp_arena_size returned 0 for '" + spec + "'";
         return false;
     }
-    arena_len_ = (n + 63) / 64 * 64;
-    arena_ = std::aligned_alloc(64, arena_len_);
+    const size_t al = n >= (size_t(2) << 20) ? size_t(2) << 20 : 64;  // huge pages from 2 MiB on
+    arena_len_ = (n + al - 1) / al * al;
+    arena_ = std::aligned_alloc(al, arena_len_);
     if (!arena_) {
         *err = "cannot allocate an arena of " + std::to_string(arena_len_) + " bytes";
         return false;
     }
+    if (al > 64) kvp_arena_advise(arena_, arena_len_);  // before kvp_create writes it
     char e[512] = {0};
     const std::vector<double> &rf = ck.cfg.rope_freqs;  // empty: theta's frequencies
     kvp_status st = kvp_create_heads(&cfg_, rf.empty() ? nullptr : rf.data(), (uint32_t)rf.size(), rt, nr, arena_,

@@ -80,7 +80,10 @@ public:
             if (st == KVP_OK) kvp_destroy(none);
             return st != KVP_OK ? st : KVP_ERR_CONFIG;
         }
-        void *mem = aligned_alloc(64, (n + 63) / 64 * 64);
+        // from 2 MiB on: whole huge pages, advised before create writes them (kvp_arena_advise)
+        const size_t al = n >= (size_t(2) << 20) ? size_t(2) << 20 : 64;
+        void *mem = aligned_alloc(al, (n + al - 1) / al * al);
+        if (mem && al > 64) kvp_arena_advise(mem, (n + al - 1) / al * al);
         if (!mem) {
             copy_error("KVP_ERR_ARENA: arena too small or misaligned: cannot allocate the arena");
             return KVP_ERR_ARENA;

@@ -8,9 +8,10 @@
 //	err = c.Decode(layer, q, k, v, out) // q, out: QHeads*HeadDim floats; k, v: KVHeads*HeadDim
 //
 // The library is found with pkg-config (PKG_CONFIG_PATH=<prefix>/lib/pkgconfig after
-// `cmake --install`). The arena is C memory (aligned_alloc, 64 bytes) because the cache keeps
-// pointers into it across calls, which cgo forbids for Go memory; Close (or the finalizer)
-// destroys the cache and frees it. A Cache serialises its calls with a mutex.
+// `cmake --install`). The arena is C memory (aligned_alloc: 64 bytes, or whole 2 MiB pages
+// advised for huge pages from 2 MiB on, kvp_arena_advise) because the cache keeps pointers into
+// it across calls, which cgo forbids for Go memory; Close (or the finalizer) destroys the cache
+// and frees it. A Cache serialises its calls with a mutex.
 package kvprune
 
 /*
@@ -18,9 +19,11 @@ package kvprune
 #include <stdlib.h>
 #include <kvprune/kvprune.h>
 
+// 64-byte aligned; from 2 MiB on whole 2 MiB pages (arenaAlloc advises them)
 static void *kvp_go_arena(size_t n) {
-	size_t r = (n + 63) & ~(size_t)63;
-	return aligned_alloc(64, r ? r : 64);
+	const size_t huge = (size_t)2 << 20, al = n >= huge ? huge : 64;
+	size_t r = (n + al - 1) & ~(al - 1);
+	return aligned_alloc(al, r ? r : al);
 }
 
 // The host's parallel-for (kvp_set_parallel): cgo cannot call a C function pointer, so the
@@ -465,6 +468,17 @@ func NewCacheFromConfig(cfg *Config) (*Cache, error) {
 	return NewCacheRope(cfg, nil)
 }
 
+// arenaAlloc is a cache's C arena (kvp_go_arena), from 2 MiB on advised for huge pages before
+// kvp_create writes it (kvp_arena_advise: a hint; where it is refused the arena works with small
+// pages). nil when the allocation fails.
+func arenaAlloc(n int) unsafe.Pointer {
+	arena := C.kvp_go_arena(C.size_t(n))
+	if huge := 2 << 20; arena != nil && n >= huge {
+		C.kvp_arena_advise(arena, C.size_t((n+huge-1)/huge*huge))
+	}
+	return arena
+}
+
 // NewCacheRope is NewCacheFromConfig whose RoPE rotates pair i by pos*invFreq[i] (rope_dim/2
 // entries, e.g. from RopeFreqsYarn; copied into the arena by kvp_create_rope). A nil or empty
 // invFreq means the model's theta.
@@ -483,7 +497,7 @@ func NewCacheRope(cfg *Config, invFreq []float64) (*Cache, error) {
 		}
 		return nil, newError(ErrConfig, "invalid configuration")
 	}
-	arena := C.kvp_go_arena(C.size_t(n))
+	arena := arenaAlloc(n)
 	if arena == nil {
 		return nil, newError(ErrArena, "cannot allocate %d bytes", n)
 	}
@@ -532,7 +546,7 @@ func NewCacheHeads(cfg *Config, invFreq []float64, roles []uint8) (*Cache, error
 		C.kvp_destroy(h)
 		return nil, newError(ErrConfig, "invalid configuration or role table")
 	}
-	arena := C.kvp_go_arena(C.size_t(n))
+	arena := arenaAlloc(n)
 	if arena == nil {
 		return nil, newError(ErrArena, "cannot allocate %d bytes", n)
 	}

@@ -115,6 +115,33 @@ func TestSingleTokenAttention(t *testing.T) {
 	}
 }
 
+// An arena of 2 MiB or more is allocated in whole 2 MiB pages and advised for huge pages
+// (arenaAlloc, kvp_arena_advise): it decodes as a small one does (no token is evicted in either).
+func TestHugePageArena(t *testing.T) {
+	big, small := mustCache(t, "policy=window window=20000"), mustCache(t, "policy=window window=64")
+	if st, err := big.Stats(); err != nil || st.ArenaBytes < 2<<20 {
+		t.Fatalf("arena %d bytes (%v): want 2 MiB or more", st.ArenaBytes, err)
+	}
+	r := rng(5)
+	a, b := make([]float32, 64), make([]float32, 64)
+	for i := 0; i < 20; i++ {
+		for layer := 0; layer < 2; layer++ {
+			q, k, v := r.vec(64), r.vec(32), r.vec(32)
+			if err := big.Decode(layer, q, k, v, a); err != nil {
+				t.Fatal(err)
+			}
+			if err := small.Decode(layer, q, k, v, b); err != nil {
+				t.Fatal(err)
+			}
+			for j := range a {
+				if math.Float32bits(a[j]) != math.Float32bits(b[j]) {
+					t.Fatalf("step %d layer %d: %g vs %g", i, layer, a[j], b[j])
+				}
+			}
+		}
+	}
+}
+
 func TestStreamingDecode(t *testing.T) {
 	c := mustCache(t, "policy=streaming sinks=4 window=16 compress_every=4")
 	r := rng(42)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import array
 import ctypes
 import ctypes.util
+import mmap
 import operator
 import os
 import shlex
@@ -150,6 +151,7 @@ def _declare(lib):
         "kvp_config_apply": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_config_check": (_u32, [ctypes.POINTER(_Config), ctypes.c_char_p, ctypes.c_size_t]),
         "kvp_arena_size": (ctypes.c_size_t, [ctypes.POINTER(_Config)]),
+        "kvp_arena_advise": (_u32, [ctypes.c_void_p, ctypes.c_size_t]),
         "kvp_create": (_u32, [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_CP)]),
         "kvp_create_ex": (_u32, [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(_CP),
                                  ctypes.c_char_p, ctypes.c_size_t]),
@@ -729,7 +731,7 @@ class _Parallel:
 
 
 class Cache:
-    """A KV cache in its own 64-byte aligned arena. Calls on one Cache are serialised by a lock."""
+    """A KV cache in its own arena (an anonymous mapping). Calls on one Cache are serialised by a lock."""
 
     def __init__(self, model, spec="", config=None, rope_freqs=None, roles=None):
         """rope_freqs: the RoPE inverse frequency of each rotated pair (rope_dim/2 floats, e.g. from
@@ -754,10 +756,13 @@ class Cache:
         if n == 0:
             cfg.check()
             raise _error(ERR_CONFIG, "invalid configuration")
-        # Arena from Python memory, 64-byte aligned inside an over-sized buffer; this object keeps it alive.
-        self._buf = ctypes.create_string_buffer(n + 64)
-        addr = ctypes.addressof(self._buf)
-        self._arena = addr + (-addr % 64)
+        # Arena: an anonymous mapping (page-aligned, untouched until kvp_create writes it), from
+        # 2 MiB on advised for huge pages first (kvp_arena_advise: a hint; refused, the arena works
+        # with small pages); this object keeps it alive.
+        self._buf = mmap.mmap(-1, n)
+        self._arena = ctypes.addressof(ctypes.c_char.from_buffer(self._buf))
+        if n >= 2 << 20:
+            lib.kvp_arena_advise(ctypes.c_void_p(self._arena), n)
         self.arena_len = n
         h = _CP()
         err = ctypes.create_string_buffer(_ERR_LEN)

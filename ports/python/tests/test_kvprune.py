@@ -91,6 +91,18 @@ class CacheTest(unittest.TestCase):
                 for j in range(16):
                     self.assertAlmostEqual(out[h * 16 + j], v[(h // 2) * 16 + j], delta=1e-6)
 
+    def test_huge_page_arena(self):
+        # an arena of 2 MiB or more is advised for huge pages (kvp_arena_advise) before create
+        # writes it: it decodes as a small one does (no token is evicted in either)
+        with kvprune.Cache(MODEL, "policy=window window=20000") as big, \
+                kvprune.Cache(MODEL, "policy=window window=64") as small:
+            self.assertGreaterEqual(big.stats().arena_bytes, 2 << 20)
+            r = Rng(5)
+            for _ in range(20):
+                for layer in range(2):
+                    q, k, v = r.vec(64), r.vec(32), r.vec(32)
+                    self.assertEqual(big.decode(layer, q, k, v).tobytes(), small.decode(layer, q, k, v).tobytes())
+
     def test_streaming_decode_and_stats(self):
         c = kvprune.Cache(MODEL, "policy=streaming sinks=4 window=16 compress_every=4")
         r = Rng(42)

@@ -255,6 +255,7 @@ extern "C" {
         -> kvp_status;
     pub fn kvp_config_check(cfg: *const kvp_config, err: *mut c_char, err_len: usize) -> kvp_status;
     pub fn kvp_arena_size(cfg: *const kvp_config) -> usize;
+    pub fn kvp_arena_advise(arena: *mut u8, arena_len: usize) -> kvp_status;
     pub fn kvp_create(cfg: *const kvp_config, arena: *mut u8, arena_len: usize, out: *mut *mut kvp_cache)
         -> kvp_status;
     pub fn kvp_create_ex(

@@ -518,7 +518,8 @@ pub struct Selection {
     pub n: usize,
 }
 
-/// Arena memory owned by a [`Cache`]: 64-byte aligned, freed after `kvp_destroy`.
+/// Arena memory owned by a [`Cache`]: 64-byte aligned (from 2 MiB on, whole 2 MiB pages advised
+/// for huge pages: `kvp_arena_advise`), freed after `kvp_destroy`.
 struct Arena {
     ptr: NonNull<u8>,
     layout: Layout,
@@ -529,10 +530,19 @@ impl Arena {
     /// (`handle_alloc_error` would end the process).
     fn new(len: usize) -> Result<Arena> {
         let too_big = || Error::new(Status::Arena, &format!("cannot allocate an arena of {} bytes", len));
-        let layout = Layout::from_size_align(len.max(64), 64).map_err(|_| too_big())?;
+        const HUGE: usize = 2 << 20;
+        let align = if len >= HUGE { HUGE } else { 64 };
+        let size = len.max(64).checked_add(align - 1).ok_or_else(too_big)? / align * align;
+        let layout = Layout::from_size_align(size, align).map_err(|_| too_big())?;
         let p = unsafe { alloc::alloc(layout) };
         match NonNull::new(p) {
-            Some(ptr) => Ok(Arena { ptr, layout }),
+            Some(ptr) => {
+                if align == HUGE {
+                    // a hint: where it is refused the arena works with small pages
+                    unsafe { ffi::kvp_arena_advise(ptr.as_ptr(), size) };
+                }
+                Ok(Arena { ptr, layout })
+            }
             None => Err(too_big()),
         }
     }

@@ -49,6 +49,19 @@ fn a_cache_in_caller_memory_matches_an_owned_one() {
     assert_eq!(decode_bits(&mut again, 20), want);
 }
 
+// An owned arena of 2 MiB or more is allocated in whole 2 MiB pages and advised for huge pages
+// (`kvp_arena_advise`): it decodes as one in caller memory does.
+#[test]
+fn a_huge_page_arena_matches_caller_memory() {
+    let cfg = Config::from_spec(&model(), "policy=window window=20000").unwrap();
+    assert!(cfg.arena_size() >= 2 << 20);
+    let mut owned = Cache::new(&cfg).unwrap();
+    let mut mem = vec![0u8; cfg.arena_size_unaligned()];
+    let mut lent = Cache::in_memory(&cfg, &mut mem).unwrap();
+    assert_eq!(decode_bits(&mut owned, 20), decode_bits(&mut lent, 20));
+    assert_eq!(owned.stats().unwrap(), lent.stats().unwrap());
+}
+
 #[test]
 fn memory_too_short_or_a_bad_config_creates_nothing() {
     let cfg = Config::from_spec(&model(), "policy=window window=8 capacity=9").unwrap();
