@@ -39,6 +39,29 @@ TEST(Cxx, ConfigAndCacheLifecycle) {
     EXPECT_FALSE(none);
 }
 
+// An arena of 2 MiB or more is allocated in whole 2 MiB pages on 2 MiB boundaries and advised
+// for huge pages (kvp_arena_advise) before create writes it: it decodes as a small one does (no
+// token is evicted in either).
+TEST(Cxx, HugePageArena) {
+    const kvp_model m = {2, 4, 2, 16, KVP_ROPE_NEOX, 0, 10000.0f};
+    kvprune::Config big(m), small(m);
+    ASSERT_EQ(big.apply("policy=window window=20000"), KVP_OK);
+    ASSERT_EQ(small.apply("policy=window window=64"), KVP_OK);
+    ASSERT_GE(kvp_arena_size(&big.get()), size_t(2) << 20);
+    kvprune::Cache a, b;
+    ASSERT_EQ(a.create(big.get()), KVP_OK);
+    ASSERT_EQ(b.create(small.get()), KVP_OK);
+    std::vector<float> q(64), k(32), v(32), oa(64), ob(64);
+    for (int t = 0; t < 20; ++t)
+        for (uint32_t l = 0; l < 2; ++l) {
+            for (size_t i = 0; i < q.size(); ++i) q[i] = float((t * 7 + i * 3 + l) % 17) / 17.0f - 0.5f;
+            for (size_t i = 0; i < k.size(); ++i) k[i] = float((t * 5 + i * 11 + l) % 13) / 13.0f - 0.5f, v[i] = float((t + i) % 19) / 19.0f;
+            ASSERT_EQ(a.decode(l, q.data(), k.data(), v.data(), oa.data()), KVP_OK);
+            ASSERT_EQ(b.decode(l, q.data(), k.data(), v.data(), ob.data()), KVP_OK);
+            ASSERT_EQ(memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)), 0) << t << " " << l;
+        }
+}
+
 // Issue 11: move assignment onto a live cache freed the arena before destroying the handle that
 // lives in it (use after free under ASan); a failed create() lost the old cache.
 TEST(Cxx, MoveAssignmentOntoALiveCache) {
