@@ -73,6 +73,7 @@ namespace {
 // ---- helpers (bench_util.h) ------------------------------------------------------------------
 
 using kvpbench::AlignedBuf;
+using kvpbench::arena_alloc;
 using kvpbench::fill_random;
 using kvpbench::kReadChunk;
 using kvpbench::now_s;
@@ -251,7 +252,7 @@ DecodeCache *get_cache(uint32_t n, int threads) {
         dc->error = "kvp_arena_size returned 0";
         return dc;
     }
-    dc->arena = std::aligned_alloc(64, (len + 63) / 64 * 64);
+    dc->arena = arena_alloc(len);
     if (!dc->arena) {
         dc->error = "out of memory";
         return dc;
@@ -483,7 +484,7 @@ kvp_cache *make_cache(const std::string &spec, void **arena, std::string *err, c
         }
     }
     const size_t len = kvp_arena_size(&cfg);
-    *arena = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
+    *arena = len ? arena_alloc(len) : nullptr;
     kvp_cache *c = nullptr;
     if (!*arena || kvp_create_rope(&cfg, table.empty() ? nullptr : table.data(), (uint32_t)table.size(), *arena, len, &c,
                                    e, sizeof e) != KVP_OK) {
@@ -672,6 +673,7 @@ int run_sweep(int argc, char **argv) {
                      "decode-mqa 8 q / 1 kv, decode-kv2 8 q / 2 kv (head_dim 128), small 2 layers x 4 q / 2 kv, "
                      "head_dim 32 (bytes and ms per step of both layers)");
     header.push_back(std::string("kParallelWork: ") + KVP_BENCH_PAR_WORK);
+    header.push_back(std::string("pages: ") + kvpbench::arena_pages());
     header.push_back("reps: " + std::to_string(o.reps) + ", seconds per measurement: " + std::to_string(o.time_s));
     header.push_back("loadavg before: " + load_average());
     for (const std::string &h : header) std::printf("# %s\n", h.c_str());
@@ -857,7 +859,7 @@ kvp_cache *x_cache(uint32_t layers, uint32_t nq, uint32_t nkv, uint32_t hd, uint
     if (kvp_config_default(&cfg, &model) != KVP_OK || kvp_config_apply(&cfg, spec.c_str(), e, sizeof e) != KVP_OK)
         return nullptr;
     const size_t len = kvp_arena_size(&cfg);
-    *arena = len ? std::aligned_alloc(64, (len + 63) / 64 * 64) : nullptr;
+    *arena = len ? arena_alloc(len) : nullptr;
     kvp_cache *c = nullptr;
     if (force) setenv("KVP_PAR_WORK", "0", 1);
     const bool ok = *arena && kvp_create(&cfg, *arena, len, &c) == KVP_OK;
@@ -1467,6 +1469,7 @@ int run_roofline(int argc, char **argv) {
     const char *wait = std::getenv("OMP_WAIT_POLICY");
     header.push_back(std::string("OMP_WAIT_POLICY: ") + (wait ? wait : "(unset)"));
     header.push_back("geometry: 32 q heads, 8 kv heads, head_dim 128; policy=window window=N kv_dtype=D");
+    header.push_back(std::string("pages: ") + kvpbench::arena_pages());
     header.push_back("reps: " + std::to_string(reps) + ", seconds per measurement: " + std::to_string(secs));
     header.push_back("f_roof = max(t_read, t_comp) / step: t_read = bytes / read, t_comp = FMAs / fma + integer "
                      "products / idot (GFLOPS, G products/s); targets (issue 31): f_roof >= 0.75 at N >= 16384, "

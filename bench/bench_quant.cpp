@@ -82,7 +82,7 @@ size_t floats_for(size_t bytes) { return (bytes / sizeof(float) + 31) / 32 * 32;
 
 void BM_ReadBandwidth(benchmark::State &state, size_t bytes, int threads) {
     const size_t n = floats_for(bytes);
-    float *buf = static_cast<float *>(std::aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64));
+    float *buf = static_cast<float *>(kvpbench::arena_alloc(n * sizeof(float)));
     for (size_t i = 0; i < n; ++i) buf[i] = 1.0f;
     benchmark::DoNotOptimize(read_all(buf, n, threads));
     const double t0 = now_s();
@@ -143,7 +143,7 @@ DecodeCache *get_cache(const std::string &dtype, uint32_t n, int threads, bool e
         return dc;
     }
     const size_t len = kvp_arena_size(&cfg);
-    dc->arena = std::aligned_alloc(64, (len + 63) / 64 * 64);
+    dc->arena = kvpbench::arena_alloc(len);
     if (!dc->arena || kvp_create(&cfg, dc->arena, len, &dc->c) != KVP_OK) {
         dc->error = "kvp_create failed";
         dc->c = nullptr;

@@ -60,11 +60,32 @@ inline bool append_random(kvp_cache *c, uint32_t layers, uint32_t n, size_t row,
     return true;
 }
 
-struct AlignedBuf {  // 64-byte aligned floats, freed with the object
+// Memory as an engine should give it to kvprune (kvp_arena_advise): from 2 MiB on, whole huge
+// pages on 2 MiB boundaries, advised before the first write; smaller, 64-byte aligned.
+// KVP_BENCH_SMALL_PAGES=1 keeps 4 KiB pages (the A/B of docs/benchmarks.md "Huge pages"). Also
+// the roofline's read buffers, so that the read roof is the machine's best read as well.
+// Freed with std::free.
+inline bool small_pages() {
+    const char *small = std::getenv("KVP_BENCH_SMALL_PAGES");
+    return small && *small && *small != '0';
+}
+inline const char *arena_pages() {  // for the reports' headers
+    return small_pages() ? "4 KiB (KVP_BENCH_SMALL_PAGES)" : "huge pages advised from 2 MiB on (kvp_arena_advise)";
+}
+inline void *arena_alloc(size_t len) {
+    const size_t huge = size_t(2) << 20;
+    const size_t al = len >= huge && !small_pages() ? huge : 64;
+    const size_t n = (len + al - 1) / al * al;
+    void *p = std::aligned_alloc(al, n ? n : al);
+    if (p && al == huge) kvp_arena_advise(p, n);
+    return p;
+}
+
+struct AlignedBuf {  // 64-byte aligned floats (arena_alloc), freed with the object
     float *p = nullptr;
     size_t n = 0;
     explicit AlignedBuf(size_t floats) : n(floats) {
-        p = static_cast<float *>(std::aligned_alloc(64, ((floats * sizeof(float) + 63) / 64) * 64));
+        p = static_cast<float *>(arena_alloc(floats * sizeof(float)));
         if (!p) std::abort();
     }
     ~AlignedBuf() { std::free(p); }
