@@ -406,7 +406,7 @@ kvp_status kvp_create_heads(const kvp_config *cfg, const double *inv_freq, uint3
 #else
         // from a whole huge page on, on huge-page boundaries and advised (kvp_arena_advise)
         const size_t al = p.total >= kHugePage ? size_t(kHugePage) : kvp::kAlign;
-        owned = aligned_alloc(al, kvp::align_up(p.total, al));
+        owned = p.total <= SIZE_MAX - al ? aligned_alloc(al, kvp::align_up(p.total, al)) : nullptr;
         if (!owned) {
             m.s("cannot allocate an arena of ").u(p.total).s(" bytes");
             return report(KVP_ERR_ARENA, m.c_str(), err, err_len);

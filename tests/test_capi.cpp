@@ -160,32 +160,6 @@ TEST(Config, CheckCatchesContradictions) {
     EXPECT_EQ(kvp_config_check(&cfg, err, sizeof err), KVP_OK) << err;
 }
 
-// tflite-micro style: the arena's size is pinned, so a layout change is a visible decision.
-// 2 layers x 2 KV heads, head_dim 32 (stride 32), full policy, capacity 100, block 16:
-//   each (layer, head) needs ceil(100/16) = 7 blocks, so each KV head's pool has 14 blocks = 224
-//   slots: K+V 224 x 2 x 128 B = 57344, pos/rot/score 3 x 896 -> 60032 B per pool, 120064 for 2 (one slot space, pool.h);
-//   fixed part: cache object 960, layer states 256, head stores 448, block tables 128, home
-//   ranges + reservations 128, pool structs 256, pool free lists + dead counts + block
-//   sequence numbers 512 (3 arrays over both pools' 28 blocks, 3 x 128, and per pool its
-//   free-stack tops and held counts, 2 x 64), RoPE
-//   frequencies 128, RoPE tables of a call's positions (original positions: min(capacity, 512)
-//   tables of 16 pairs) 100 x 128 = 12800,
-//   one RoPE memo 320: 15936 (threads=1: no worker threads, no pool region);
-//   one thread's scratch: RoPE tables 32 x 32 floats = 4096, runs (100+7+1) x 24 -> 2624,
-//   attention work = the prefill tile (8 rows: 2 x 256 + 1024 + 2 x 16 floats) 6272, decode
-//   partials of one split-K chunk (granule 1024 tokens at stride 32; m, l, sumsq of 2 rows padded
-//   to 16 floats + 2 x 32 output floats) 320, decode query rows 2 x 32 floats 256: 13568.
-//   Total 120064 + 15936 + 13568 = 149568, plus 384 B of metadata in the cache object, layer
-//   states and pool structs for prompt staging, fixed-point scores, the storage-format pointer,
-//   live-byte counters and the owned-cache list, and (issue 9, layer-level policies) +64 B of
-//   layer states (the first-decode observation flag) and +128 B of head stores (the per-head
-//   values a policy hands to its layer phase), and (issue 28: kvp_config's max_new and
-//   prompt_scores, 8 B more in the cache object, which its 64-byte rounding shows on 64-bit
-//   targets only) +64 B: 150144 on 64-bit targets; on 32-bit ones, with smaller pointers in the
-//   fixed part, 149632, and (issue 32: kvp_config's seed, keep_prompt, tri_mode and tri_stats,
-//   16 B more in the cache object, whose 64-byte rounding shows on 32-bit targets only) +64 B:
-//   149696; and (issue 32, the pools' one slot space, pool.h) each pool's first block id, which
-//   fits the 64-bit pool struct's padding, +64 B of pool structs on 32-bit targets: 149760.
 #if defined(__linux__)
 // THPeligible of the mapping that holds addr (/proc/self/smaps): 1 or 0; -1 where not reported.
 int thp_eligible(const void *addr) {
@@ -286,6 +260,32 @@ TEST(Arena, AdviseAsksForHugePages) {
 #endif
 }
 
+// tflite-micro style: the arena's size is pinned, so a layout change is a visible decision.
+// 2 layers x 2 KV heads, head_dim 32 (stride 32), full policy, capacity 100, block 16:
+//   each (layer, head) needs ceil(100/16) = 7 blocks, so each KV head's pool has 14 blocks = 224
+//   slots: K+V 224 x 2 x 128 B = 57344, pos/rot/score 3 x 896 -> 60032 B per pool, 120064 for 2 (one slot space, pool.h);
+//   fixed part: cache object 960, layer states 256, head stores 448, block tables 128, home
+//   ranges + reservations 128, pool structs 256, pool free lists + dead counts + block
+//   sequence numbers 512 (3 arrays over both pools' 28 blocks, 3 x 128, and per pool its
+//   free-stack tops and held counts, 2 x 64), RoPE
+//   frequencies 128, RoPE tables of a call's positions (original positions: min(capacity, 512)
+//   tables of 16 pairs) 100 x 128 = 12800,
+//   one RoPE memo 320: 15936 (threads=1: no worker threads, no pool region);
+//   one thread's scratch: RoPE tables 32 x 32 floats = 4096, runs (100+7+1) x 24 -> 2624,
+//   attention work = the prefill tile (8 rows: 2 x 256 + 1024 + 2 x 16 floats) 6272, decode
+//   partials of one split-K chunk (granule 1024 tokens at stride 32; m, l, sumsq of 2 rows padded
+//   to 16 floats + 2 x 32 output floats) 320, decode query rows 2 x 32 floats 256: 13568.
+//   Total 120064 + 15936 + 13568 = 149568, plus 384 B of metadata in the cache object, layer
+//   states and pool structs for prompt staging, fixed-point scores, the storage-format pointer,
+//   live-byte counters and the owned-cache list, and (issue 9, layer-level policies) +64 B of
+//   layer states (the first-decode observation flag) and +128 B of head stores (the per-head
+//   values a policy hands to its layer phase), and (issue 28: kvp_config's max_new and
+//   prompt_scores, 8 B more in the cache object, which its 64-byte rounding shows on 64-bit
+//   targets only) +64 B: 150144 on 64-bit targets; on 32-bit ones, with smaller pointers in the
+//   fixed part, 149632, and (issue 32: kvp_config's seed, keep_prompt, tri_mode and tri_stats,
+//   16 B more in the cache object, whose 64-byte rounding shows on 32-bit targets only) +64 B:
+//   149696; and (issue 32, the pools' one slot space, pool.h) each pool's first block id, which
+//   fits the 64-bit pool struct's padding, +64 B of pool structs on 32-bit targets: 149760.
 TEST(Arena, SizeIsExactAndPinned) {
     kvp_config cfg = base_config("capacity=100");
     const size_t n = kvp_arena_size(&cfg);

@@ -82,7 +82,7 @@ public:
         }
         // from 2 MiB on: whole huge pages, advised before create writes them (kvp_arena_advise)
         const size_t al = n >= (size_t(2) << 20) ? size_t(2) << 20 : 64;
-        void *mem = aligned_alloc(al, (n + al - 1) / al * al);
+        void *mem = n <= SIZE_MAX - al ? aligned_alloc(al, (n + al - 1) / al * al) : nullptr;
         if (mem && al > 64) kvp_arena_advise(mem, (n + al - 1) / al * al);
         if (!mem) {
             copy_error("KVP_ERR_ARENA: arena too small or misaligned: cannot allocate the arena");

@@ -22,6 +22,7 @@ package kvprune
 // 64-byte aligned; from 2 MiB on whole 2 MiB pages (arenaAlloc advises them)
 static void *kvp_go_arena(size_t n) {
 	const size_t huge = (size_t)2 << 20, al = n >= huge ? huge : 64;
+	if (n > SIZE_MAX - al) return NULL;
 	size_t r = (n + al - 1) & ~(al - 1);
 	return aligned_alloc(al, r ? r : al);
 }
